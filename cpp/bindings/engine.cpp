@@ -1,0 +1,74 @@
+// The engine, its statistics and step results. Every call that loads, decodes or frees releases the GIL.
+#include "bindings.h"
+
+#include "specllm/engine.h"
+
+using namespace specllm;
+
+namespace {
+// freeing the llama contexts takes time: do it without the GIL
+struct EngineDeleter {
+    void operator()(Engine * e) const {
+        py::gil_scoped_release release;
+        delete e;
+    }
+};
+} // namespace
+
+void register_engine(py::module_ & m) {
+    py::class_<EngineOptions>(m, "EngineOptions")
+        .def(py::init<>())
+        .def_readwrite("target", &EngineOptions::target)
+        .def_readwrite("draft", &EngineOptions::draft)
+        .def_readwrite("draft_kind", &EngineOptions::draft_kind)
+        .def_readwrite("ngram", &EngineOptions::ngram);
+
+    py::class_<Stats>(m, "Stats")
+        .def_readonly("n_prompt", &Stats::n_prompt)
+        .def_readonly("n_cached", &Stats::n_cached)
+        .def_readonly("n_generated", &Stats::n_generated)
+        .def_readonly("n_steps", &Stats::n_steps)
+        .def_readonly("n_drafted", &Stats::n_drafted)
+        .def_readonly("n_accepted", &Stats::n_accepted)
+        .def_readonly("n_ngram_steps", &Stats::n_ngram_steps)
+        .def_readonly("prefill_ms", &Stats::prefill_ms)
+        .def_readonly("draft_ms", &Stats::draft_ms)
+        .def_readonly("verify_ms", &Stats::verify_ms)
+        .def_readonly("sample_ms", &Stats::sample_ms)
+        .def_readonly("generate_ms", &Stats::generate_ms)
+        .def_readonly("seed", &Stats::seed)
+        .def_readonly("k_hist", &Stats::k_hist)
+        .def_readonly("n_drafted_at", &Stats::n_drafted_at)
+        .def_readonly("n_accepted_at", &Stats::n_accepted_at);
+
+    py::class_<StepResult>(m, "StepResult")
+        .def_property_readonly("text", [](const StepResult & r) { return utf8_str(r.text); })
+        .def_readonly("tokens", &StepResult::tokens)
+        .def_readonly("done", &StepResult::done)
+        .def_readonly("finish_reason", &StepResult::finish_reason)
+        .def_readonly("n_drafted", &StepResult::n_drafted)
+        .def_readonly("n_accepted", &StepResult::n_accepted);
+
+    py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
+        .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("target", &Engine::target, py::return_value_policy::reference_internal)
+        .def_property_readonly("draft_model", &Engine::draft_model, py::return_value_policy::reference_internal)
+        .def_property_readonly("draft_kind", &Engine::draft_kind)
+        .def_property_readonly("active", &Engine::active)
+        .def_property_readonly("stats", &Engine::stats, py::return_value_policy::copy)
+        .def("start", &Engine::start, py::call_guard<py::gil_scoped_release>())
+        .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+        .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
+        .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
+        .def("profile_verify", &Engine::profile_verify, py::arg("n_max") = 8, py::arg("n_reps") = 2,
+             py::call_guard<py::gil_scoped_release>())
+        .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())
+        .def("set_verify_costs", [](Engine & e, const std::vector<double> & c) { e.auto_policy().set_verify_costs(c); })
+        .def("verify_costs", [](Engine & e) { return e.auto_policy().verify_costs(); })
+        .def("set_draft_token_cost", [](Engine & e, double ms) { e.auto_policy().set_draft_token_cost(ms); })
+        .def("acceptance_estimate", [](Engine & e, int source) {
+            auto a = e.auto_policy().acceptance(source);
+            return std::vector<double>(a.begin(), a.end());
+        })
+        .def("set_wrong_sampling_for_tests", &Engine::set_wrong_sampling_for_tests);
+}

@@ -1,0 +1,31 @@
+#include "bindings.h"
+
+#include "specllm/chat.h"
+#include "specllm/model.h"
+
+using namespace specllm;
+
+void register_model(py::module_ & m) {
+    py::class_<Model>(m, "Model")
+        .def_property_readonly("n_ctx", &Model::n_ctx)
+        .def_property_readonly("n_vocab", &Model::n_vocab)
+        .def_property_readonly("description", &Model::description)
+        .def_property_readonly("chat_template", &Model::chat_template)
+        .def_property_readonly("n_past", &Model::n_past)
+        .def_property_readonly("cached", &Model::cached)
+        .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
+             py::arg("parse_special") = true)
+        .def("piece", [](const Model & self, llama_token t) { return py::bytes(self.piece(t)); })
+        .def("detokenize", [](const Model & self, const std::vector<llama_token> & tokens) {
+            std::string s;
+            for (llama_token t : tokens) {
+                s += self.piece(t);
+            }
+            return utf8_str(s);
+        })
+        .def("is_eog", &Model::is_eog)
+        .def("apply_chat_template", [](const Model & self, const std::vector<ChatMessage> & msgs, bool add_assistant,
+                                       const std::string & tmpl) {
+            return apply_chat_template(self, msgs, add_assistant, tmpl);
+        }, py::arg("messages"), py::arg("add_assistant") = true, py::arg("template") = "");
+}

@@ -1,0 +1,11 @@
+// Registers the bindings; each exposed class has its own file.
+#include "bindings.h"
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "specllm C++ core: speculative decoding over llama.cpp";
+    m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
+    register_errors(m);
+    register_options(m);
+    register_model(m);
+    register_engine(m);
+}

@@ -1,0 +1,50 @@
+#include "bindings.h"
+
+#include "specllm/options.h"
+
+using namespace specllm;
+
+void register_options(py::module_ & m) {
+    py::class_<ModelOptions>(m, "ModelOptions")
+        .def(py::init<>())
+        .def_readwrite("path", &ModelOptions::path)
+        .def_readwrite("n_ctx", &ModelOptions::n_ctx)
+        .def_readwrite("n_threads", &ModelOptions::n_threads)
+        .def_readwrite("n_gpu_layers", &ModelOptions::n_gpu_layers)
+        .def_readwrite("n_batch", &ModelOptions::n_batch);
+
+    py::enum_<DraftKind>(m, "DraftKind")
+        .value("none", DraftKind::none)
+        .value("model", DraftKind::model)
+        .value("ngram", DraftKind::ngram)
+        .value("hybrid", DraftKind::hybrid);
+
+    py::enum_<PolicyKind>(m, "PolicyKind")
+        .value("fixed", PolicyKind::fixed)
+        .value("heuristic", PolicyKind::heuristic)
+        .value("auto", PolicyKind::automatic);
+
+    py::class_<SamplingOptions>(m, "SamplingOptions")
+        .def(py::init<>())
+        .def_readwrite("temperature", &SamplingOptions::temperature)
+        .def_readwrite("top_k", &SamplingOptions::top_k)
+        .def_readwrite("top_p", &SamplingOptions::top_p)
+        .def_readwrite("min_p", &SamplingOptions::min_p)
+        .def_readwrite("seed", &SamplingOptions::seed);
+
+    py::class_<GenerateOptions>(m, "GenerateOptions")
+        .def(py::init<>())
+        .def_readwrite("max_tokens", &GenerateOptions::max_tokens)
+        .def_readwrite("sampling", &GenerateOptions::sampling)
+        .def_readwrite("stop", &GenerateOptions::stop)
+        .def_readwrite("policy", &GenerateOptions::policy)
+        .def_readwrite("draft_length", &GenerateOptions::draft_length)
+        .def_readwrite("draft_p_min", &GenerateOptions::draft_p_min)
+        .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos);
+
+    py::class_<NgramOptions>(m, "NgramOptions")
+        .def(py::init<>())
+        .def_readwrite("n_min", &NgramOptions::n_min)
+        .def_readwrite("n_max", &NgramOptions::n_max)
+        .def_readwrite("hybrid_min_match", &NgramOptions::hybrid_min_match);
+}

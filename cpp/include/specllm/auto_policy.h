@@ -1,0 +1,52 @@
+// The cost-model draft-length policy ("auto"), the differentiator of specllm.
+//
+// Plain decoding costs T(1) per token. A step that drafts k tokens costs draft(k) + T(k+1) and yields
+// E(k) = sum_{i=0..k} prod_{j<i} alpha_j tokens (alpha_j: probability that draft position j is accepted given
+// the ones before it were). Each step picks argmax_k E(k) / (draft(k) + T(k+1)) over k = 0..k_max, separately
+// for each draft source (the draft model; n-gram proposals bucketed by match length) and takes the best.
+// T(n) comes from a profile at load and is refined online; draft costs and alpha_j are tracked online (EMA).
+// A source that is not used is explored with k = 1 now and then, so that estimates recover when text changes.
+#pragma once
+
+#include "specllm/policy.h"
+
+#include <array>
+#include <vector>
+
+namespace specllm {
+
+class AutoPolicy : public DraftPolicy {
+  public:
+    static constexpr int n_max = 16;        // largest draft considered
+    static constexpr int n_sources = 4;     // draft model, n-gram match 1-2, 3, 4+
+
+    AutoPolicy();
+
+    // verify costs: costs[n-1] = ms for a batch of n tokens (n = 1..size); missing sizes are interpolated
+    void set_verify_costs(const std::vector<double> & costs);
+    std::vector<double> verify_costs() const;
+    void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
+    void set_k_limit(int k) { k_limit_ = k; }
+
+    Choice choose(const StepContext & ctx) override;
+    void update(const StepOutcome & outcome) override;
+
+    // introspection (stats, tests)
+    const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
+    double expected_rate(int source, int k, double c_draft) const; // tokens per ms
+    static int source_of(bool ngram, int match);
+
+  private:
+    double cost_verify(int n) const;
+    double cost_draft(int source, int k) const;
+
+    std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens
+    std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
+    std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted
+    double c_model_ = 0.0;                                     // ms per draft-model token (0 = unknown yet)
+    int k_limit_ = 8;
+    int last_source_ = 0;
+    int last_k_ = 0;
+};
+
+} // namespace specllm

@@ -1,0 +1,86 @@
+// Drafters propose the next tokens cheaply; the target verifies them. The draft loop lives here.
+#pragma once
+
+#include "specllm/model.h"
+#include "specllm/ngram.h"
+#include "specllm/sampling.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+struct DraftRequest {
+    const std::vector<llama_token> * history = nullptr; // committed tokens: the target's KV cache
+    llama_token id_last = -1;                           // newest committed token, not yet in history
+    int n_max = 0;                                      // propose at most this many tokens
+    const SamplingOptions * sampling = nullptr;         // temperature 0: draft the argmax
+    float p_min = 0.0f;                                 // stop when the draft's top probability is below this
+    Rng * rng = nullptr;
+    bool use_ngram = false;                             // hybrid drafting: which drafter the policy chose
+};
+
+struct Draft {
+    std::vector<llama_token> tokens;
+    std::vector<Dist> q;     // per token when sampled from a model at temperature > 0; empty = one-hot
+    bool from_ngram = false; // which drafter produced it (for hybrid drafting and stats)
+};
+
+class Drafter {
+  public:
+    virtual ~Drafter() = default;
+    virtual void propose(const DraftRequest & req, Draft & out) = 0;
+    // make the drafter's state hold the committed history (a draft model decodes it); called at prefill
+    virtual void prefill(const std::vector<llama_token> & /*history*/) {}
+    // the longest n-gram match of the history's suffix (0 = none); the policy uses it for hybrid drafting
+    virtual int ngram_match(const std::vector<llama_token> & /*history*/, llama_token /*id_last*/) { return 0; }
+    virtual bool has_model() const { return false; }
+};
+
+// a small model of the same family, drafting token by token on its own context
+class ModelDrafter : public Drafter {
+  public:
+    explicit ModelDrafter(std::unique_ptr<Model> model) : model_(std::move(model)) {}
+    void propose(const DraftRequest & req, Draft & out) override;
+    void prefill(const std::vector<llama_token> & history) override;
+    bool has_model() const override { return true; }
+    Model & model() { return *model_; }
+
+  private:
+    std::unique_ptr<Model> model_;
+    Warper warper_;
+    std::vector<llama_token> seq_; // scratch: history + id_last
+};
+
+// prompt lookup over prompt + output
+class NgramDrafter : public Drafter {
+  public:
+    explicit NgramDrafter(const NgramOptions & opts) : index_(opts.n_min, opts.n_max) {}
+    void propose(const DraftRequest & req, Draft & out) override;
+    int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
+
+  private:
+    void sync(const std::vector<llama_token> & history, llama_token id_last);
+    NgramIndex index_;
+    std::vector<llama_token> seq_;
+};
+
+// the n-gram drafter or the draft model, as the policy chooses each step
+class HybridDrafter : public Drafter {
+  public:
+    HybridDrafter(std::unique_ptr<Model> model, const NgramOptions & opts)
+        : model_(std::move(model)), ngram_(opts) {}
+    void propose(const DraftRequest & req, Draft & out) override;
+    void prefill(const std::vector<llama_token> & history) override { model_.prefill(history); }
+    int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override {
+        return ngram_.ngram_match(history, id_last);
+    }
+    bool has_model() const override { return true; }
+
+  private:
+    ModelDrafter model_;
+    NgramDrafter ngram_;
+};
+
+} // namespace specllm

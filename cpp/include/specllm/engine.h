@@ -1,0 +1,103 @@
+// The engine: prefill (reusing the cached KV prefix), then one speculative step at a time:
+// draft k tokens, verify [id_last, d1..dk] in one batch, commit the accepted prefix plus the target's token,
+// cut the rejected tail from the KV caches. Stop conditions and statistics live here too.
+#pragma once
+
+#include "specllm/auto_policy.h"
+#include "specllm/drafter.h"
+#include "specllm/model.h"
+#include "specllm/options.h"
+#include "specllm/text.h"
+#include "specllm/verifier.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+struct EngineOptions {
+    ModelOptions target;                // the model whose output is produced
+    ModelOptions draft;                 // the draft model (draft_kind model or hybrid)
+    DraftKind draft_kind = DraftKind::none;
+    NgramOptions ngram;                 // n-gram drafter settings (draft_kind ngram or hybrid)
+};
+
+struct Stats {
+    int n_prompt = 0;        // prompt tokens
+    int n_cached = 0;        // of them reused from the KV cache of an earlier call
+    int n_generated = 0;     // tokens generated
+    int n_steps = 0;         // target verify calls (one per step)
+    int n_drafted = 0;       // draft tokens proposed
+    int n_accepted = 0;      // draft tokens accepted
+    int n_ngram_steps = 0;   // steps drafted by the n-gram drafter
+    double prefill_ms = 0.0; // prompt processing (target and draft)
+    double draft_ms = 0.0;   // drafting
+    double verify_ms = 0.0;  // target batched decode
+    double sample_ms = 0.0;  // verification arithmetic (argmax / rejection sampling)
+    double generate_ms = 0.0; // wall time of all steps
+    uint64_t seed = 0;       // the seed used for sampling
+    std::vector<int> k_hist;        // k_hist[k]: steps that drafted k tokens
+    std::vector<int> n_drafted_at;  // per draft position: times drafted
+    std::vector<int> n_accepted_at; // per draft position: times accepted
+};
+
+struct StepResult {
+    std::string text;                 // newly released text (complete UTF-8, stop strings cut)
+    std::vector<llama_token> tokens;  // newly committed tokens
+    bool done = false;
+    std::string finish_reason;        // "stop" or "length" when done
+    int n_drafted = 0;
+    int n_accepted = 0;
+};
+
+class Engine {
+  public:
+    explicit Engine(const EngineOptions & opts);
+
+    Model & target() { return *target_; }
+    Model * draft_model();             // nullptr without a draft model
+    DraftKind draft_kind() const { return opts_.draft_kind; }
+    AutoPolicy & auto_policy() { return auto_; }
+
+    void start(const std::vector<llama_token> & prompt, const GenerateOptions & opts);
+    StepResult step();
+    bool active() const { return active_; }
+    void cancel();              // end the generation now (the KV cache stays consistent)
+    void reset();               // forget every cached prefix
+    const Stats & stats() const { return stats_; }
+
+    // measure the target's decode time for batches of 1..n_max tokens (ms), and the draft model's per-token
+    // time; clears the KV caches
+    std::vector<double> profile_verify(int n_max, int n_reps);
+    double profile_draft(int n_reps);
+
+    // a deliberately wrong sampling verifier, for tests that must be able to fail
+    void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_resample_from_p = on; }
+
+  private:
+    void finish(const std::string & reason, StepResult & out);
+    DraftPolicy & policy();
+
+    EngineOptions opts_;
+    std::unique_ptr<Model> target_;
+    std::unique_ptr<Drafter> drafter_;
+    Model * draft_model_ = nullptr;
+
+    GenerateOptions gen_;
+    std::unique_ptr<DraftPolicy> fixed_; // fixed or heuristic policy of the current generation
+    AutoPolicy auto_;                    // keeps what it learned across generations
+    SamplingVerifier verifier_;
+    Rng rng_;
+    TextAssembler text_;
+    Draft draft_;
+    std::vector<llama_token> history_;   // prompt + committed tokens before id_last
+    std::vector<llama_token> batch_;
+    llama_token id_last_ = -1;
+    bool active_ = false;
+    Stats stats_;
+    std::mutex mutex_;
+};
+
+} // namespace specllm

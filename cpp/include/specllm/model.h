@@ -1,0 +1,59 @@
+// One GGUF model with its llama_context: loading with checks, tokenization, and a KV cache whose contents
+// (the tokens at positions 0..n-1 of sequence 0) are tracked so callers can reuse or cut a prefix.
+#pragma once
+
+#include "specllm/options.h"
+
+#include "llama-cpp.h"
+
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+class Model {
+  public:
+    explicit Model(const ModelOptions & opts); // throws ModelLoadError
+    ~Model();
+    Model(const Model &) = delete;
+    Model & operator=(const Model &) = delete;
+
+    const llama_vocab * vocab() const { return vocab_; }
+    llama_context * ctx() const { return ctx_.get(); }
+    const ModelOptions & options() const { return opts_; }
+    int n_ctx() const { return n_ctx_; }
+    int n_vocab() const { return n_vocab_; }
+    std::string description() const;
+
+    std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string piece(llama_token token) const; // text of one token; control tokens render as ""
+    bool is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
+    std::string chat_template() const; // the GGUF's tokenizer.chat_template, or "" if none
+
+    // KV cache of sequence 0
+    const std::vector<llama_token> & cached() const { return cached_; }
+    int n_past() const { return (int) cached_.size(); }
+    void truncate(int n);                                   // keep positions [0, n)
+    int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq
+    void clear() { truncate(0); }
+
+    // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits) or
+    // only the last row. Throws ContextOverflowError / DecodeError; on error the cache is cut back.
+    void decode(const llama_token * tokens, int n, bool all_logits);
+    const float * logits(int i) const; // row i of the last decode (only rows that requested logits)
+
+  private:
+    ModelOptions opts_;
+    llama_model_ptr model_;   // declared before the context so that it is freed after it
+    llama_context_ptr ctx_;
+    llama_batch batch_{};
+    const llama_vocab * vocab_ = nullptr;
+    int n_ctx_ = 0;
+    int n_vocab_ = 0;
+    std::vector<llama_token> cached_;
+};
+
+// throws IncompatibleDraftError naming the first difference (type, size, special tokens, token texts)
+void check_same_vocab(const Model & target, const Model & draft);
+
+} // namespace specllm

@@ -1,0 +1,55 @@
+// Plain option structs with defaults; the bindings expose them once instead of copying arguments around.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+struct ModelOptions {
+    std::string path;          // GGUF file
+    int n_ctx = 4096;          // context window in tokens
+    int n_threads = 0;         // CPU threads for decoding; 0 = all hardware threads
+    int n_gpu_layers = 0;      // layers offloaded to the GPU (CUDA/Metal builds of llama.cpp); -1 = all
+    int n_batch = 512;         // most tokens in one llama_decode while processing a prompt
+};
+
+enum class DraftKind {
+    none,   // plain decoding
+    model,  // a smaller model of the same family
+    ngram,  // prompt lookup: continuation of the longest earlier match of the current suffix
+    hybrid, // n-gram when it has a long match, the draft model otherwise
+};
+
+enum class PolicyKind {
+    fixed,     // always draft_length tokens
+    heuristic, // +2 after a fully accepted draft, -1 otherwise (HF transformers' schedule)
+    automatic, // cost model: the k that maximizes expected tokens per second, 0 when nothing beats plain
+};
+
+struct SamplingOptions {
+    float temperature = 0.0f;  // 0 = greedy (argmax)
+    int top_k = 0;             // keep the k most likely tokens; 0 = all
+    float top_p = 1.0f;        // keep the smallest set with this much probability mass; 1 = all
+    float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 = off
+    uint64_t seed = 0;         // random seed (the caller draws one when the user gave none)
+};
+
+struct GenerateOptions {
+    int max_tokens = 256;               // most tokens to generate
+    SamplingOptions sampling;           // how target and draft tokens are chosen
+    std::vector<std::string> stop;      // generation ends before the first occurrence of any of these
+    PolicyKind policy = PolicyKind::automatic; // how many tokens to draft each step
+    int draft_length = 4;               // k for the fixed policy; the largest k for the others
+    float draft_p_min = 0.0f;           // stop drafting when the draft's top probability falls below this
+    bool ignore_eos = false;            // keep generating past end-of-generation tokens (benchmarks)
+};
+
+struct NgramOptions {
+    int n_min = 2;            // shortest suffix to look up
+    int n_max = 4;            // longest suffix to look up
+    int hybrid_min_match = 3; // hybrid drafting uses the n-gram proposal when its match is at least this long
+};
+
+} // namespace specllm

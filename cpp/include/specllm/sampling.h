@@ -1,0 +1,52 @@
+// Token distributions: argmax, the warped distribution (temperature, top-k, top-p, min-p) that both the target
+// (p) and the draft (q) use, and drawing from it with a portable, seedable generator.
+#pragma once
+
+#include "specllm/options.h"
+
+#include "llama.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace specllm {
+
+// a distribution over a subset of the vocabulary; probs sum to 1; ids are sorted by descending probability
+struct Dist {
+    std::vector<llama_token> ids;
+    std::vector<float> probs;
+    float prob(llama_token id) const; // 0 for tokens outside the support
+};
+
+// splitmix64: identical sequences on every platform and compiler (std:: distributions are not)
+class Rng {
+  public:
+    explicit Rng(uint64_t seed = 0) : state_(seed) {}
+    void seed(uint64_t seed) { state_ = seed; }
+    uint64_t next();
+    double uniform(); // [0, 1)
+
+  private:
+    uint64_t state_;
+};
+
+llama_token argmax(const float * logits, int n_vocab);
+float top_prob(const float * logits, int n_vocab); // softmax probability of the argmax
+
+// Warps logits into a distribution. Order (as in HF transformers and vLLM): temperature, top-k, top-p, min-p.
+// Avoids sorting the whole vocabulary: top-k selects with nth_element, top-p sorts growing prefixes.
+class Warper {
+  public:
+    void warp(const float * logits, int n_vocab, const SamplingOptions & opts, Dist & out);
+
+  private:
+    std::vector<llama_token> ids_;
+    std::vector<float> vals_;
+};
+
+llama_token sample(const Dist & dist, Rng & rng);
+
+// validate sampling options; throws InvalidArgument with the allowed range
+void check_sampling_options(const SamplingOptions & opts);
+
+} // namespace specllm

@@ -1,0 +1,97 @@
+#include "specllm/drafter.h"
+
+#include <algorithm>
+
+namespace specllm {
+
+void ModelDrafter::prefill(const std::vector<llama_token> & history) {
+    const int n_keep = model_->keep_common_prefix(history);
+    model_->decode(history.data() + n_keep, (int) history.size() - n_keep, false);
+}
+
+void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
+    out.tokens.clear();
+    out.q.clear();
+    out.from_ngram = false;
+    if (req.n_max <= 0) {
+        return;
+    }
+    // bring the draft cache to history + id_last: keep the shared prefix, decode the rest in one batch
+    seq_.assign(req.history->begin(), req.history->end());
+    seq_.push_back(req.id_last);
+    int n_keep = model_->keep_common_prefix(seq_);
+    if (n_keep == (int) seq_.size()) { // everything cached: re-decode the last token to get its logits
+        model_->truncate(--n_keep);
+    }
+    // the draft cache must leave room for the draft itself
+    if (model_->n_past() + (int) seq_.size() - n_keep + req.n_max > model_->n_ctx()) {
+        return;
+    }
+    model_->decode(seq_.data() + n_keep, (int) seq_.size() - n_keep, false);
+
+    const bool greedy = req.sampling->temperature <= 0.0f;
+    const int n_vocab = model_->n_vocab();
+    for (int i = 0; i < req.n_max; ++i) {
+        const float * logits = model_->logits(-1);
+        llama_token tok;
+        if (greedy) {
+            if (req.p_min > 0.0f && i > 0 && top_prob(logits, n_vocab) < req.p_min) {
+                break;
+            }
+            tok = argmax(logits, n_vocab);
+        } else {
+            out.q.emplace_back();
+            warper_.warp(logits, n_vocab, *req.sampling, out.q.back());
+            if (req.p_min > 0.0f && i > 0 && out.q.back().probs[0] < req.p_min) {
+                out.q.pop_back();
+                break;
+            }
+            tok = sample(out.q.back(), *req.rng);
+        }
+        out.tokens.push_back(tok);
+        if (i + 1 < req.n_max) {
+            model_->decode(&tok, 1, false);
+        }
+    }
+}
+
+void NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id_last) {
+    // the index follows history + id_last; a diverging history (a new prompt) is re-indexed from the fork
+    const auto & have = index_.tokens();
+    size_t n = 0;
+    const size_t n_max = std::min(have.size(), history.size() + 1);
+    while (n < n_max && have[n] == (n < history.size() ? history[n] : id_last)) {
+        ++n;
+    }
+    index_.truncate(n);
+    for (size_t i = n; i < history.size(); ++i) {
+        index_.push(history[i]);
+    }
+    if (n <= history.size()) {
+        index_.push(id_last);
+    }
+}
+
+int NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
+    sync(history, id_last);
+    return index_.lookup(0, seq_);
+}
+
+void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
+    out.q.clear();
+    out.from_ngram = true;
+    sync(*req.history, req.id_last);
+    index_.lookup(req.n_max, out.tokens);
+}
+
+void HybridDrafter::propose(const DraftRequest & req, Draft & out) {
+    if (req.use_ngram) {
+        ngram_.propose(req, out);
+        if (!out.tokens.empty()) {
+            return;
+        }
+    }
+    model_.propose(req, out);
+}
+
+} // namespace specllm

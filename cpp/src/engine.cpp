@@ -1,0 +1,293 @@
+#include "specllm/engine.h"
+
+#include "specllm/errors.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace specllm {
+
+namespace {
+
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+} // namespace
+
+Engine::Engine(const EngineOptions & opts) : opts_(opts) {
+    target_ = std::make_unique<Model>(opts.target);
+    const bool wants_model = opts.draft_kind == DraftKind::model || opts.draft_kind == DraftKind::hybrid;
+    if (wants_model) {
+        ModelOptions dopts = opts.draft;
+        dopts.n_ctx = target_->n_ctx();
+        auto dm = std::make_unique<Model>(dopts);
+        check_same_vocab(*target_, *dm);
+        draft_model_ = dm.get();
+        if (opts.draft_kind == DraftKind::model) {
+            drafter_ = std::make_unique<ModelDrafter>(std::move(dm));
+        } else {
+            drafter_ = std::make_unique<HybridDrafter>(std::move(dm), opts.ngram);
+        }
+    } else if (opts.draft_kind == DraftKind::ngram) {
+        drafter_ = std::make_unique<NgramDrafter>(opts.ngram);
+    }
+}
+
+Model * Engine::draft_model() {
+    return draft_model_;
+}
+
+DraftPolicy & Engine::policy() {
+    return gen_.policy == PolicyKind::automatic ? static_cast<DraftPolicy &>(auto_) : *fixed_;
+}
+
+void Engine::start(const std::vector<llama_token> & prompt, const GenerateOptions & opts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (opts.max_tokens < 1) {
+        throw InvalidArgument("max_tokens must be >= 1, got " + std::to_string(opts.max_tokens));
+    }
+    if (opts.draft_length < 0 || opts.draft_length > AutoPolicy::n_max) {
+        throw InvalidArgument("draft_length must be between 0 and " + std::to_string(AutoPolicy::n_max) + ", got " +
+                              std::to_string(opts.draft_length));
+    }
+    if (!(opts.draft_p_min >= 0.0f && opts.draft_p_min <= 1.0f)) {
+        throw InvalidArgument("draft_p_min must be in [0, 1]");
+    }
+    check_sampling_options(opts.sampling);
+    if (prompt.empty()) {
+        throw InvalidArgument("the prompt is empty (no tokens); pass some text");
+    }
+    const int n_ctx = target_->n_ctx();
+    if ((int) prompt.size() + opts.max_tokens > n_ctx) {
+        throw ContextOverflowError("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                                   std::to_string(opts.max_tokens) + ") exceed the context window n_ctx=" +
+                                   std::to_string(n_ctx) + "; lower max_tokens, shorten the prompt, or create the "
+                                   "LLM with a larger n_ctx");
+    }
+    gen_ = opts;
+    if (opts.policy == PolicyKind::fixed) {
+        fixed_ = std::make_unique<FixedPolicy>(opts.draft_length);
+    } else if (opts.policy == PolicyKind::heuristic) {
+        fixed_ = std::make_unique<HeuristicPolicy>(std::max(1, opts.draft_length), AutoPolicy::n_max);
+    } else {
+        auto_.set_k_limit(opts.draft_length);
+    }
+    rng_.seed(opts.sampling.seed);
+    text_.reset(opts.stop);
+    stats_ = Stats();
+    stats_.seed = opts.sampling.seed;
+    stats_.n_prompt = (int) prompt.size();
+    stats_.k_hist.assign((size_t) AutoPolicy::n_max + 1, 0);
+    stats_.n_drafted_at.assign((size_t) AutoPolicy::n_max, 0);
+    stats_.n_accepted_at.assign((size_t) AutoPolicy::n_max, 0);
+
+    // prefill: everything but the last prompt token, reusing the cached prefix
+    const double t0 = now_ms();
+    history_.assign(prompt.begin(), prompt.end() - 1);
+    id_last_ = prompt.back();
+    const int n_keep = target_->keep_common_prefix(history_);
+    stats_.n_cached = n_keep;
+    target_->decode(history_.data() + n_keep, (int) history_.size() - n_keep, false);
+    if (drafter_) {
+        drafter_->prefill(history_);
+    }
+    stats_.prefill_ms = now_ms() - t0;
+    active_ = true;
+}
+
+StepResult Engine::step() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    StepResult out;
+    if (!active_) {
+        out.done = true;
+        return out;
+    }
+    const double t_step = now_ms();
+    const int n_past = target_->n_past();
+    const int budget = gen_.max_tokens - stats_.n_generated; // >= 1 while active
+
+    // 1. draft
+    StepContext sctx;
+    sctx.k_max = std::max(0, std::min({gen_.draft_length, budget - 1, target_->n_ctx() - n_past - 1}));
+    sctx.has_model = draft_model_ != nullptr;
+    sctx.has_ngram = opts_.draft_kind == DraftKind::ngram || opts_.draft_kind == DraftKind::hybrid;
+    sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
+    if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
+        sctx.ngram_match = drafter_->ngram_match(history_, id_last_);
+    }
+    const Choice choice = drafter_ && sctx.k_max > 0 ? policy().choose(sctx) : Choice();
+    draft_.tokens.clear();
+    draft_.q.clear();
+    double t0 = now_ms();
+    if (choice.k > 0) {
+        DraftRequest req;
+        req.history = &history_;
+        req.id_last = id_last_;
+        req.n_max = choice.k;
+        req.sampling = &gen_.sampling;
+        req.p_min = gen_.draft_p_min;
+        req.rng = &rng_;
+        req.use_ngram = choice.ngram;
+        drafter_->propose(req, draft_);
+    }
+    const double draft_ms = now_ms() - t0;
+
+    // 2. verify [id_last, d1..dk] in one batch with logits for every row
+    t0 = now_ms();
+    batch_.assign(1, id_last_);
+    batch_.insert(batch_.end(), draft_.tokens.begin(), draft_.tokens.end());
+    target_->decode(batch_.data(), (int) batch_.size(), true);
+    const double verify_ms = now_ms() - t0;
+
+    // 3. accept
+    t0 = now_ms();
+    const int n_vocab = target_->n_vocab();
+    Model & tgt = *target_;
+    const LogitsRow row = [&tgt](int i) { return tgt.logits(i); };
+    const Verdict v = gen_.sampling.temperature <= 0.0f
+                          ? verify_greedy(draft_.tokens, row, n_vocab)
+                          : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_);
+    stats_.sample_ms += now_ms() - t0;
+
+    // 4. cut the rejected tail: keep id_last and the accepted drafts
+    target_->truncate(n_past + 1 + v.n_accepted);
+
+    StepOutcome outcome;
+    outcome.n_drafted = (int) draft_.tokens.size();
+    outcome.n_accepted = v.n_accepted;
+    outcome.from_ngram = draft_.from_ngram;
+    outcome.draft_ms = draft_ms;
+    outcome.verify_ms = verify_ms;
+    if (drafter_) {
+        policy().update(outcome);
+    }
+    stats_.n_steps += 1;
+    stats_.n_drafted += outcome.n_drafted;
+    stats_.n_accepted += v.n_accepted;
+    stats_.n_ngram_steps += draft_.from_ngram && outcome.n_drafted > 0 ? 1 : 0;
+    stats_.draft_ms += draft_ms;
+    stats_.verify_ms += verify_ms;
+    stats_.k_hist[(size_t) outcome.n_drafted] += 1;
+    for (int j = 0; j < outcome.n_drafted; ++j) {
+        stats_.n_drafted_at[(size_t) j] += 1;
+        stats_.n_accepted_at[(size_t) j] += j < v.n_accepted ? 1 : 0;
+    }
+    out.n_drafted = outcome.n_drafted;
+    out.n_accepted = v.n_accepted;
+
+    // 5. commit: id_last enters the history, then the accepted drafts and the target's token, until a stop
+    history_.push_back(id_last_);
+    std::vector<llama_token> emitted(draft_.tokens.begin(), draft_.tokens.begin() + v.n_accepted);
+    emitted.push_back(v.next);
+    for (size_t i = 0; i < emitted.size(); ++i) {
+        const llama_token tok = emitted[i];
+        const bool last = i + 1 == emitted.size();
+        if (!gen_.ignore_eos && target_->is_eog(tok)) {
+            history_.push_back(tok); // kept in the cache so that a chat template's next turn can reuse it
+            finish("stop", out);
+            break;
+        }
+        out.tokens.push_back(tok);
+        stats_.n_generated += 1;
+        const bool stopped = text_.push(target_->piece(tok));
+        if (stopped) {
+            history_.push_back(tok);
+            finish("stop", out);
+            break;
+        }
+        if (stats_.n_generated >= gen_.max_tokens) {
+            history_.push_back(tok);
+            finish("length", out);
+            break;
+        }
+        if (last) {
+            id_last_ = tok;
+        } else {
+            history_.push_back(tok);
+        }
+    }
+    if (active_) {
+        out.text = text_.take_ready();
+    }
+    stats_.generate_ms += now_ms() - t_step;
+    return out;
+}
+
+void Engine::finish(const std::string & reason, StepResult & out) {
+    // the KV cache must be a prefix of prompt + committed tokens
+    target_->keep_common_prefix(history_);
+    out.done = true;
+    out.finish_reason = reason;
+    out.text = text_.take_rest();
+    active_ = false;
+}
+
+void Engine::cancel() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        target_->keep_common_prefix(history_);
+        active_ = false;
+    }
+}
+
+void Engine::reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    target_->clear();
+    if (draft_model_) {
+        draft_model_->clear();
+    }
+    history_.clear();
+    active_ = false;
+}
+
+std::vector<double> Engine::profile_verify(int n_max, int n_reps) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active_ = false;
+    target_->clear();
+    std::vector<llama_token> toks((size_t) n_max + 32, llama_vocab_bos(target_->vocab()) >= 0
+                                                           ? llama_vocab_bos(target_->vocab()) : 0);
+    target_->decode(toks.data(), 32, false); // a short context, as in a real step
+    std::vector<double> costs((size_t) n_max, 0.0);
+    for (int n = 1; n <= n_max; ++n) {
+        double best = 1e30;
+        for (int r = 0; r < n_reps + 1; ++r) { // the first repetition warms up
+            const double t0 = now_ms();
+            target_->decode(toks.data(), n, true);
+            const double dt = now_ms() - t0;
+            target_->truncate(32);
+            if (r > 0) {
+                best = std::min(best, dt);
+            }
+        }
+        costs[(size_t) n - 1] = best;
+    }
+    target_->clear();
+    history_.clear();
+    return costs;
+}
+
+double Engine::profile_draft(int n_reps) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!draft_model_) {
+        return 0.0;
+    }
+    draft_model_->clear();
+    std::vector<llama_token> toks(33, 0);
+    draft_model_->decode(toks.data(), 32, false);
+    double best = 1e30;
+    for (int r = 0; r < n_reps + 1; ++r) {
+        const double t0 = now_ms();
+        draft_model_->decode(toks.data(), 1, false);
+        const double dt = now_ms() - t0;
+        draft_model_->truncate(32);
+        if (r > 0) {
+            best = std::min(best, dt);
+        }
+    }
+    draft_model_->clear();
+    return best;
+}
+
+} // namespace specllm

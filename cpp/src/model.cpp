@@ -1,0 +1,235 @@
+#include "specllm/model.h"
+
+#include "specllm/errors.h"
+#include "specllm/log.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sys/stat.h>
+#include <thread>
+
+namespace specllm {
+
+namespace {
+
+// checks llama.cpp does not make (or makes with a crash or an unclear message)
+void check_gguf_file(const std::string & path) {
+    struct stat st {};
+    if (path.empty()) {
+        throw ModelLoadError("model path is empty: pass the path of a .gguf file");
+    }
+    if (stat(path.c_str(), &st) != 0) {
+        throw ModelLoadError("model file not found: '" + path + "'; check the path, or use a registry name");
+    }
+    if (S_ISDIR(st.st_mode)) {
+        throw ModelLoadError("model path is a directory: '" + path + "'; pass the .gguf file inside it");
+    }
+    if (st.st_size == 0) {
+        throw ModelLoadError("model file is empty: '" + path + "'; the download or copy was interrupted, fetch it again");
+    }
+    std::ifstream in(path, std::ios::binary);
+    char magic[4] = {0, 0, 0, 0};
+    in.read(magic, 4);
+    if (!in || std::memcmp(magic, "GGUF", 4) != 0) {
+        throw ModelLoadError("not a GGUF file: '" + path + "' does not start with the GGUF magic; "
+                             "convert the model with llama.cpp's convert_hf_to_gguf.py or download a .gguf");
+    }
+}
+
+int default_threads() {
+    unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 4 : (int) n;
+}
+
+} // namespace
+
+Model::Model(const ModelOptions & opts) : opts_(opts) {
+    log_capture_install();
+    if (opts.n_ctx < 16) {
+        throw InvalidArgument("n_ctx must be at least 16, got " + std::to_string(opts.n_ctx));
+    }
+    if (opts.n_threads < 0) {
+        throw InvalidArgument("n_threads must be >= 0 (0 = all cores), got " + std::to_string(opts.n_threads));
+    }
+    if (opts.n_batch < 1) {
+        throw InvalidArgument("n_batch must be >= 1, got " + std::to_string(opts.n_batch));
+    }
+    check_gguf_file(opts.path);
+    log_take_errors();
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = opts.n_gpu_layers;
+    model_.reset(llama_model_load_from_file(opts.path.c_str(), mparams));
+    if (!model_) {
+        std::string why = log_take_errors();
+        throw ModelLoadError("llama.cpp could not load '" + opts.path + "' (corrupt, truncated, or an unsupported "
+                             "architecture)" + (why.empty() ? "" : ": " + why));
+    }
+    vocab_ = llama_model_get_vocab(model_.get());
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+
+    const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_threads();
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = (uint32_t) opts.n_ctx;
+    cparams.n_batch = (uint32_t) std::max(opts.n_batch, 64);   // a verify batch (k+1 rows) is never split
+    cparams.n_ubatch = cparams.n_batch;
+    cparams.n_seq_max = 1;
+    cparams.n_threads = n_threads;
+    cparams.n_threads_batch = n_threads;
+    cparams.no_perf = true;
+    ctx_.reset(llama_init_from_model(model_.get(), cparams));
+    if (!ctx_) {
+        std::string why = log_take_errors();
+        throw ModelLoadError("llama.cpp could not create a context for '" + opts.path + "' with n_ctx=" +
+                             std::to_string(opts.n_ctx) + " (out of memory? try a smaller n_ctx)" +
+                             (why.empty() ? "" : ": " + why));
+    }
+    n_ctx_ = (int) llama_n_ctx(ctx_.get());
+    batch_ = llama_batch_init((int32_t) cparams.n_batch, 0, 1);
+}
+
+Model::~Model() {
+    llama_batch_free(batch_);
+}
+
+std::string Model::description() const {
+    char buf[256];
+    int n = llama_model_desc(model_.get(), buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>((size_t) n, sizeof(buf) - 1)) : std::string();
+}
+
+std::vector<llama_token> Model::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    std::vector<llama_token> out(text.size() + 8);
+    int n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                           parse_special);
+    if (n < 0) {
+        if (n == INT32_MIN) {
+            throw InvalidArgument("text is too long to tokenize");
+        }
+        out.resize((size_t) -n);
+        n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+                           parse_special);
+    }
+    out.resize((size_t) std::max(n, 0));
+    return out;
+}
+
+std::string Model::piece(llama_token token) const {
+    char buf[128];
+    int n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, false);
+    if (n >= 0) {
+        return std::string(buf, (size_t) n);
+    }
+    std::string big((size_t) -n, '\0');
+    n = llama_token_to_piece(vocab_, token, big.data(), (int32_t) big.size(), 0, false);
+    big.resize((size_t) std::max(n, 0));
+    return big;
+}
+
+std::string Model::chat_template() const {
+    const char * tmpl = llama_model_chat_template(model_.get(), nullptr);
+    return tmpl ? std::string(tmpl) : std::string();
+}
+
+void Model::truncate(int n) {
+    n = std::max(0, n);
+    if (n >= (int) cached_.size()) {
+        return;
+    }
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
+    cached_.resize((size_t) n);
+}
+
+int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
+    size_t n = 0;
+    const size_t n_max = std::min(seq.size(), cached_.size());
+    while (n < n_max && seq[n] == cached_[n]) {
+        ++n;
+    }
+    truncate((int) n);
+    return (int) n;
+}
+
+void Model::decode(const llama_token * tokens, int n, bool all_logits) {
+    if (n <= 0) {
+        return;
+    }
+    if (n_past() + n > n_ctx_) {
+        throw ContextOverflowError("context window full: " + std::to_string(n_past()) + " + " + std::to_string(n) +
+                                   " tokens exceed n_ctx=" + std::to_string(n_ctx_) +
+                                   "; create the LLM with a larger n_ctx or shorten the prompt");
+    }
+    const int n_batch = (int) llama_n_batch(ctx_.get());
+    if (all_logits && n > n_batch) {
+        throw InvalidArgument("a batch with logits for every row is limited to n_batch=" + std::to_string(n_batch));
+    }
+    const int n_past0 = n_past();
+    for (int i0 = 0; i0 < n; i0 += n_batch) {
+        const int n_cur = std::min(n_batch, n - i0);
+        batch_.n_tokens = n_cur;
+        for (int j = 0; j < n_cur; ++j) {
+            batch_.token[j] = tokens[i0 + j];
+            batch_.pos[j] = n_past() + j;
+            batch_.n_seq_id[j] = 1;
+            batch_.seq_id[j][0] = 0;
+            batch_.logits[j] = all_logits || (i0 + j == n - 1);
+        }
+        const int32_t rc = llama_decode(ctx_.get(), batch_);
+        if (rc != 0) {
+            truncate(n_past0);
+            llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n_past0, -1);
+            std::string why = log_take_errors();
+            if (rc == 1) {
+                throw ContextOverflowError("no room in the KV cache for " + std::to_string(n_cur) +
+                                           " tokens; use a larger n_ctx");
+            }
+            throw DecodeError("llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ": " + why));
+        }
+        cached_.insert(cached_.end(), tokens + i0, tokens + i0 + n_cur);
+    }
+}
+
+const float * Model::logits(int i) const {
+    return llama_get_logits_ith(ctx_.get(), i);
+}
+
+void check_same_vocab(const Model & target, const Model & draft) {
+    const llama_vocab * vt = target.vocab();
+    const llama_vocab * vd = draft.vocab();
+    auto fail = [&](const std::string & what) {
+        throw IncompatibleDraftError("the draft model's vocabulary differs from the target's: " + what +
+                                     "; use a draft model of the same family (same tokenizer), or draft=\"ngram\"");
+    };
+    if (llama_vocab_type(vt) != llama_vocab_type(vd)) {
+        fail("tokenizer type " + std::to_string(llama_vocab_type(vd)) + " vs " + std::to_string(llama_vocab_type(vt)));
+    }
+    const int n_t = llama_vocab_n_tokens(vt);
+    const int n_d = llama_vocab_n_tokens(vd);
+    if (n_t != n_d) {
+        fail("size " + std::to_string(n_d) + " vs " + std::to_string(n_t));
+    }
+    struct Special {
+        const char * name;
+        llama_token (*get)(const llama_vocab *);
+    };
+    const Special specials[] = {{"bos", llama_vocab_bos}, {"eos", llama_vocab_eos}, {"eot", llama_vocab_eot}};
+    for (const auto & s : specials) {
+        if (s.get(vt) != s.get(vd)) {
+            fail(std::string(s.name) + " token " + std::to_string(s.get(vd)) + " vs " + std::to_string(s.get(vt)));
+        }
+    }
+    if (llama_vocab_get_add_bos(vt) != llama_vocab_get_add_bos(vd)) {
+        fail("add_bos differs");
+    }
+    for (llama_token id = 0; id < n_t; ++id) {
+        const char * a = llama_vocab_get_text(vt, id);
+        const char * b = llama_vocab_get_text(vd, id);
+        if (std::strcmp(a ? a : "", b ? b : "") != 0) {
+            fail("token " + std::to_string(id) + " is '" + std::string(b ? b : "") + "' in the draft and '" +
+                 std::string(a ? a : "") + "' in the target");
+        }
+    }
+}
+
+} // namespace specllm

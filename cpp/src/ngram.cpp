@@ -1,0 +1,80 @@
+#include "specllm/ngram.h"
+
+#include "specllm/errors.h"
+
+#include <algorithm>
+#include <string>
+
+namespace specllm {
+
+NgramIndex::NgramIndex(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) {
+    if (n_min < 1 || n_max < n_min || n_max > 16) {
+        throw InvalidArgument("n-gram sizes must satisfy 1 <= n_min <= n_max <= 16, got n_min=" +
+                              std::to_string(n_min) + " n_max=" + std::to_string(n_max));
+    }
+    maps_.resize((size_t) n_max + 1);
+}
+
+void NgramIndex::clear() {
+    tokens_.clear();
+    for (auto & m : maps_) {
+        m.clear();
+    }
+}
+
+uint64_t NgramIndex::hash(size_t end, int n) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = end - (size_t) n; i < end; ++i) {
+        h = (h ^ (uint32_t) tokens_[i]) * 1099511628211ULL;
+    }
+    return h;
+}
+
+bool NgramIndex::same(size_t end_a, size_t end_b, int n) const {
+    return std::equal(tokens_.begin() + (long) (end_a - n), tokens_.begin() + (long) end_a,
+                      tokens_.begin() + (long) (end_b - n));
+}
+
+void NgramIndex::push(llama_token token) {
+    // the n-grams ending at the current end are now followed by `token`
+    const size_t end = tokens_.size();
+    for (int n = n_min_; n <= n_max_; ++n) {
+        if (end >= (size_t) n) {
+            maps_[n][hash(end, n)] = (uint32_t) end;
+        }
+    }
+    tokens_.push_back(token);
+}
+
+void NgramIndex::truncate(size_t n) {
+    if (n >= tokens_.size()) {
+        return;
+    }
+    std::vector<llama_token> keep(tokens_.begin(), tokens_.begin() + (long) n);
+    clear();
+    for (llama_token t : keep) {
+        push(t);
+    }
+}
+
+int NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
+    out.clear();
+    const size_t end = tokens_.size();
+    for (int n = std::min<int>(n_max_, (int) end); n >= n_min_; --n) {
+        auto it = maps_[n].find(hash(end, n));
+        if (it == maps_[n].end()) {
+            continue;
+        }
+        const size_t cont = it->second; // the token after the earlier occurrence
+        if (!same(cont, end, n)) {      // hash collision
+            continue;
+        }
+        for (size_t i = cont; i < end && (int) out.size() < n_draft; ++i) {
+            out.push_back(tokens_[i]);
+        }
+        return n;
+    }
+    return 0;
+}
+
+} // namespace specllm

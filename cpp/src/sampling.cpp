@@ -1,0 +1,142 @@
+#include "specllm/sampling.h"
+
+#include "specllm/errors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+namespace specllm {
+
+float Dist::prob(llama_token id) const {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == id) {
+            return probs[i];
+        }
+    }
+    return 0.0f;
+}
+
+uint64_t Rng::next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+double Rng::uniform() {
+    return (double) (next() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+llama_token argmax(const float * logits, int n_vocab) {
+    return (llama_token) (std::max_element(logits, logits + n_vocab) - logits);
+}
+
+float top_prob(const float * logits, int n_vocab) {
+    const float l_max = *std::max_element(logits, logits + n_vocab);
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; ++i) {
+        sum += std::exp((double) (logits[i] - l_max));
+    }
+    return (float) (1.0 / sum);
+}
+
+void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opts, Dist & out) {
+    const float inv_t = 1.0f / opts.temperature;
+    auto by_value = [this](llama_token a, llama_token b) { return vals_[a] > vals_[b]; };
+
+    // temperature
+    vals_.resize((size_t) n_vocab);
+    float v_max = -INFINITY;
+    for (int i = 0; i < n_vocab; ++i) {
+        vals_[i] = logits[i] * inv_t;
+        v_max = std::max(v_max, vals_[i]);
+    }
+    // min-p is a threshold on the scaled logits: p_i / p_max >= min_p  <=>  v_i >= v_max + log(min_p)
+    const float v_floor = opts.min_p > 0.0f ? v_max + std::log(opts.min_p) : -INFINITY;
+    ids_.clear();
+    for (int i = 0; i < n_vocab; ++i) {
+        if (vals_[i] >= v_floor && vals_[i] > -INFINITY) {
+            ids_.push_back(i);
+        }
+    }
+    // top-k: select, do not sort everything
+    if (opts.top_k > 0 && (size_t) opts.top_k < ids_.size()) {
+        std::nth_element(ids_.begin(), ids_.begin() + opts.top_k - 1, ids_.end(), by_value);
+        ids_.resize((size_t) opts.top_k);
+    }
+    // normalizer over the candidates
+    double z = 0.0;
+    for (llama_token id : ids_) {
+        z += std::exp((double) (vals_[id] - v_max));
+    }
+    // top-p: sort growing prefixes until the prefix holds top_p of the mass
+    size_t n_keep = ids_.size();
+    if (opts.top_p < 1.0f) {
+        size_t n_sorted = std::min<size_t>(ids_.size(), 64);
+        while (true) {
+            std::partial_sort(ids_.begin(), ids_.begin() + n_sorted, ids_.end(), by_value);
+            double cum = 0.0;
+            size_t i = 0;
+            for (; i < n_sorted; ++i) {
+                cum += std::exp((double) (vals_[ids_[i]] - v_max)) / z;
+                if (cum >= opts.top_p) {
+                    break;
+                }
+            }
+            if (i < n_sorted) {
+                n_keep = i + 1;
+                break;
+            }
+            if (n_sorted == ids_.size()) {
+                break;
+            }
+            n_sorted = std::min(ids_.size(), n_sorted * 8);
+        }
+        ids_.resize(n_keep);
+    } else {
+        std::sort(ids_.begin(), ids_.end(), by_value);
+    }
+    // softmax over what is left
+    out.ids.assign(ids_.begin(), ids_.end());
+    out.probs.resize(out.ids.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < out.ids.size(); ++i) {
+        out.probs[i] = (float) std::exp((double) (vals_[out.ids[i]] - v_max));
+        sum += out.probs[i];
+    }
+    for (float & p : out.probs) {
+        p = (float) (p / sum);
+    }
+}
+
+llama_token sample(const Dist & dist, Rng & rng) {
+    const double u = rng.uniform();
+    double cum = 0.0;
+    for (size_t i = 0; i < dist.ids.size(); ++i) {
+        cum += dist.probs[i];
+        if (u < cum) {
+            return dist.ids[i];
+        }
+    }
+    return dist.ids.empty() ? 0 : dist.ids.back(); // rounding: u beyond the accumulated sum
+}
+
+void check_sampling_options(const SamplingOptions & o) {
+    if (!(o.temperature >= 0.0f) || std::isinf(o.temperature)) {
+        throw InvalidArgument("temperature must be a finite number >= 0 (0 = greedy), got " +
+                              std::to_string(o.temperature));
+    }
+    if (o.top_k < 0) {
+        throw InvalidArgument("top_k must be >= 0 (0 = no limit), got " + std::to_string(o.top_k));
+    }
+    if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
+        throw InvalidArgument("top_p must be in (0, 1] (1 = no limit), got " + std::to_string(o.top_p));
+    }
+    if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) {
+        throw InvalidArgument("min_p must be in [0, 1] (0 = off), got " + std::to_string(o.min_p));
+    }
+}
+
+} // namespace specllm

@@ -1,0 +1,27 @@
+"""specllm: speculative decoding for GGUF models on your own device."""
+from importlib import metadata as _metadata
+
+from . import _core
+
+try:
+    _runtime = _metadata.version("llama-cpp-python")
+except _metadata.PackageNotFoundError:  # pragma: no cover
+    _runtime = None
+if _runtime != _core.llama_cpp_version:
+    raise ImportError(
+        f"specllm was built against llama-cpp-python {_core.llama_cpp_version} but {_runtime} is installed; "
+        f"reinstall one to match: pip install llama-cpp-python=={_core.llama_cpp_version} "
+        "(or rebuild specllm: pip install --force-reinstall --no-deps specllm)")
+
+from .api import generate  # noqa: E402
+from .errors import (  # noqa: E402
+    ContextOverflowError, IncompatibleDraftError, InvalidOptionError, ModelLoadError, PullError, RegistryError,
+    SpecLLMError)
+from .llm import LLM  # noqa: E402
+from .results import Chunk, Completion, Stats  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = [
+    "LLM", "generate", "Completion", "Chunk", "Stats", "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
+    "ContextOverflowError", "InvalidOptionError", "RegistryError", "PullError",
+]

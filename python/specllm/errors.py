@@ -1,0 +1,29 @@
+"""specllm's exceptions. The C++ core raises these by name (see cpp/bindings/errors.cpp)."""
+
+
+class SpecLLMError(Exception):
+    """Base class of every error specllm raises on purpose."""
+
+
+class ModelLoadError(SpecLLMError):
+    """The model file is missing, not GGUF, corrupt or truncated, or of an unsupported architecture."""
+
+
+class IncompatibleDraftError(SpecLLMError):
+    """The draft model's vocabulary differs from the target's."""
+
+
+class ContextOverflowError(SpecLLMError):
+    """The prompt plus the requested generation does not fit in the context window (n_ctx)."""
+
+
+class InvalidOptionError(SpecLLMError, ValueError):
+    """An option has a value outside its range."""
+
+
+class RegistryError(SpecLLMError):
+    """A model name is unknown, or a model could not be fetched into the cache."""
+
+
+class PullError(RegistryError):
+    """Fetching a model failed (no source reachable, or the download did not verify)."""

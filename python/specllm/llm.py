@@ -1,0 +1,227 @@
+"""LLM: a target model, optionally a drafter, and generate / stream / chat over the C++ engine.
+
+One LLM serializes its calls: a second thread waits until the running generation (or open stream) ends.
+A stream holds the LLM until it is exhausted or closed (break out of the loop, or call .close()).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator, List, Optional, Sequence, Union
+
+from . import _core, logs, profile
+from .errors import InvalidOptionError
+from .options import make_options
+from .results import Chunk, Completion, Stats
+
+DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, plain decoding for a path
+Prompt = Union[str, Sequence[int]]
+
+
+def _resolve(name_or_path: str) -> str:
+    from . import registry
+    return registry.resolve(name_or_path)
+
+
+def _default_draft(name_or_path: str) -> Optional[str]:
+    if os.path.exists(name_or_path):
+        return None
+    from . import registry
+    return registry.default_draft(name_or_path)
+
+
+class LLM:
+    def __init__(
+        self,
+        model: Union[str, os.PathLike],
+        draft: Union[str, os.PathLike, None] = DEFAULT,
+        *,
+        ngram: bool = False,
+        n_ctx: int = 4096,
+        n_threads: Optional[int] = None,
+        n_gpu_layers: int = -1,
+        draft_n_gpu_layers: Optional[int] = None,
+        seed: Optional[int] = None,
+        n_batch: int = 512,
+        ngram_min: int = 2,
+        ngram_max: int = 4,
+        profile_costs: bool = True,
+    ):
+        """Load a target model and, optionally, a drafter.
+
+        model: a .gguf path or a registry name ("qwen2.5-coder-1.5b"; pulled on first use).
+        draft: a .gguf path or registry name of a smaller model with the same vocabulary, "ngram" for prompt
+            lookup, None for plain decoding; by default a registry target gets its known draft.
+        ngram: with a draft model, also draft by n-gram lookup when it pays better (hybrid drafting).
+        n_gpu_layers / draft_n_gpu_layers: layers offloaded when llama-cpp-python was built with CUDA or Metal.
+        seed: default sampling seed of every call (None: a fresh one per call, reported in stats.seed).
+        """
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
+            raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
+        model = os.fspath(model)
+        if draft == DEFAULT:
+            draft = _default_draft(model)
+        if draft is not None and not isinstance(draft, (str, os.PathLike)):
+            raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
+        draft = os.fspath(draft) if draft is not None else None
+
+        opts = _core.EngineOptions()
+        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch)
+        opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
+        if draft is None:
+            opts.draft_kind = _core.DraftKind.none
+        elif draft == "ngram":
+            opts.draft_kind = _core.DraftKind.ngram
+        else:
+            dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch)
+            opts.draft_kind = _core.DraftKind.hybrid if ngram else _core.DraftKind.model
+        self.model_path = opts.target.path
+        self.draft_path = opts.draft.path if opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid) else None
+        self.draft = draft
+        self.seed = seed
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None
+        try:
+            self._engine = _core.Engine(opts)
+        finally:
+            logs.drain()
+        self.profile = None
+        if profile_costs and opts.draft_kind != _core.DraftKind.none:
+            self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
+                                                   opts.target.n_threads, n_gpu_layers)
+            logs.drain()
+
+    @staticmethod
+    def _model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch):
+        o = _core.ModelOptions()
+        o.path = path
+        o.n_ctx = n_ctx
+        o.n_threads = n_threads or 0
+        o.n_gpu_layers = n_gpu_layers
+        o.n_batch = n_batch
+        return o
+
+    # --- text helpers
+    @property
+    def n_ctx(self) -> int:
+        return self._engine.target.n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True) -> List[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._engine.target.tokenize(text, add_special, True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._engine.target.detokenize(list(tokens))
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            chat_template: str = "") -> str:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidOptionError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        pairs = []
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise InvalidOptionError(f"each message must be a dict with str 'role' and 'content', got {m!r}")
+            pairs.append((m["role"], m["content"]))
+        return self._engine.target.apply_chat_template(pairs, add_generation_prompt, chat_template)
+
+    def reset(self) -> None:
+        """Forget the cached conversation prefix (the next call evaluates its whole prompt)."""
+        with self._hold():
+            self._engine.reset()
+
+    # --- generation
+    def generate(self, prompt: Prompt, **options) -> Completion:
+        """Generate a completion of prompt (text or token ids). Options: max_tokens=256, temperature=0.0
+        (greedy), top_k, top_p, min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0)."""
+        text, tokens, last = [], [], None
+        for chunk in self.stream(prompt, **options):
+            text.append(chunk.text)
+            tokens.extend(chunk.tokens)
+            last = chunk
+        return Completion("".join(text), tokens, last.finish_reason, last.stats)
+
+    def stream(self, prompt: Prompt, **options) -> Iterator[Chunk]:
+        """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only)."""
+        tokens = self._prompt_tokens(prompt)
+        opts = make_options(**self._with_seed(options))
+        return self._run(tokens, opts)
+
+    def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
+        """Reply to a conversation formatted with the model's chat template. The KV cache of the previous
+        turns is reused when the new conversation extends the previous one."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=True)
+        return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
+
+    def _with_seed(self, options: dict) -> dict:
+        if options.get("seed") is None and self.seed is not None:
+            options = dict(options, seed=self.seed)
+        return options
+
+    def _prompt_tokens(self, prompt: Prompt) -> List[int]:
+        if isinstance(prompt, str):
+            bos = self._engine.target.tokenize("", True, False)  # [bos] when the model adds one
+            tokens = self._engine.target.tokenize(prompt, True, True)
+            if len(bos) == 1 and len(tokens) >= 2 and tokens[0] == tokens[1] == bos[0]:
+                tokens = tokens[1:]  # the text (a chat template) already starts with BOS
+            return tokens
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            n_vocab = self._engine.target.n_vocab
+            bad = [t for t in prompt if not 0 <= t < n_vocab]
+            if bad:
+                raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
+            return list(prompt)
+        raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+
+    def _hold(self):
+        llm = self
+
+        class _Held:
+            def __enter__(self):
+                llm._acquire()
+
+            def __exit__(self, *exc):
+                llm._release()
+
+        return _Held()
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            if self._owner == threading.get_ident():
+                raise RuntimeError("this thread still has an open stream on this LLM: exhaust or close() it first")
+            self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def _release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def _run(self, tokens: List[int], opts) -> Iterator[Chunk]:
+        self._acquire()
+        try:
+            try:
+                self._engine.start(tokens, opts)
+            finally:
+                logs.drain()
+            while True:
+                r = self._engine.step()
+                if r.done:
+                    yield Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, r.finish_reason,
+                                Stats.from_core(self._engine.stats))
+                    return
+                if r.text or r.tokens:
+                    yield Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted)
+        finally:
+            if self._engine.active:
+                self._engine.cancel()  # closed early or interrupted: the KV cache stays consistent
+            logs.drain()
+            self._release()
+
+    def __repr__(self) -> str:
+        return f"LLM(model={self.model_path!r}, draft={self.draft!r})"

@@ -1,0 +1,14 @@
+"""llama.cpp's log lines, captured by the core, go to logging.getLogger("specllm") (silent by default)."""
+import logging
+
+from . import _core
+
+logger = logging.getLogger("specllm")
+logger.addHandler(logging.NullHandler())
+
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+def drain() -> None:
+    for level, text in _core.log_drain():
+        logger.log(_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", text)

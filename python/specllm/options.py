@@ -1,0 +1,98 @@
+"""Checks the keyword options of generate/stream/chat and turns them into the core's GenerateOptions."""
+from __future__ import annotations
+
+import numbers
+import random
+from typing import Iterable, Optional, Sequence, Union
+
+from . import _core
+from .errors import InvalidOptionError
+
+DraftLength = Union[int, str]
+POLICIES = {"auto": _core.PolicyKind.auto, "heuristic": _core.PolicyKind.heuristic}
+AUTO_K_LIMIT = 8  # the longest draft "auto" and "heuristic" consider
+
+
+def _int(name: str, value, lo: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if lo is not None and value < lo:
+        raise InvalidOptionError(f"{name} must be >= {lo}, got {value}")
+    return int(value)
+
+
+def _float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _stops(stop) -> list:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise TypeError("stop must be a string or a list of strings")
+    return [s for s in stop if s]
+
+
+def make_options(
+    *,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: Optional[int] = None,
+    stop: Union[str, Sequence[str], None] = None,
+    draft_length: DraftLength = "auto",
+    draft_p_min: float = 0.0,
+    ignore_eos: bool = False,
+) -> "_core.GenerateOptions":
+    o = _core.GenerateOptions()
+    o.max_tokens = _int("max_tokens", max_tokens, lo=1)
+    s = _core.SamplingOptions()
+    s.temperature = _float("temperature", temperature)
+    if not s.temperature >= 0 or s.temperature == float("inf"):
+        raise InvalidOptionError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    s.top_k = _int("top_k", top_k)
+    if s.top_k < 0:
+        raise InvalidOptionError(f"top_k must be >= 0 (0 = no limit), got {top_k}")
+    s.top_p = _float("top_p", top_p)
+    if not 0 < s.top_p <= 1:
+        raise InvalidOptionError(f"top_p must be in (0, 1] (1 = no limit), got {top_p}")
+    s.min_p = _float("min_p", min_p)
+    if not 0 <= s.min_p <= 1:
+        raise InvalidOptionError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**63)
+    s.seed = _int("seed", seed, lo=0) % 2**64
+    o.sampling = s
+    o.stop = _stops(stop)
+    if isinstance(draft_length, str):
+        if draft_length not in POLICIES:
+            raise InvalidOptionError(
+                f"draft_length must be an int >= 0, 'auto' or 'heuristic', got {draft_length!r}")
+        o.policy = POLICIES[draft_length]
+        o.draft_length = AUTO_K_LIMIT
+    else:
+        o.policy = _core.PolicyKind.fixed
+        o.draft_length = _int("draft_length", draft_length, lo=0)
+        if o.draft_length > 16:
+            raise InvalidOptionError(f"draft_length must be at most 16, got {draft_length}")
+    o.draft_p_min = _float("draft_p_min", draft_p_min)
+    if not 0 <= o.draft_p_min <= 1:
+        raise InvalidOptionError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
+    o.ignore_eos = bool(ignore_eos)
+    return o
+
+
+GENERATE_KEYS = frozenset(
+    ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
+     "ignore_eos"])
+
+
+def split_kwargs(kwargs: dict, keys: Iterable[str]):
+    keys = set(keys)
+    return {k: v for k, v in kwargs.items() if k in keys}, {k: v for k, v in kwargs.items() if k not in keys}

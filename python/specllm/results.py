@@ -1,0 +1,76 @@
+"""Structured results: what generate() returns and what stream() yields."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+@dataclass
+class Stats:
+    n_prompt: int = 0          # prompt tokens
+    n_cached: int = 0          # prompt tokens reused from the KV cache of an earlier call
+    n_generated: int = 0       # tokens generated
+    n_steps: int = 0           # target verify calls
+    n_drafted: int = 0         # draft tokens proposed
+    n_accepted: int = 0        # draft tokens accepted
+    n_ngram_steps: int = 0     # steps drafted by n-gram lookup
+    prefill_ms: float = 0.0    # prompt processing (target and draft)
+    draft_ms: float = 0.0      # drafting
+    verify_ms: float = 0.0     # the target's batched decodes
+    sample_ms: float = 0.0     # verification arithmetic (argmax, rejection sampling)
+    generate_ms: float = 0.0   # wall time of generation, prefill excluded
+    seed: int = 0              # the sampling seed used (drawn when none was given)
+    k_histogram: Dict[int, int] = field(default_factory=dict)    # draft length -> steps
+    acceptance_by_position: List[float] = field(default_factory=list)  # P(accept) at draft position i
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        return self.n_accepted / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def mean_draft_length(self) -> float:
+        return self.n_drafted / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 * self.n_generated / self.generate_ms if self.generate_ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        for k in ("acceptance_rate", "mean_accepted_per_step", "mean_draft_length", "tokens_per_second"):
+            d[k] = getattr(self, k)
+        return d
+
+    @classmethod
+    def from_core(cls, s) -> "Stats":
+        return cls(
+            n_prompt=s.n_prompt, n_cached=s.n_cached, n_generated=s.n_generated, n_steps=s.n_steps,
+            n_drafted=s.n_drafted, n_accepted=s.n_accepted, n_ngram_steps=s.n_ngram_steps,
+            prefill_ms=s.prefill_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms, sample_ms=s.sample_ms,
+            generate_ms=s.generate_ms, seed=s.seed,
+            k_histogram={k: n for k, n in enumerate(s.k_hist) if n},
+            acceptance_by_position=[a / d for a, d in zip(s.n_accepted_at, s.n_drafted_at) if d],
+        )
+
+
+@dataclass
+class Chunk:
+    """A piece of a stream: the text and tokens committed by one speculative step."""
+    text: str
+    tokens: List[int]
+    n_drafted: int = 0
+    n_accepted: int = 0
+    finish_reason: Optional[str] = None  # set on the last chunk: "stop" or "length"
+    stats: Optional[Stats] = None        # set on the last chunk
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: List[int]
+    finish_reason: str  # "stop" (end of generation or a stop string) or "length" (max_tokens)
+    stats: Stats
