@@ -11,6 +11,8 @@ void register_errors(py::module_ & m);
 void register_options(py::module_ & m);
 void register_model(py::module_ & m);
 void register_engine(py::module_ & m);
+void register_policy(py::module_ & m);
+void register_ngram(py::module_ & m);
 
 // generated text may end inside a UTF-8 sequence (max_tokens); never fail on it
 inline py::str utf8_str(const std::string & s) {

@@ -8,4 +8,6 @@ PYBIND11_MODULE(_core, m) {
     register_options(m);
     register_model(m);
     register_engine(m);
+    register_policy(m);
+    register_ngram(m);
 }

@@ -6,8 +6,12 @@
 namespace specllm {
 
 namespace {
-constexpr double ema = 0.15;         // weight of a new observation
-constexpr int explore_every = 16;    // steps without drafting after which a source is tried with k = 1
+constexpr double ema_cost = 0.1;     // weight of a new cost observation
+constexpr double ema_alpha = 0.05;   // weight of a new acceptance observation
+constexpr int explore_first = 16;    // plain steps after which an unused source is tried with k = 1 ...
+constexpr int explore_last = 512;    // ... doubling after each try, up to this
+constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
+constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
 constexpr double alpha_prior_ngram[3] = {0.3, 0.5, 0.7}; // by match bucket
 } // namespace
@@ -20,6 +24,26 @@ AutoPolicy::AutoPolicy() {
         const double prior = s == 0 ? alpha_prior_model : alpha_prior_ngram[s - 1];
         alpha_[s].fill(prior);
     }
+    explore_after_.fill(explore_first);
+}
+
+double AutoPolicy::learn_rate(int s, int j) {
+    // a running mean while observations are few (the prior counts as one), then an EMA that can follow change
+    const int n = ++n_obs_[s][j];
+    return std::max(ema_alpha, 1.0 / (n + 1));
+}
+
+bool AutoPolicy::viable(int source) const {
+    const double plain = margin / cost_verify(1);
+    double e = 1.0, run = 1.0;
+    for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
+        run *= alpha_viable;
+        e += run;
+        if (e / (cost_draft(source, k) + cost_verify(k + 1)) > plain) {
+            return true;
+        }
+    }
+    return false;
 }
 
 int AutoPolicy::source_of(bool ngram, int match) {
@@ -61,6 +85,15 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
             t_verify_[n] = t_verify_[a] + (t_verify_[b] - t_verify_[a]) * (n - a) / (double) (b - a);
         }
     }
+    make_monotone();
+}
+
+void AutoPolicy::make_monotone() {
+    // a batch of n+1 tokens never costs less than one of n: an outlier measured high (a busy machine) is pulled
+    // down to what a larger batch cost
+    for (int n = n_max; n >= 1; --n) {
+        t_verify_[n] = std::min(t_verify_[n], t_verify_[n + 1]);
+    }
 }
 
 std::vector<double> AutoPolicy::verify_costs() const {
@@ -90,7 +123,8 @@ double AutoPolicy::expected_rate(int source, int k, double c_draft_ms) const {
 
 Choice AutoPolicy::choose(const StepContext & ctx) {
     Choice best;
-    double best_rate = 1.0 / cost_verify(1);
+    double best_rate = margin / cost_verify(1);
+    exploring_ = false;
     const int k_cap = std::min({ctx.k_max, k_limit_, n_max});
     int explore = -1;
     for (int s = 0; s < n_sources; ++s) {
@@ -107,18 +141,21 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
                 best.ngram = s != 0;
             }
         }
-        if (++since_tried_[s] > explore_every && k_cap > 0) {
+        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && viable(s)) {
             explore = s;
         }
     }
     if (best.k == 0 && explore >= 0) {
         best.k = 1;
         best.ngram = explore != 0;
+        exploring_ = true;
     }
     last_source_ = source_of(best.ngram, ctx.ngram_match);
-    last_k_ = best.k;
     if (best.k > 0) {
         since_tried_[last_source_] = 0;
+        if (!exploring_) {
+            explore_after_[last_source_] = explore_first;
+        }
     }
     return best;
 }
@@ -126,19 +163,45 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
 void AutoPolicy::update(const StepOutcome & o) {
     const int n = o.n_drafted + 1;
     if (n <= n_max + 1 && o.verify_ms > 0.0) {
-        t_verify_[n] = (1.0 - ema) * t_verify_[n] + ema * o.verify_ms;
+        t_verify_[n] = (1.0 - ema_cost) * t_verify_[n] + ema_cost * o.verify_ms;
+        make_monotone();
     }
     if (o.n_drafted == 0) {
         return;
     }
     const int s = o.from_ngram ? last_source_ : 0;
-    if (s == 0 && o.draft_ms > 0.0) {
-        const double per_token = o.draft_ms / o.n_drafted;
-        c_model_ = c_model_ > 0.0 ? (1.0 - ema) * c_model_ + ema * per_token : per_token;
+    if (exploring_) { // a failed try makes the next one come later, a successful one sooner
+        int & after = explore_after_[s];
+        after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);
     }
-    for (int j = 0; j < o.n_drafted && j <= o.n_accepted; ++j) {
+    if (s == 0 && o.draft_ms > 0.0 && o.n_catchup <= 1) { // a catch-up after plain steps is not the per-token cost
+        const double per_token = o.draft_ms / o.n_drafted;
+        c_model_ = c_model_ > 0.0 ? (1.0 - ema_cost) * c_model_ + ema_cost * per_token : per_token;
+    }
+    const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome
+    for (int j = 0; j <= j_last; ++j) {
         const double seen = j < o.n_accepted ? 1.0 : 0.0;
-        alpha_[s][j] = (1.0 - ema) * alpha_[s][j] + ema * seen;
+        const double w = learn_rate(s, j);
+        alpha_[s][j] = (1.0 - w) * alpha_[s][j] + w * seen;
+    }
+    // positions past the last outcome were not observed: let them drift toward the last estimate, so that
+    // a draft length that was never tried can become attractive (and a bad one unattractive)
+    for (int j = j_last + 1; j < n_max; ++j) {
+        alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][j_last];
+    }
+}
+
+void AutoPolicy::observe_shadow(int ngram_match, bool would_accept) {
+    // a plain step whose emitted token was compared with the n-gram drafter's first proposal: a free sample
+    // of position 0's acceptance (P(match) equals p(d), the one-hot acceptance probability, when sampling too)
+    if (ngram_match <= 0) {
+        return;
+    }
+    const int s = source_of(true, ngram_match);
+    const double w = learn_rate(s, 0);
+    alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
+    for (int j = 1; j < n_max; ++j) {
+        alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][0];
     }
 }
 

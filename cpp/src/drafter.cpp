@@ -13,6 +13,7 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     out.tokens.clear();
     out.q.clear();
     out.from_ngram = false;
+    out.n_catchup = 0;
     if (req.n_max <= 0) {
         return;
     }
@@ -27,6 +28,7 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     if (model_->n_past() + (int) seq_.size() - n_keep + req.n_max > model_->n_ctx()) {
         return;
     }
+    out.n_catchup = (int) seq_.size() - n_keep - 1;
     model_->decode(seq_.data() + n_keep, (int) seq_.size() - n_keep, false);
 
     const bool greedy = req.sampling->temperature <= 0.0f;
@@ -74,12 +76,13 @@ void NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id
 
 int NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
     sync(history, id_last);
-    return index_.lookup(0, seq_);
+    return index_.lookup(1, seq_);
 }
 
 void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
     out.q.clear();
     out.from_ngram = true;
+    out.n_catchup = 0;
     sync(*req.history, req.id_last);
     index_.lookup(req.n_max, out.tokens);
 }

@@ -90,8 +90,9 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
     target_->decode(history_.data() + n_keep, (int) history_.size() - n_keep, false);
-    if (drafter_) {
-        drafter_->prefill(history_);
+    const bool model_pays = gen_.policy != PolicyKind::automatic || auto_.viable(0);
+    if (drafter_ && drafter_->has_model() && model_pays) {
+        drafter_->prefill(history_); // a draft model that cannot pay here is not kept in step
     }
     stats_.prefill_ms = now_ms() - t0;
     active_ = true;
@@ -120,6 +121,8 @@ StepResult Engine::step() {
     const Choice choice = drafter_ && sctx.k_max > 0 ? policy().choose(sctx) : Choice();
     draft_.tokens.clear();
     draft_.q.clear();
+    draft_.from_ngram = false;
+    draft_.n_catchup = 0;
     double t0 = now_ms();
     if (choice.k > 0) {
         DraftRequest req;
@@ -158,10 +161,14 @@ StepResult Engine::step() {
     outcome.n_drafted = (int) draft_.tokens.size();
     outcome.n_accepted = v.n_accepted;
     outcome.from_ngram = draft_.from_ngram;
+    outcome.n_catchup = draft_.n_catchup;
     outcome.draft_ms = draft_ms;
     outcome.verify_ms = verify_ms;
     if (drafter_) {
         policy().update(outcome);
+        if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
+            auto_.observe_shadow(sctx.ngram_match, drafter_->ngram_peek() == v.next);
+        }
     }
     stats_.n_steps += 1;
     stats_.n_drafted += outcome.n_drafted;

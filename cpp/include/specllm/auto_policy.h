@@ -30,23 +30,31 @@ class AutoPolicy : public DraftPolicy {
 
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
+    // a plain step that could have used an n-gram proposal: would its first token have been accepted?
+    void observe_shadow(int ngram_match, bool would_accept);
 
     // introspection (stats, tests)
     const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
     double expected_rate(int source, int k, double c_draft) const; // tokens per ms
     static int source_of(bool ngram, int match);
+    // could this source beat plain decoding at all (at 95% acceptance) with the measured costs?
+    bool viable(int source) const;
 
   private:
     double cost_verify(int n) const;
+    void make_monotone();
+    double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
 
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
+    std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position
     std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted
+    std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
+    bool exploring_ = false;
     double c_model_ = 0.0;                                     // ms per draft-model token (0 = unknown yet)
     int k_limit_ = 8;
     int last_source_ = 0;
-    int last_k_ = 0;
 };
 
 } // namespace specllm

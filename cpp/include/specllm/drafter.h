@@ -25,6 +25,7 @@ struct Draft {
     std::vector<llama_token> tokens;
     std::vector<Dist> q;     // per token when sampled from a model at temperature > 0; empty = one-hot
     bool from_ngram = false; // which drafter produced it (for hybrid drafting and stats)
+    int n_catchup = 0;       // tokens the draft model decoded to catch up with the history before drafting
 };
 
 class Drafter {
@@ -35,6 +36,8 @@ class Drafter {
     virtual void prefill(const std::vector<llama_token> & /*history*/) {}
     // the longest n-gram match of the history's suffix (0 = none); the policy uses it for hybrid drafting
     virtual int ngram_match(const std::vector<llama_token> & /*history*/, llama_token /*id_last*/) { return 0; }
+    // the first token the n-gram drafter would propose after the last ngram_match() call (-1 = none)
+    virtual llama_token ngram_peek() const { return -1; }
     virtual bool has_model() const { return false; }
 };
 
@@ -59,6 +62,7 @@ class NgramDrafter : public Drafter {
     explicit NgramDrafter(const NgramOptions & opts) : index_(opts.n_min, opts.n_max) {}
     void propose(const DraftRequest & req, Draft & out) override;
     int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
+    llama_token ngram_peek() const override { return seq_.empty() ? -1 : seq_[0]; }
 
   private:
     void sync(const std::vector<llama_token> & history, llama_token id_last);
@@ -76,6 +80,7 @@ class HybridDrafter : public Drafter {
     int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override {
         return ngram_.ngram_match(history, id_last);
     }
+    llama_token ngram_peek() const override { return ngram_.ngram_peek(); }
     bool has_model() const override { return true; }
 
   private:

@@ -13,6 +13,7 @@ struct StepOutcome {
     int n_drafted = 0;      // draft tokens actually proposed (may be fewer than chosen)
     int n_accepted = 0;     // of them accepted by the target
     bool from_ngram = false;
+    int n_catchup = 0;      // tokens the draft model decoded to catch up (after plain steps)
     double draft_ms = 0.0;  // time spent drafting
     double verify_ms = 0.0; // time of the target's batched decode of n_drafted + 1 tokens
 };

@@ -1,0 +1,62 @@
+// The draft-length policies, exposed for model-free tests and experiments.
+#include "bindings.h"
+
+#include "specllm/auto_policy.h"
+
+using namespace specllm;
+
+namespace {
+
+StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match) {
+    StepContext c;
+    c.k_max = k_max;
+    c.has_model = has_model;
+    c.has_ngram = has_ngram;
+    c.ngram_match = ngram_match;
+    return c;
+}
+
+StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms) {
+    StepOutcome o;
+    o.n_drafted = n_drafted;
+    o.n_accepted = n_accepted;
+    o.from_ngram = from_ngram;
+    o.draft_ms = draft_ms;
+    o.verify_ms = verify_ms;
+    return o;
+}
+
+template <class P> void def_policy(py::class_<P> & c) {
+    c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match) {
+         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match));
+         return py::make_tuple(ch.k, ch.ngram);
+     }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0)
+        .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms) {
+            p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms));
+        }, py::arg("n_drafted"), py::arg("n_accepted"), py::arg("from_ngram") = false, py::arg("draft_ms") = 0.0,
+            py::arg("verify_ms") = 0.0);
+}
+
+} // namespace
+
+void register_policy(py::module_ & m) {
+    py::class_<AutoPolicy> a(m, "AutoPolicy");
+    a.def(py::init<>())
+        .def("set_verify_costs", &AutoPolicy::set_verify_costs)
+        .def("verify_costs", &AutoPolicy::verify_costs)
+        .def("set_draft_token_cost", &AutoPolicy::set_draft_token_cost)
+        .def("set_k_limit", &AutoPolicy::set_k_limit)
+        .def("acceptance", [](const AutoPolicy & p, int source) {
+            auto a = p.acceptance(source);
+            return std::vector<double>(a.begin(), a.end());
+        })
+        .def("viable", &AutoPolicy::viable)
+        .def_static("source_of", &AutoPolicy::source_of);
+    def_policy(a);
+    py::class_<FixedPolicy> f(m, "FixedPolicy");
+    f.def(py::init<int>());
+    def_policy(f);
+    py::class_<HeuristicPolicy> h(m, "HeuristicPolicy");
+    h.def(py::init<int, int>());
+    def_policy(h);
+}

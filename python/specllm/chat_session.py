@@ -1,0 +1,156 @@
+"""The state of a terminal chat: the loaded models, the conversation and the session totals. No terminal I/O here
+(cli.py draws the screen), so it is testable without a terminal.
+
+Each turn re-sends the whole conversation; the LLM reuses the KV cache of the common prefix, so only the new turn
+is evaluated. A reply stopped early is kept in the conversation as what the assistant said.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from .errors import ContextOverflowError, SpecLLMError
+from .llm import DEFAULT, LLM
+from .results import Stats
+
+_SUMMED = ("n_prompt", "n_cached", "n_generated", "n_steps", "n_drafted", "n_accepted", "n_ngram_steps",
+           "prefill_ms", "draft_ms", "verify_ms", "sample_ms", "generate_ms")
+
+
+def add_stats(total: Stats, s: Stats) -> None:
+    """Add the counts and times of s into total (acceptance_by_position cannot be summed: it is left alone)."""
+    for name in _SUMMED:
+        setattr(total, name, getattr(total, name) + getattr(s, name))
+    for k, n in s.k_histogram.items():
+        total.k_histogram[k] = total.k_histogram.get(k, 0) + n
+
+
+@dataclass
+class Reply:
+    text: str
+    stats: Stats               # of this reply; for a stopped one, counted from its chunks (times: wall clock)
+    finish_reason: str         # "stop", "length" or "interrupted"
+    context_full: bool = False  # cut short because the context window has no more room
+
+
+class ChatSession:
+    def __init__(self, model: str, draft=DEFAULT, *, ngram: bool = False, system: Optional[str] = None,
+                 llm_options: Optional[dict] = None, gen_options: Optional[dict] = None):
+        """model, draft, ngram and llm_options go to LLM(...); gen_options (max_tokens, temperature,
+        draft_length, seed) to every llm.chat(...)."""
+        self.model = os.fspath(model)
+        self.ngram = ngram
+        self.llm_options = dict(llm_options or {})
+        self.gen_options = dict(gen_options or {})
+        self.max_tokens = self.gen_options.pop("max_tokens", 1024)
+        self.system = system
+        self.turns: List[Dict[str, str]] = []  # user and assistant messages, the system prompt apart
+        self.totals = Stats()
+        self.n_replies = 0
+        self.llm = LLM(self.model, draft, ngram=ngram, **self.llm_options)
+        # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
+        self.draft_model = self._draft_model(self.llm.draft) or self._draft_model(DEFAULT)
+
+    def _draft_model(self, draft) -> Optional[str]:
+        if draft == DEFAULT:
+            from . import registry
+            draft = None if os.path.exists(self.model) else registry.default_draft(self.model)
+        return draft if draft not in (None, "ngram") else None
+
+    # --- what is loaded
+    @property
+    def draft_label(self) -> str:
+        """"none", "ngram", or the draft model (with "+ngram" when hybrid)."""
+        draft = self.llm.draft
+        if draft is None or draft == "ngram":
+            return str(draft).lower()
+        return os.path.basename(draft) + (" +ngram" if self.ngram else "")
+
+    @property
+    def n_ctx(self) -> int:
+        return self.llm.n_ctx
+
+    def set_draft(self, draft: Optional[str]) -> None:
+        """Reload with another drafter ("ngram", None, a name or a path), same target; the conversation stays.
+        The old models are freed first (memory); if the new ones fail to load, the old drafter is reloaded."""
+        old = self.llm.draft
+        self.llm = None
+        gc.collect()
+        try:
+            self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
+        except SpecLLMError:
+            self.llm = LLM(self.model, old, ngram=self.ngram, **self.llm_options)
+            raise
+        if draft not in (None, "ngram"):
+            self.draft_model = draft
+
+    # --- the conversation
+    def messages(self) -> List[Dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + self.turns
+
+    def n_tokens(self, messages=None) -> int:
+        """Tokens of the conversation as the next prompt (at most one too many: a BOS the template may hold)."""
+        messages = self.messages() if messages is None else messages
+        if not messages:
+            return 0
+        return len(self.llm.tokenize(self.llm.apply_chat_template(messages, add_generation_prompt=True)))
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt stays) and the cached prefix."""
+        self.turns.clear()
+        self.llm.reset()
+
+    def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None,
+              stop_requested: Callable[[], bool] = lambda: False) -> Reply:
+        """Add the user's message, stream the reply through on_text and add it. stop_requested is polled after
+        each chunk: when true, the reply stops there and is kept (finish_reason "interrupted").
+        On an error the conversation is left as it was before (message and partial reply dropped)."""
+        self.turns.append({"role": "user", "content": text})
+        parts: List[str] = []
+        partial = Stats()
+        final = None
+        try:
+            n_prompt = self.n_tokens()
+            room = self.n_ctx - n_prompt
+            if room < 1:
+                raise ContextOverflowError(
+                    f"the conversation ({n_prompt} tokens) fills the context window (n_ctx={self.n_ctx})")
+            max_tokens = min(self.max_tokens, room)
+            t0 = time.perf_counter()
+            stream = self.llm.chat(self.messages(), stream=True, max_tokens=max_tokens, **self.gen_options)
+            with contextlib.closing(stream):
+                for chunk in stream:
+                    parts.append(chunk.text)
+                    on_text(chunk.text)
+                    if chunk.stats is not None:
+                        final = chunk
+                        break
+                    partial.n_generated += len(chunk.tokens)
+                    partial.n_drafted += chunk.n_drafted
+                    partial.n_accepted += chunk.n_accepted
+                    partial.n_steps += 1
+                    partial.k_histogram[chunk.n_drafted] = partial.k_histogram.get(chunk.n_drafted, 0) + 1
+                    if stop_requested():
+                        break
+            partial.generate_ms = 1000 * (time.perf_counter() - t0)
+        except BaseException:
+            del self.turns[-1]
+            raise
+        reply_text = "".join(parts)
+        if reply_text or final is not None:
+            self.turns.append({"role": "assistant", "content": reply_text})
+        else:
+            del self.turns[-1]  # stopped before a word: forget the question too (two user turns in a row break
+            # the strict templates)
+        if final is not None:
+            stats, reason = final.stats, final.finish_reason
+        else:
+            stats, reason = partial, "interrupted"
+        self.n_replies += 1
+        add_stats(self.totals, stats)
+        return Reply(reply_text, stats, reason, context_full=(reason == "length" and max_tokens < self.max_tokens))

@@ -1,0 +1,124 @@
+"""Model-free tests of the draft-length policies with synthetic costs and acceptance."""
+import random
+
+import pytest
+
+from specllm import _core
+
+
+def linear_costs(t1, per_token, n=10):
+    return [t1 + per_token * (i - 1) for i in range(1, n + 1)]
+
+
+def feed(policy, alpha, steps, rng, *, ngram=False, match=0, verify=None, draft_ms=0.0):
+    """Run the policy against a synthetic drafter whose tokens are each accepted with probability alpha."""
+    ks = []
+    for _ in range(steps):
+        k, use_ngram = policy.choose(8, not ngram, ngram, match)
+        n_acc = 0
+        while n_acc < k and rng.random() < alpha:
+            n_acc += 1
+        cost = verify(k + 1) if verify else 0.0
+        policy.update(k, n_acc, use_ngram, draft_ms * k, cost)
+        ks.append(k)
+    return ks
+
+
+def test_linear_verify_cost_and_low_acceptance_gives_plain_steps():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(linear_costs(40, 40))  # a batch of n costs n single steps: nothing can win
+    p.set_draft_token_cost(20)
+    ks = feed(p, 0.3, 300, random.Random(0), verify=lambda n: 40.0 * n, draft_ms=20)
+    assert sum(k == 0 for k in ks[50:]) / len(ks[50:]) > 0.9  # only rare exploration steps draft
+
+
+def test_flat_verify_cost_and_high_acceptance_gives_long_drafts():
+    p = _core.AutoPolicy()
+    p.set_verify_costs([40.0] * 10)  # GPU-like: a batch costs what one token costs
+    p.set_draft_token_cost(1)
+    ks = feed(p, 0.9, 200, random.Random(1), verify=lambda n: 40.0, draft_ms=1)
+    assert sorted(ks[50:])[len(ks[50:]) // 2] >= 6
+
+
+def test_cpu_like_costs_pick_small_k_for_a_good_draft():
+    p = _core.AutoPolicy()
+    costs = linear_costs(37, 22)  # the 2-core CPU: T(2) = 1.6 T(1)
+    p.set_verify_costs(costs)
+    p.set_draft_token_cost(2)
+    # a borderline gain (k = 1 is 9% faster than plain): learned from rare explorations, so give it time
+    ks = feed(p, 0.8, 600, random.Random(2), verify=lambda n: costs[n - 1], draft_ms=2)
+    tail = ks[-150:]
+    assert 1 <= sorted(tail)[len(tail) // 2] <= 4
+
+
+def test_expensive_draft_model_is_not_used():
+    p = _core.AutoPolicy()
+    costs = linear_costs(37, 15)
+    p.set_verify_costs(costs)
+    p.set_draft_token_cost(30)  # the draft costs almost a target step per token
+    ks = feed(p, 0.7, 300, random.Random(3), verify=lambda n: costs[n - 1], draft_ms=30)
+    assert sum(k == 0 for k in ks[50:]) / len(ks[50:]) > 0.9
+
+
+def test_acceptance_estimate_converges():
+    p = _core.AutoPolicy()
+    p.set_verify_costs([40.0] * 10)
+    p.set_draft_token_cost(0.5)
+    feed(p, 0.7, 2000, random.Random(4), verify=lambda n: 40.0, draft_ms=0.5)
+    est = p.acceptance(0)
+    assert est[0] == pytest.approx(0.7, abs=0.12)
+    assert est[1] == pytest.approx(0.7, abs=0.15)
+
+
+def test_ngram_source_used_when_its_matches_are_good():
+    p = _core.AutoPolicy()
+    costs = linear_costs(37, 20)
+    p.set_verify_costs(costs)
+    ks = feed(p, 0.95, 300, random.Random(5), ngram=True, match=4, verify=lambda n: costs[n - 1])
+    assert sorted(ks[100:])[150] >= 2
+    k, use_ngram = p.choose(8, False, True, 4)
+    assert use_ngram and k >= 2
+
+
+def test_exploration_recovers_after_acceptance_improves():
+    p = _core.AutoPolicy()
+    costs = linear_costs(37, 20)
+    p.set_verify_costs(costs)
+    rng = random.Random(6)
+    feed(p, 0.0, 200, rng, ngram=True, match=4, verify=lambda n: costs[n - 1])
+    ks = feed(p, 1.0, 300, rng, ngram=True, match=4, verify=lambda n: costs[n - 1])
+    assert max(ks[-50:]) >= 3
+
+
+def test_no_ngram_match_means_no_ngram_draft():
+    p = _core.AutoPolicy()
+    assert p.choose(8, False, True, 0) == (0, False)
+
+
+def test_verify_costs_are_interpolated_and_monotone():
+    p = _core.AutoPolicy()
+    p.set_verify_costs([40, 200, 60, 70])  # an outlier at n=2 (a busy machine)
+    c = p.verify_costs()
+    assert c[:4] == [40, 60, 60, 70]
+    assert all(b >= a for a, b in zip(c, c[1:]))
+    assert c[5] == pytest.approx(90)  # extrapolated with the last slope
+
+
+def test_heuristic_schedule():
+    h = _core.HeuristicPolicy(3, 16)
+    assert h.choose(8, True, False, 0) == (3, False)
+    h.update(3, 3)
+    assert h.choose(8, True, False, 0)[0] == 5
+    h.update(5, 1)
+    assert h.choose(8, True, False, 0)[0] == 4
+    for _ in range(10):
+        h.update(1, 0)
+    assert h.choose(8, True, False, 0)[0] == 1
+
+
+def test_fixed_policy_respects_k_max_and_sources():
+    f = _core.FixedPolicy(5)
+    assert f.choose(3, True, False, 0) == (3, False)
+    assert f.choose(8, False, True, 0) == (0, True)  # n-gram only, no match: nothing to draft
+    assert f.choose(8, True, True, 4) == (5, True)   # hybrid: a long match goes to the n-gram drafter
+    assert f.choose(8, True, True, 2) == (5, False)
