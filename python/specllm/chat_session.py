@@ -51,6 +51,7 @@ class ChatSession:
         self.turns: List[Dict[str, str]] = []  # user and assistant messages, the system prompt apart
         self.totals = Stats()
         self.n_replies = 0
+        self.n_stopped = 0  # replies stopped early: their stats are counted from chunks, without prompt or prefill
         self.llm = LLM(self.model, draft, ngram=ngram, **self.llm_options)
         # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
         self.draft_model = self._draft_model(self.llm.draft) or self._draft_model(DEFAULT)
@@ -151,6 +152,24 @@ class ChatSession:
             stats, reason = final.stats, final.finish_reason
         else:
             stats, reason = partial, "interrupted"
+            self.n_stopped += 1
         self.n_replies += 1
         add_stats(self.totals, stats)
         return Reply(reply_text, stats, reason, context_full=(reason == "length" and max_tokens < self.max_tokens))
+
+    def summary(self) -> str:
+        """The session's totals and the conversation's size, as lines of text for /stats."""
+        t, n = self.totals, self.n_replies
+        lines = [f"{n} repl{'y' if n == 1 else 'ies'}, {t.n_generated} tokens in {t.generate_ms / 1000:.1f} s "
+                 f"({t.tokens_per_second:.1f} tok/s)"]
+        if t.n_drafted:
+            lines.append(f"drafted {t.n_drafted}, accepted {t.n_accepted} ({t.acceptance_rate:.0%}); mean draft "
+                         f"length {t.mean_draft_length:.2f}; {t.n_steps} steps, "
+                         f"{t.n_generated / max(t.n_steps, 1):.2f} tokens/step")
+            lines.append("steps by draft length: " + ", ".join(f"{k}:{c}" for k, c in sorted(t.k_histogram.items())))
+        stopped = f" (not counting {self.n_stopped} stopped)" if self.n_stopped else ""
+        lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache; prefill "
+                     f"{t.prefill_ms / 1000:.1f} s{stopped}")
+        lines.append(f"conversation: {len(self.turns)} messages, {self.n_tokens()} of {self.n_ctx} tokens; "
+                     f"drafter: {self.draft_label}")
+        return "\n".join(lines)

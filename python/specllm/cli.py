@@ -44,7 +44,7 @@ class Style:
 
     @classmethod
     def for_stream(cls, stream) -> "Style":
-        return cls(stream.isatty() and "NO_COLOR" not in os.environ)
+        return cls(stream.isatty() and not os.environ.get("NO_COLOR"))  # no-color.org: set and non-empty
 
     def _wrap(self, code: str, text: str, prompt: bool = False) -> str:
         if not self.enabled:
@@ -236,7 +236,7 @@ def status_line(reply, style: Style, plain: bool) -> str:
     s = reply.stats
     parts = [f"{s.tokens_per_second:.1f} tok/s"]
     if not plain:
-        parts += [f"{s.acceptance_rate:.0%} accepted", f"draft {s.mean_draft_length:.1f}"]
+        parts += [f"{s.acceptance_rate:.0%} accepted", f"draft {_mean(s.mean_draft_length)}"]
     parts.append(f"{s.n_generated} tokens")
     if reply.finish_reason == "interrupted":
         parts.append("stopped")
@@ -247,21 +247,8 @@ def status_line(reply, style: Style, plain: bool) -> str:
     return style.dim(" · ".join(parts))
 
 
-def session_stats(session: ChatSession) -> str:
-    t = session.totals
-    n = session.n_replies
-    lines = [f"{n} repl{'y' if n == 1 else 'ies'}, {t.n_generated} tokens in {t.generate_ms / 1000:.1f} s "
-             f"({t.tokens_per_second:.1f} tok/s)"]
-    if t.n_drafted:
-        lines.append(f"drafted {t.n_drafted}, accepted {t.n_accepted} ({t.acceptance_rate:.0%}); "
-                     f"mean draft length {t.mean_draft_length:.2f}; {t.n_steps} steps, "
-                     f"{t.n_generated / max(t.n_steps, 1):.2f} tokens/step")
-        hist = ", ".join(f"{k}:{n}" for k, n in sorted(t.k_histogram.items()))
-        lines.append(f"steps by draft length: {hist}")
-    lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache; prefill {t.prefill_ms / 1000:.1f} s")
-    lines.append(f"conversation: {len(session.turns)} messages, {session.n_tokens()} of {session.n_ctx} tokens; "
-                 f"drafter: {session.draft_label}")
-    return "\n".join(lines)
+def _mean(x: float) -> str:
+    return f"{x:.2f}" if 0 < x < 0.1 else f"{x:.1f}"  # a rare draft must not read as "draft 0.0"
 
 
 def _command(session: ChatSession, line: str, style: Style) -> bool:
@@ -282,7 +269,7 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         else:
             print(session.system if session.system else style.dim("no system prompt (/system TEXT sets one)"))
     elif name == "/stats":
-        print(session_stats(session))
+        print(session.summary())
     elif name == "/draft":
         draft = {"on": session.draft_model, "off": None, "none": None}.get(arg.lower(), arg)
         if not arg or (arg.lower() == "on" and draft is None):
@@ -314,12 +301,11 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
     previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))  # Ctrl-C: stop after this step
     try:
         reply = session.reply(text, on_text, stop_requested=lambda: bool(stop))
-    except ContextOverflowError as e:
-        print(("\n" if not ends_line[0] else "") + style.red(f"context full: {e}"))
-        print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
-        return
     except SpecLLMError as e:
-        print(("\n" if not ends_line[0] else "") + style.red(f"error: {e}"))
+        full = isinstance(e, ContextOverflowError)
+        print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {e}"))
+        if full:
+            print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
         return
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -353,7 +339,10 @@ def _open_history():
 
 def run_chat(args) -> int:
     style = Style.for_stream(sys.stdout)
-    draft = "default" if args.draft == DEFAULT else str(args.draft).lower()
+    draft = args.draft
+    if draft == DEFAULT:
+        draft = None if os.path.exists(args.model) else registry.default_draft(args.model)
+    draft = str(draft).lower() if draft in (None, "ngram") else draft
     print(style.dim(f"loading {args.model} (drafter: {draft}) ..."), flush=True)
     session = ChatSession(args.model, args.draft, ngram=args.ngram, system=args.system,
                           llm_options=_llm_options(args), gen_options=_gen_options(args))

@@ -91,6 +91,7 @@ class LLM:
             self._engine = _core.Engine(opts)
         finally:
             logs.drain()
+        self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self.profile = None
         if profile_costs and opts.draft_kind != _core.DraftKind.none:
             self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
@@ -116,6 +117,10 @@ class LLM:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self._engine.target.tokenize(text, add_special, True)
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """The number of tokens generate(prompt) would evaluate (BOS included)."""
+        return len(self._prompt_tokens(prompt))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._engine.target.detokenize(list(tokens))
@@ -220,6 +225,7 @@ class LLM:
         finally:
             if self._engine.active:
                 self._engine.cancel()  # closed early or interrupted: the KV cache stays consistent
+            self.last_stats = Stats.from_core(self._engine.stats)
             logs.drain()
             self._release()
 
