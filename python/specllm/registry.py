@@ -87,10 +87,10 @@ def cached_path(name: str) -> pathlib.Path:
 def resolve(name_or_path, *, pull: bool = True, progress: bool = True) -> str:
     """An existing file path as is; a registry name as its cached file, pulled first if absent (unless pull=False)."""
     name = os.fspath(name_or_path)
-    if os.path.isfile(name):
-        return name
+    if os.path.exists(name):
+        return name  # a file or a directory: the model loader says what is wrong with it, if anything
     if name not in known_models() and (name.endswith(".gguf") or os.sep in name or "/" in name):
-        raise RegistryError(f"model file not found: {name}")
+        return name  # a path, not a name: the loader raises ModelLoadError("model file not found ...")
     path = cached_path(name)  # raises for an unknown name
     if path.is_file():
         return str(path)

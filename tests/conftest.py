@@ -1,0 +1,60 @@
+"""Shared fixtures: the tiny GGUF models (built once per session), a tiny-LLM factory, and the real models."""
+
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # for `models.tiny`; `specllm` itself is the installed package
+
+TINY_CACHE = pathlib.Path.home() / ".cache" / "specllm" / "test-models"
+REAL_TARGET, REAL_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """Paths of the tiny models: the standard set plus variants written fresh for this session.
+
+    target / draft / draft_other_vocab: models/tiny.py's standard set (cached in ~/.cache/specllm/test-models).
+    far_draft: another random draft (seed 5): it almost never agrees with the target.
+    near_draft: the target with noise on its output layer: it agrees often but not always (partial accepts, and
+        draft/target distributions that overlap, which the sampling tests need).
+    """
+    pytest.importorskip("gguf")
+    from models.tiny import STANDARD_SET, tiny_model_set, write_tiny_model
+
+    from helpers import write_perturbed_copy
+
+    paths = tiny_model_set(TINY_CACHE)
+    extra = tmp_path_factory.mktemp("tiny-extra")
+    paths["far_draft"] = write_tiny_model(extra / "far_draft.gguf", **dict(STANDARD_SET["draft"], seed=5))
+    paths["near_draft"] = write_perturbed_copy(paths["target"], extra / "near_draft.gguf", noise=0.3, seed=1)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def make_llm():
+    """make_llm(model, draft=None, **kw): a tiny-model LLM with one thread and no cost profiling by default
+    (two threads on a model this small mostly spin, the more so on a busy machine)."""
+    import specllm
+
+    def make(model, draft=None, **kw):
+        kw.setdefault("n_threads", 1)
+        kw.setdefault("n_ctx", 512)
+        kw.setdefault("profile_costs", False)
+        return specllm.LLM(model, draft, **kw)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def real_models():
+    """{"target", "draft"}: paths of the real Qwen2.5-Coder 1.5B / 0.5B GGUFs (pulled into the cache on first use)."""
+    from specllm import registry
+
+    try:
+        return {"target": registry.resolve(REAL_TARGET), "draft": registry.resolve(REAL_DRAFT)}
+    except registry.PullError as e:  # offline and not cached: nothing to test against
+        pytest.skip(f"real models unavailable: {e}")

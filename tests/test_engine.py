@@ -1,0 +1,213 @@
+"""Greedy speculative decoding on the tiny models: same tokens as plain decoding for every drafter and draft length,
+full acceptance when the draft is the target, consistent statistics, KV reuse across calls, and several threads."""
+
+import math
+import threading
+
+import pytest
+
+from helpers import check_kv, check_stats, first_divergence
+
+PROMPTS = [
+    "Hello world",
+    "naïve café 🙂",
+    "def f(x):\n    return x * 2\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "1, 2, 3, 4, 5, 6,",
+    "中文 über Straße",
+    "the the the the the the the the",
+    "a",
+    "\tindented\n\n  lines  ",
+    "<|im_start|>user\nhi<|im_end|>\n",
+]
+N = 40  # tokens per completion
+
+# drafter (LLM's draft argument: a role in `tiny`, "ngram" or None) and generate options
+CONFIGS = {
+    **{f"draft-k{k}": (dict(draft="draft"), dict(draft_length=k)) for k in range(1, 9)},
+    "draft-auto": (dict(draft="draft"), dict(draft_length="auto")),
+    "draft-heuristic": (dict(draft="draft"), dict(draft_length="heuristic")),
+    "near-k4": (dict(draft="near_draft"), dict(draft_length=4)),
+    "near-heuristic": (dict(draft="near_draft"), dict(draft_length="heuristic")),
+    "far-k3": (dict(draft="far_draft"), dict(draft_length=3)),
+    "ngram-k4": (dict(draft="ngram"), dict(draft_length=4)),
+    "ngram-auto": (dict(draft="ngram"), dict(draft_length="auto")),
+    "hybrid-k4": (dict(draft="near_draft", ngram=True), dict(draft_length=4)),
+    "hybrid-heuristic": (dict(draft="draft", ngram=True), dict(draft_length="heuristic")),
+}
+
+
+def load(tiny, make_llm, draft=None, **kw):
+    return make_llm(tiny["target"], tiny.get(draft, draft), **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, make_llm):
+    llm = load(tiny, make_llm)
+    return {p: llm.generate(p, max_tokens=N) for p in PROMPTS}
+
+
+def test_plain_decoding_is_deterministic_and_varied(tiny, make_llm, plain):
+    fresh = load(tiny, make_llm)
+    for p in PROMPTS:
+        c = fresh.generate(p, max_tokens=N)
+        assert c.tokens == plain[p].tokens and c.text == plain[p].text
+        assert c.finish_reason == "length"
+        assert c.stats.n_drafted == 0 and c.stats.n_steps == N
+        check_stats(c)
+    assert len({tuple(c.tokens) for c in plain.values()}) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_greedy_speculative_equals_plain(tiny, make_llm, plain, config):
+    llm_kw, gen_kw = CONFIGS[config]
+    llm = load(tiny, make_llm, **llm_kw)
+    k = gen_kw["draft_length"]
+    total = {"drafted": 0, "accepted": 0, "ngram_steps": 0}
+    for p in PROMPTS:
+        c = llm.generate(p, max_tokens=N, **gen_kw)
+        want = plain[p]
+        assert c.tokens == want.tokens, f"{config} {p!r}: first divergence at {first_divergence(c.tokens, want.tokens)}"
+        assert c.text == want.text and c.finish_reason == "length"
+        check_stats(c, k_max=k if isinstance(k, int) else 8)
+        check_kv(llm, llm.tokenize(p), c)
+        total["drafted"] += c.stats.n_drafted
+        total["accepted"] += c.stats.n_accepted
+        total["ngram_steps"] += c.stats.n_ngram_steps
+    if k != "auto":  # the cost model may rightly decide that drafting does not pay on these models
+        assert total["drafted"] > 0, f"{config} never drafted: the test exercised nothing"
+    if config.startswith("near"):
+        assert 0 < total["accepted"] < total["drafted"], total  # partial accepts: rejections at varied positions
+    if config.startswith("far"):
+        assert total["accepted"] <= 0.2 * total["drafted"], total
+    if config.startswith("ngram") and k != "auto":
+        assert total["ngram_steps"] > 0, total
+    if config.startswith("hybrid"):
+        assert 0 < total["ngram_steps"], f"hybrid drafting never used the n-gram drafter: {total}"
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_draft_equal_to_target_accepts_everything(tiny, make_llm, plain, k):
+    llm = make_llm(tiny["target"], tiny["target"])
+    for p in PROMPTS[:4]:
+        c = llm.generate(p, max_tokens=N, draft_length=k)
+        assert c.tokens == plain[p].tokens
+        assert c.stats.acceptance_rate == 1.0, c.stats
+        assert c.stats.acceptance_by_position == [1.0] * k
+        # k+1 tokens per step; the last step drafts only what the budget leaves
+        assert c.stats.n_steps == math.ceil(N / (k + 1)), c.stats
+        check_stats(c, k_max=k)
+
+
+def test_draft_length_zero_is_plain_decoding(tiny, make_llm, plain):
+    c = load(tiny, make_llm, "draft").generate(PROMPTS[0], max_tokens=N, draft_length=0)
+    assert c.tokens == plain[PROMPTS[0]].tokens
+    assert c.stats.n_drafted == 0 and c.stats.k_histogram == {0: N}
+
+
+def test_token_list_prompt_equals_text_prompt(tiny, make_llm, plain):
+    llm = load(tiny, make_llm, "draft")
+    p = PROMPTS[1]
+    c = llm.generate(llm.tokenize(p), max_tokens=N, draft_length=3)
+    assert c.tokens == plain[p].tokens and c.stats.n_prompt == len(llm.tokenize(p))
+    assert llm.detokenize(c.tokens) == c.text
+
+
+@pytest.mark.parametrize("drafter", [None, "draft", "ngram", "hybrid"])
+def test_extending_a_conversation_reuses_the_kv_cache(tiny, make_llm, drafter):
+    kw = dict(draft="near_draft", ngram=True) if drafter == "hybrid" else dict(draft=drafter)
+    llm = load(tiny, make_llm, **kw)
+    first = llm.generate("Once upon a time", max_tokens=24, draft_length=3)
+    assert first.stats.n_cached == 0
+    longer = "Once upon a time" + first.text + " and then, the end"
+    again = llm.generate(longer, max_tokens=24, draft_length=3)
+    cold = load(tiny, make_llm, **kw).generate(longer, max_tokens=24, draft_length=3)
+    assert again.tokens == cold.tokens, first_divergence(again.tokens, cold.tokens)
+    assert cold.stats.n_cached == 0
+    assert again.stats.n_cached >= len(llm.tokenize("Once upon a time")) - 1, again.stats
+    check_kv(llm, llm.tokenize(longer), again)
+    llm.reset()
+    after_reset = llm.generate(longer, max_tokens=24, draft_length=3)
+    assert after_reset.stats.n_cached == 0 and after_reset.tokens == cold.tokens
+    # a different prompt shares only its first tokens with what is cached
+    other = llm.generate("Once more", max_tokens=24, draft_length=3)
+    assert other.tokens == load(tiny, make_llm, **kw).generate("Once more", max_tokens=24, draft_length=3).tokens
+    assert other.stats.n_cached < len(llm.tokenize("Once more"))
+
+
+def test_same_prompt_twice_reuses_all_but_the_last_token(tiny, make_llm):
+    llm = load(tiny, make_llm, "draft")
+    a = llm.generate(PROMPTS[3], max_tokens=8)
+    b = llm.generate(PROMPTS[3], max_tokens=8)
+    assert a.tokens == b.tokens
+    assert b.stats.n_cached == b.stats.n_prompt - 1
+
+
+@pytest.mark.parametrize("drafter", [None, "draft"])
+def test_one_llm_shared_by_four_threads(tiny, make_llm, plain, drafter):
+    llm = load(tiny, make_llm, drafter)
+    prompts = PROMPTS[:4] * 2
+    results, errors = [], []
+    start = threading.Barrier(4)
+
+    def work(i):
+        try:
+            start.wait()
+            for p in prompts[i::4]:
+                results.append((p, llm.generate(p, max_tokens=N, draft_length=3).tokens))
+        except BaseException as e:  # reported below: a thread's exception would otherwise vanish
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a thread is still generating after 60 s (deadlock?)"
+    assert len(results) == len(prompts)
+    for p, tokens in results:
+        assert tokens == plain[p].tokens, p
+
+
+def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))  # do not touch the user's profile cache
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path))
+    for drafter in ("ngram", "draft"):
+        llm = load(tiny, make_llm, drafter, profile_costs=True)
+        assert llm.profile is not None
+        assert len(llm.profile["verify_ms"]) >= 8 and min(llm.profile["verify_ms"]) > 0, llm.profile
+        for p in PROMPTS:
+            c = llm.generate(p, max_tokens=N)  # draft_length="auto" is the default
+            assert c.tokens == plain[p].tokens, (drafter, p)
+            check_stats(c, k_max=8)
+    # a second LLM with the same models finds the profile in the cache
+    again = load(tiny, make_llm, "draft", profile_costs=True)
+    assert again.profile == llm.profile
+
+
+def test_a_prompt_longer_than_a_batch(tiny, make_llm):
+    prompt = " ".join(PROMPTS) * 3  # several hundred tokens: prefill in several batches of 64
+    want = make_llm(tiny["target"], n_ctx=1024).generate(prompt, max_tokens=N)
+    assert want.stats.n_prompt > 3 * 64
+    for drafter in (None, "draft"):
+        llm = load(tiny, make_llm, drafter, n_ctx=1024, n_batch=64)
+        c = llm.generate(prompt, max_tokens=N, draft_length=4)
+        assert c.tokens == want.tokens, drafter
+        check_kv(llm, llm.tokenize(prompt), c)
+
+
+def test_module_level_generate_and_default_draft(tiny, plain):
+    import specllm
+
+    kw = dict(n_threads=1, n_ctx=512, profile_costs=False, max_tokens=N)
+    p = PROMPTS[2]
+    c = specllm.generate(p, model=tiny["target"], draft=tiny["draft"], draft_length=3, **kw)
+    assert c.tokens == plain[p].tokens and c.stats.n_drafted > 0
+    again = specllm.generate(p, model=tiny["target"], draft=tiny["draft"], draft_length=3, **kw)
+    assert again.tokens == c.tokens and again.stats.n_cached > 0  # the same LLM, reused
+    assert specllm.generate(p, model=tiny["target"], draft="ngram", **kw).tokens == plain[p].tokens
+    # a model given by path has no known draft: plain decoding by default
+    llm = specllm.LLM(tiny["target"], n_threads=1, profile_costs=False)
+    assert llm.draft is None and llm.draft_path is None
+    assert llm.generate(p, max_tokens=N).stats.n_drafted == 0

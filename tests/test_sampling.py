@@ -1,0 +1,158 @@
+"""Sampling (temperature > 0): seeds reproduce, speculative sampling follows the target's distribution exactly (a
+statistical test that a deliberately wrong verifier must fail), and bad options are refused with clear messages."""
+
+from collections import Counter
+
+import pytest
+
+import specllm
+from helpers import check_stats, chi2_critical, chi2_two_sample, total_variation
+
+PROMPT = "Hello world"
+SAMPLING = dict(temperature=1.0, top_k=8)  # at most 8 x 8 outcomes for two tokens
+N_SAMPLES = 3000
+
+
+def test_same_seed_same_text(tiny, make_llm):
+    kw = dict(max_tokens=32, temperature=0.9, top_p=0.95, min_p=0.02, draft_length=3)
+    one = make_llm(tiny["target"], tiny["near_draft"])
+    two = make_llm(tiny["target"], tiny["near_draft"], n_threads=2)
+    runs = [one.generate(PROMPT, seed=42, **kw) for _ in range(2)] + [two.generate(PROMPT, seed=42, **kw)]
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+    assert runs[0].stats.seed == 42
+    check_stats(runs[0])
+    others = {tuple(one.generate(PROMPT, seed=s, **kw).tokens) for s in range(1, 6)}
+    assert len(others) > 1, "five seeds gave one text: the seed is not used"
+    # the LLM's default seed applies to every call that gives none
+    seeded = make_llm(tiny["target"], tiny["near_draft"], seed=42)
+    assert seeded.generate(PROMPT, **kw).tokens == runs[0].tokens
+
+
+def test_no_seed_draws_one_and_reports_it(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["near_draft"])
+    kw = dict(max_tokens=24, temperature=0.9, draft_length=3)
+    first = llm.generate(PROMPT, **kw)
+    seeds = {first.stats.seed} | {llm.generate(PROMPT, **kw).stats.seed for _ in range(3)}
+    assert len(seeds) == 4, seeds
+    assert llm.generate(PROMPT, seed=first.stats.seed, **kw).tokens == first.tokens  # the reported seed replays
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_draft_equal_to_target_accepts_everything_when_sampling(tiny, make_llm, k):
+    llm = make_llm(tiny["target"], tiny["target"])
+    for seed in range(5):
+        c = llm.generate(PROMPT, max_tokens=40, temperature=0.8, seed=seed, draft_length=k)
+        assert c.stats.acceptance_rate == 1.0, c.stats
+        check_stats(c, k_max=k)
+
+
+def joint_first_two(llm, n, **kw):
+    """Counts of (token 1, token 2) over seeds 0..n-1."""
+    return Counter(tuple(llm.generate(PROMPT, seed=s, **kw).tokens[:2]) for s in range(n))
+
+
+@pytest.fixture(scope="module")
+def plain_joint(tiny, make_llm):
+    # plain sampling draws each token from p with the seeded generator; max_tokens does not change the first two
+    return joint_first_two(make_llm(tiny["target"]), N_SAMPLES, max_tokens=2, **SAMPLING)
+
+
+# The test statistic: chi-square homogeneity of the speculative and the plain samples of (token 1, token 2), N_SAMPLES
+# each, cells with an expected count < 5 pooled. If both follow the same distribution it is ~ chi2(df) (df ~ 30 here):
+# the bound, chi2's 1e-4 upper quantile (~2.2 df), is exceeded by a correct sampler with probability 1e-4 (and the
+# seeds are fixed, so the outcome is reproducible). The deliberately wrong verifier below (resampling a rejected
+# position from p instead of the residual max(0, p - q)) shifts the distribution by a total variation of ~0.15 with
+# near_draft, which puts its statistic around 250, far above the bound (~65). The standard tiny draft cannot reveal
+# that mistake: its top-8 tokens barely overlap the target's, and where q(x) ~ 0 the residual equals p.
+# k + 1 = max_tokens: the first step drafts k tokens (the budget caps a draft at max_tokens - 1), so positions 1 and 2
+# of the joint go through acceptance at draft positions 0 and 1.
+@pytest.mark.parametrize("draft,k", [("near_draft", 3), ("draft", 2)])
+def test_speculative_sampling_follows_the_target_distribution(tiny, make_llm, plain_joint, draft, k):
+    llm = make_llm(tiny["target"], tiny[draft])
+    spec = joint_first_two(llm, N_SAMPLES, max_tokens=k + 1, draft_length=k, **SAMPLING)
+    stat, df = chi2_two_sample(spec, plain_joint)
+    bound = chi2_critical(df)
+    assert stat < bound, (f"speculative sampling does not follow the target's distribution: chi2={stat:.1f} >= "
+                          f"{bound:.1f} (df={df}), total variation {total_variation(spec, plain_joint):.3f}")
+
+
+def test_a_wrong_verifier_fails_the_distribution_test(tiny, make_llm, plain_joint):
+    llm = make_llm(tiny["target"], tiny["near_draft"])
+    llm._engine.set_wrong_sampling_for_tests(True)
+    wrong = joint_first_two(llm, N_SAMPLES, max_tokens=4, draft_length=3, **SAMPLING)
+    stat, df = chi2_two_sample(wrong, plain_joint)
+    assert stat > 2 * chi2_critical(df), (
+        f"the distribution test cannot tell a wrong verifier (chi2={stat:.1f}, bound {chi2_critical(df):.1f}, "
+        f"total variation {total_variation(wrong, plain_joint):.3f}): it would not catch a real mistake either")
+
+
+def test_rejection_sampling_accepts_as_often_as_theory_says(tiny, make_llm, plain_joint):
+    # One drafted token (max_tokens=2 caps the draft at 1): it is accepted with probability sum_x min(p(x), q(x)).
+    # "Sample from p and accept iff equal to the draft" would accept with sum_x p(x) q(x), which is never more.
+    # p and q (first-token distributions) are estimated from plain sampling of the target and of the draft.
+    p = Counter(first for first, _ in plain_joint.elements())
+    draft_alone = make_llm(tiny["near_draft"])
+    q = Counter(draft_alone.generate(PROMPT, seed=s, max_tokens=1, **SAMPLING).tokens[0] for s in range(N_SAMPLES))
+    p = {x: n / N_SAMPLES for x, n in p.items()}
+    q = {x: n / N_SAMPLES for x, n in q.items()}
+    overlap = sum(min(p.get(x, 0), q[x]) for x in q)
+    match = sum(p.get(x, 0) * q[x] for x in q)
+    llm = make_llm(tiny["target"], tiny["near_draft"])
+    accepted = sum(llm.generate(PROMPT, seed=s, max_tokens=2, draft_length=1, **SAMPLING).stats.n_accepted
+                   for s in range(N_SAMPLES))
+    rate = accepted / N_SAMPLES
+    # standard error of each estimate is below sqrt(0.25 / 3000) ~ 0.01; 0.05 is about 4 of them for the difference
+    assert abs(rate - overlap) < 0.05, (rate, overlap)
+    assert rate > match + 0.05, (rate, match)
+
+
+@pytest.mark.parametrize("options,error,message", [
+    (dict(temperature=-0.5), specllm.InvalidOptionError, r"temperature must be a finite number >= 0"),
+    (dict(temperature=float("inf")), specllm.InvalidOptionError, r"temperature must be a finite number"),
+    (dict(temperature=float("nan")), specllm.InvalidOptionError, r"temperature must be"),
+    (dict(top_p=0.0), specllm.InvalidOptionError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), specllm.InvalidOptionError, r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-1), specllm.InvalidOptionError, r"top_k must be >= 0"),
+    (dict(min_p=1.5), specllm.InvalidOptionError, r"min_p must be in \[0, 1\]"),
+    (dict(min_p=-0.1), specllm.InvalidOptionError, r"min_p must be in \[0, 1\]"),
+    (dict(max_tokens=0), specllm.InvalidOptionError, r"max_tokens must be >= 1, got 0"),
+    (dict(max_tokens=-1), specllm.InvalidOptionError, r"max_tokens must be >= 1, got -1"),
+    (dict(draft_length=-1), specllm.InvalidOptionError, r"draft_length must be >= 0"),
+    (dict(draft_length=17), specllm.InvalidOptionError, r"draft_length must be at most 16"),
+    (dict(draft_length="fast"), specllm.InvalidOptionError, r"draft_length must be an int >= 0, 'auto' or 'heuristic'"),
+    (dict(draft_p_min=2.0), specllm.InvalidOptionError, r"draft_p_min must be in \[0, 1\]"),
+    (dict(seed=-3), specllm.InvalidOptionError, r"seed must be >= 0"),
+    (dict(max_tokens="5"), TypeError, r"max_tokens must be an int, got str"),
+    (dict(max_tokens=5.0), TypeError, r"max_tokens must be an int, got float"),
+    (dict(temperature="hot"), TypeError, r"temperature must be a number, got str"),
+    (dict(top_k=True), TypeError, r"top_k must be an int, got bool"),
+    (dict(stop=3), TypeError, r"stop must be a string or a list of strings"),
+    (dict(stop=["ok", None]), TypeError, r"stop must be a string or a list of strings"),
+    (dict(temprature=0.5), TypeError, r"temprature"),
+])
+def test_bad_options_are_refused(tiny, make_llm, options, error, message):
+    llm = make_llm(tiny["target"], tiny["draft"])
+    with pytest.raises(error, match=message):
+        llm.generate(PROMPT, **options)
+    with pytest.raises(error, match=message):
+        llm.stream(PROMPT, **options)  # refused when called, not at the first next()
+    assert llm.generate(PROMPT, max_tokens=3).finish_reason == "length"  # and the LLM still works
+
+
+@pytest.mark.parametrize("prompt,error,message", [
+    (5, TypeError, r"prompt must be a str or a list of token ids, got int"),
+    (b"bytes", TypeError, r"prompt must be a str or a list of token ids, got bytes"),
+    ([1, "2"], TypeError, r"prompt must be a str or a list of token ids"),
+    ([1, 100000], specllm.InvalidOptionError, r"token ids must be in \[0, 299\), got 100000"),
+    ([], specllm.InvalidOptionError, r"prompt is empty"),
+])
+def test_bad_prompts_are_refused(tiny, make_llm, prompt, error, message):
+    llm = make_llm(tiny["target"], tiny["draft"])
+    with pytest.raises(error, match=message):
+        llm.generate(prompt, max_tokens=4)
+    assert llm.generate(PROMPT, max_tokens=3).finish_reason == "length"
+
+
+def test_invalid_option_error_is_a_value_error():
+    assert issubclass(specllm.InvalidOptionError, ValueError)
+    assert issubclass(specllm.InvalidOptionError, specllm.SpecLLMError)
