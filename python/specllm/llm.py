@@ -36,7 +36,7 @@ class LLM:
         model: Union[str, os.PathLike],
         draft: Union[str, os.PathLike, None] = DEFAULT,
         *,
-        ngram: bool = False,
+        ngram: Optional[bool] = None,
         n_ctx: int = 4096,
         n_threads: Optional[int] = None,
         n_gpu_layers: int = -1,
@@ -52,7 +52,8 @@ class LLM:
         model: a .gguf path or a registry name ("qwen2.5-coder-1.5b"; pulled on first use).
         draft: a .gguf path or registry name of a smaller model with the same vocabulary, "ngram" for prompt
             lookup, None for plain decoding; by default a registry target gets its known draft.
-        ngram: with a draft model, also draft by n-gram lookup when it pays better (hybrid drafting).
+        ngram: with a draft model, also draft by n-gram lookup when it pays better (hybrid drafting); by default
+            on for a registry target's known draft, off for a draft given explicitly.
         n_gpu_layers / draft_n_gpu_layers: layers offloaded when llama-cpp-python was built with CUDA or Metal.
         seed: default sampling seed of every call (None: a fresh one per call, reported in stats.seed).
         """
@@ -66,6 +67,8 @@ class LLM:
         model = os.fspath(model)
         if draft == DEFAULT:
             draft = _default_draft(model)
+            if ngram is None and draft not in (None, "ngram"):
+                ngram = True
         if draft is not None and not isinstance(draft, (str, os.PathLike)):
             raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
         draft = os.fspath(draft) if draft is not None else None
