@@ -11,7 +11,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("n_ctx", &ModelOptions::n_ctx)
         .def_readwrite("n_threads", &ModelOptions::n_threads)
         .def_readwrite("n_gpu_layers", &ModelOptions::n_gpu_layers)
-        .def_readwrite("n_batch", &ModelOptions::n_batch);
+        .def_readwrite("n_batch", &ModelOptions::n_batch)
+        .def_readwrite("repack", &ModelOptions::repack);
 
     py::enum_<DraftKind>(m, "DraftKind")
         .value("none", DraftKind::none)

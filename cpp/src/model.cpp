@@ -60,6 +60,7 @@ Model::Model(const ModelOptions & opts) : opts_(opts) {
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = opts.n_gpu_layers;
+    mparams.use_extra_bufts = opts.repack;
     model_.reset(llama_model_load_from_file(opts.path.c_str(), mparams));
     if (!model_) {
         std::string why = log_take_errors();
