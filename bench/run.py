@@ -1,0 +1,179 @@
+"""Spec-Bench-style speed table: specllm against llama.cpp and llama-cpp-python, interleaved per prompt.
+
+    python -m bench.run --limit 2                      # quick look, every system
+    python -m bench.run --systems plain,draft-k3,llama.cpp --tasks code_edit,qa --limit 5
+
+See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench import report, tasks
+from bench.systems import ALL_SYSTEMS, Config, SpecllmSystem, make_system
+
+REPO = Path(__file__).resolve().parent.parent
+WARMUP_MESSAGE = "Write one sentence about the sea."
+WARMUP_TOKENS = 16
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--limit", type=int, default=None, help="prompts per task (default: all)")
+    p.add_argument("--tasks", default=",".join(tasks.ALL_TASKS), help="comma-separated, from: %(default)s")
+    p.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated, from: %(default)s")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: %(default)s)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="GGUF path or registry name")
+    p.add_argument("--specbench", type=Path, default=None, help="Spec-Bench questions (default: shared/specbench)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
+    return p.parse_args(argv)
+
+
+def resolve_model(name_or_path: str) -> str:
+    """An existing file as is, else a registry name (python/specllm/registry.py, loaded without the extension)."""
+    if os.path.isfile(name_or_path):
+        return os.path.abspath(name_or_path)
+    spec = importlib.util.spec_from_file_location("_specllm_registry", REPO / "python" / "specllm" / "registry.py")
+    registry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(registry)
+    return registry.resolve(name_or_path)
+
+
+def make_templater(systems: list, target: str):
+    """messages -> prompt text through the target's chat template (specllm's if loaded, else llama-cpp-python's)."""
+    for s in systems:
+        if isinstance(s, SpecllmSystem):
+            return lambda messages: s.llm.apply_chat_template(messages, add_generation_prompt=True)
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    vocab = Llama(target, vocab_only=True, verbose=False)
+    piece = lambda t: vocab.detokenize([t], special=True).decode("utf-8", errors="replace")  # noqa: E731
+    fmt = Jinja2ChatFormatter(vocab.metadata["tokenizer.chat_template"], eos_token=piece(vocab.token_eos()),
+                              bos_token=piece(vocab.token_bos()), add_generation_prompt=True)
+    return lambda messages: fmt(messages=messages).prompt
+
+
+def load_systems(names: list, cfg: Config, notes: list) -> tuple[list, dict]:
+    """Load every system and run its warm-up (excluded); a system that fails is dropped with a note."""
+    systems, load_ms = [], {}
+    for name in names:
+        system = make_system(name, cfg)
+        try:
+            load_ms[name] = system.load()
+            print(f"loaded {name} in {load_ms[name]:.0f} ms", file=sys.stderr)
+            systems.append(system)
+        except Exception as e:  # a configuration the installed specllm does not have yet, a failed build, ...
+            notes.append(f"system {name} skipped: {type(e).__name__}: {e}")
+            print(notes[-1], file=sys.stderr)
+    return systems, load_ms
+
+
+def warm_up(systems: list, template, notes: list) -> list:
+    kept = []
+    for system in systems:
+        try:
+            system.run(template([{"role": "user", "content": WARMUP_MESSAGE}]), WARMUP_TOKENS)
+            kept.append(system)
+        except Exception as e:
+            notes.append(f"system {system.name} skipped (warm-up failed): {type(e).__name__}: {e}")
+            print(notes[-1], file=sys.stderr)
+    return kept
+
+
+def run_prompt(system, prompt: tasks.Prompt, template, max_tokens: int) -> list[dict]:
+    """All turns of one prompt on one system; each later turn carries the system's own earlier answers."""
+    messages, records = [], []
+    for turn, user in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user})
+        result = system.run(template(messages), max_tokens, keep_cache=turn > 0)
+        records.append({"system": system.name, "task": prompt.task, "id": prompt.id, "turn": turn, **asdict(result)})
+        messages.append({"role": "assistant", "content": result.text})
+    return records
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"machine": re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()), "cpu": cpu,
+            "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def versions() -> dict:
+    out = {}
+    for mod in ("specllm", "llama_cpp"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except ImportError:
+            out[mod] = None
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = [s for s in args.systems.split(",") if s]
+    cfg = Config(resolve_model(args.target), resolve_model(args.draft) if args.draft else "", args.ctx,
+                 args.threads, args.temperature)
+    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench)
+    notes = []
+    systems, load_ms = load_systems(names, cfg, notes)
+    template = make_templater(systems, cfg.target)
+    systems = warm_up(systems, template, notes)
+    if not systems:
+        print("no system could run", file=sys.stderr)
+        return 1
+    meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
+            "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
+            "ctx": args.ctx, "limit": args.limit, "tasks": args.tasks, "systems": [s.name for s in systems],
+            "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
+    stem = f"{meta['date']}-{meta['machine']}"
+    n = 1
+    while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):  # a run in progress too
+        n += 1
+        stem = f"{meta['date']}-{meta['machine']}-{n}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    records, t_start = [], time.perf_counter()
+    with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
+        for i, prompt in enumerate(prompts):
+            for system in report.rotate(systems, i):
+                try:
+                    new = run_prompt(system, prompt, template, args.max_tokens)
+                except Exception as e:
+                    notes.append(f"{system.name} failed on {prompt.task}/{prompt.id}: {type(e).__name__}: {e}")
+                    print(notes[-1], file=sys.stderr)
+                    continue
+                records += new
+                log.writelines(json.dumps(r) + "\n" for r in new)
+                log.flush()
+            print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
+                  f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+    summary = report.summarize(records, [s.name for s in systems], args.max_tokens)
+    meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    paths = report.write_outputs(args.out, stem, meta, summary, records)
+    os.unlink(args.out / f"{stem}.records.jsonl")
+    print(report.markdown(summary, meta))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

