@@ -350,6 +350,7 @@ def run_chat(args) -> int:
                     f"{session.n_ctx} · /help for commands, Ctrl-D to quit"))
     readline, save_history = _open_history()
     prompt = style.bold(PROMPT, prompt=True)
+    line = ""
     try:
         while True:
             try:
@@ -359,7 +360,9 @@ def run_chat(args) -> int:
                 return 0
             except KeyboardInterrupt:  # Ctrl-C: at an empty prompt quit, else drop the line
                 print()
-                if readline is not None and readline.get_line_buffer().strip():
+                typed = readline.get_line_buffer() if readline is not None else ""
+                # a Ctrl-C just as the prompt appears can still see the previous line in readline's buffer
+                if typed.strip() and typed != line:
                     continue
                 return 0
             line = line.strip()
