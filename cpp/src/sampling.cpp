@@ -95,8 +95,9 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
             n_sorted = std::min(ids_.size(), n_sorted * 8);
         }
         ids_.resize(n_keep);
-    } else {
-        std::sort(ids_.begin(), ids_.end(), by_value);
+    } else if (!ids_.empty()) {
+        // no top-p: order does not matter for drawing; only put the most likely token first (O(n), no sort)
+        std::iter_swap(ids_.begin(), std::min_element(ids_.begin(), ids_.end(), by_value));
     }
     // softmax over what is left
     out.ids.assign(ids_.begin(), ids_.end());

@@ -11,7 +11,8 @@
 
 namespace specllm {
 
-// a distribution over a subset of the vocabulary; probs sum to 1; ids are sorted by descending probability
+// a distribution over a subset of the vocabulary; probs sum to 1; ids[0] is the most likely token (the rest are
+// sorted by descending probability only when top-p needed it)
 struct Dist {
     std::vector<llama_token> ids;
     std::vector<float> probs;
