@@ -14,54 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import signal
 import sys
 
 from . import registry
-from .chat_session import ChatSession
-from .errors import ContextOverflowError, SpecLLMError
+from .chat_screen import HELP, Style, run_chat  # noqa: F401  (Style re-exported: specllm.cli.Style)
+from .errors import SpecLLMError
 from .llm import DEFAULT, LLM
 
 PROG = "specllm-cli"
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
-PROMPT = ">>> "
-HELP = """\
-/help                           this help
-/reset                          forget the conversation (the system prompt stays)
-/system [TEXT]                  show, or set, the system prompt
-/stats                          statistics of the whole session
-/draft on|off|ngram|NAME|PATH   change the drafter (reloads the models; the conversation stays)
-/exit                           quit (also Ctrl-D, or Ctrl-C at an empty prompt)
-Ctrl-C during a reply stops it; what was written so far stays in the conversation."""
-
-
-class Style:
-    """ANSI styles when enabled; in a readline prompt, escapes must be wrapped in \\001..\\002 (prompt=True)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    @classmethod
-    def for_stream(cls, stream) -> "Style":
-        return cls(stream.isatty() and not os.environ.get("NO_COLOR"))  # no-color.org: set and non-empty
-
-    def _wrap(self, code: str, text: str, prompt: bool = False) -> str:
-        if not self.enabled:
-            return text
-        on, off = f"\033[{code}m", "\033[0m"
-        if prompt:
-            on, off = f"\001{on}\002", f"\001{off}\002"
-        return on + text + off
-
-    def dim(self, text: str) -> str:
-        return self._wrap("2", text)
-
-    def bold(self, text: str, prompt: bool = False) -> str:
-        return self._wrap("1", text, prompt)
-
-    def red(self, text: str) -> str:
-        return self._wrap("31", text)
 
 
 # --- arguments
@@ -131,7 +92,7 @@ def make_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Chat in the terminal. Commands at the prompt:\n\n" + HELP)
     _model_args(p, max_tokens=1024)
-    p.set_defaults(func=run_chat)
+    p.set_defaults(func=_run_chat)
 
     p = sub.add_parser("generate", help="complete a prompt, streamed to stdout",
                        description="Complete PROMPT, streamed to stdout (nothing else goes to stdout).")
@@ -167,6 +128,11 @@ def _gen_options(args) -> dict:
 
 
 # --- commands
+
+def _run_chat(args) -> int:
+    return run_chat(args, _llm_options(args), _gen_options(args))
+
+
 
 def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -228,153 +194,6 @@ def _size(n: int) -> str:
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.1f} {unit}"
         n /= 1000
-
-
-# --- chat
-
-def status_line(reply, style: Style, plain: bool) -> str:
-    s = reply.stats
-    parts = [f"{s.tokens_per_second:.1f} tok/s"]
-    if not plain:
-        parts += [f"{s.acceptance_rate:.0%} accepted", f"draft {_mean(s.mean_draft_length)}"]
-    parts.append(f"{s.n_generated} tokens")
-    if reply.finish_reason == "interrupted":
-        parts.append("stopped")
-    elif reply.context_full:
-        parts.append("context full: /reset to start over")
-    elif reply.finish_reason == "length":
-        parts.append("cut at --max-tokens")
-    return style.dim(" · ".join(parts))
-
-
-def _mean(x: float) -> str:
-    return f"{x:.2f}" if 0 < x < 0.1 else f"{x:.1f}"  # a rare draft must not read as "draft 0.0"
-
-
-def _command(session: ChatSession, line: str, style: Style) -> bool:
-    """Run a slash command; False when it is /exit."""
-    name, _, arg = line.partition(" ")
-    arg = arg.strip()
-    if name in ("/exit", "/quit", "/bye"):
-        return False
-    if name in ("/help", "/?"):
-        print(HELP)
-    elif name == "/reset":
-        session.reset()
-        print(style.dim("conversation forgotten" + (" (the system prompt stays)" if session.system else "")))
-    elif name == "/system":
-        if arg:
-            session.system = arg
-            print(style.dim("system prompt set"))
-        else:
-            print(session.system if session.system else style.dim("no system prompt (/system TEXT sets one)"))
-    elif name == "/stats":
-        print(session.summary())
-    elif name == "/draft":
-        draft = {"on": session.draft_model, "off": None, "none": None}.get(arg.lower(), arg)
-        if not arg or (arg.lower() == "on" and draft is None):
-            print(style.red("/draft on|off|ngram|NAME|PATH" + ("" if not arg else ": no draft model known for "
-                                                                "this target, give its NAME or PATH")))
-            return True
-        print(style.dim(f"loading {session.model} with drafter {str(draft).lower()} ..."), flush=True)
-        try:
-            session.set_draft(draft)
-        except SpecLLMError as e:
-            print(style.red(f"error: {e}"), f"(kept drafter {session.draft_label})")
-            return True
-        print(style.dim(f"drafter: {session.draft_label}"))
-    else:
-        print(style.red(f"unknown command {name}; /help lists them"))
-    return True
-
-
-def _reply(session: ChatSession, text: str, style: Style) -> None:
-    stop = []
-    ends_line = [True]
-
-    def on_text(piece: str) -> None:
-        if piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            ends_line[0] = piece.endswith("\n")
-
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))  # Ctrl-C: stop after this step
-    try:
-        reply = session.reply(text, on_text, stop_requested=lambda: bool(stop))
-    except SpecLLMError as e:
-        full = isinstance(e, ContextOverflowError)
-        print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {e}"))
-        if full:
-            print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
-        return
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if not ends_line[0]:
-        print()
-    print(status_line(reply, style, plain=session.llm.draft is None))
-
-
-def _open_history():
-    """Line editing and history through readline, when available. Returns a function that saves the history."""
-    try:
-        import readline
-    except ImportError:  # e.g. Windows: plain input()
-        return None, lambda: None
-    path = pathlib.Path.home() / ".cache" / "specllm" / "history"
-    try:
-        readline.read_history_file(path)
-    except OSError:
-        pass
-    readline.set_history_length(1000)
-
-    def save():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(path)
-        except OSError:
-            pass
-
-    return readline, save
-
-
-def run_chat(args) -> int:
-    style = Style.for_stream(sys.stdout)
-    draft = args.draft
-    if draft == DEFAULT:
-        draft = None if os.path.exists(args.model) else registry.default_draft(args.model)
-    draft = str(draft).lower() if draft in (None, "ngram") else draft
-    print(style.dim(f"loading {args.model} (drafter: {draft}) ..."), flush=True)
-    session = ChatSession(args.model, args.draft, ngram=args.ngram, system=args.system,
-                          llm_options=_llm_options(args), gen_options=_gen_options(args))
-    print(style.dim(f"{os.path.basename(session.model)} · drafter {session.draft_label} · context "
-                    f"{session.n_ctx} · /help for commands, Ctrl-D to quit"))
-    readline, save_history = _open_history()
-    prompt = style.bold(PROMPT, prompt=True)
-    line = ""
-    try:
-        while True:
-            try:
-                line = input(prompt)
-            except EOFError:  # Ctrl-D
-                print()
-                return 0
-            except KeyboardInterrupt:  # Ctrl-C: at an empty prompt quit, else drop the line
-                print()
-                typed = readline.get_line_buffer() if readline is not None else ""
-                # a Ctrl-C just as the prompt appears can still see the previous line in readline's buffer
-                if typed.strip() and typed != line:
-                    continue
-                return 0
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("/"):
-                if not _command(session, line, style):
-                    return 0
-            else:
-                _reply(session, line, style)
-    finally:
-        save_history()
 
 
 # --- entry point
