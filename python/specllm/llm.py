@@ -146,8 +146,11 @@ class LLM:
 
     def reset(self) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt)."""
-        with self._hold():
+        self._acquire()
+        try:
             self._engine.reset()
+        finally:
+            self._release()
 
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:
@@ -191,18 +194,6 @@ class LLM:
                 raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
             return list(prompt)
         raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
-
-    def _hold(self):
-        llm = self
-
-        class _Held:
-            def __enter__(self):
-                llm._acquire()
-
-            def __exit__(self, *exc):
-                llm._release()
-
-        return _Held()
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):
