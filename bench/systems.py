@@ -158,14 +158,16 @@ class LlamaCppToolSystem:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8", delete=False) as f:
             f.write(anchors.prompt_file_text(prompt_text))
         try:
-            stdout, stderr = anchors.run_tool(self.command(f.name, max_tokens))
+            cmd = self.command(f.name, max_tokens)
+            if self.name == "llama.cpp":
+                p = anchors.run_parsed(cmd, anchors.parse_completion)
+            else:
+                p = anchors.run_parsed(cmd, anchors.parse_speculative, prompt_text, max_tokens)
         finally:
             os.unlink(f.name)
         if self.name == "llama.cpp":
-            p = anchors.parse_completion(stdout, stderr)
             return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], n_steps=p["n_gen"],
                           load_ms=p["load_ms"])
-        p = anchors.parse_speculative(stdout, stderr, prompt_text, max_tokens)
         return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], p["n_drafted"], p["n_accepted"],
                       p["n_steps"], load_ms=p["load_ms"])
 

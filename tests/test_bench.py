@@ -272,14 +272,14 @@ def test_anchor_tools_run_and_parse_on_tiny_models(tmp_path):
     prompt_file = tmp_path / "prompt.txt"
     prompt_file.write_text(anchors.prompt_file_text(prompt), encoding="utf-8")
     common = dict(model=models["target"], prompt_file=str(prompt_file), n_ctx=512, n_threads=1)
-    c = anchors.parse_completion(*anchors.run_tool(anchors.completion_cmd(tools["llama-completion"], n_predict=16,
-                                                                          **common)))
+    c = anchors.run_parsed(anchors.completion_cmd(tools["llama-completion"], n_predict=16, **common),
+                           anchors.parse_completion)
     assert c["eos"] or c["n_gen"] == 16
     assert c["n_prompt"] > 10 and c["gen_tps"] > 0
     for spec_type, draft in (("draft-simple", models["draft"]), ("ngram-simple", None)):
         cmd = anchors.speculative_cmd(tools["llama-speculative-simple"], max_tokens=16, spec_type=spec_type,
                                       draft=draft, **common)
-        s = anchors.parse_speculative(*anchors.run_tool(cmd), prompt, max_tokens=16)
+        s = anchors.run_parsed(cmd, anchors.parse_speculative, prompt, max_tokens=16)
         assert s["eos"] or s["n_gen"] >= 16
         assert s["n_steps"] + s["n_accepted"] == s["n_gen"] + int(s["eos"])
         if not (s["eos"] or c["eos"]):  # the same greedy tokens (F32 tiny models); tools may overshoot the limit
