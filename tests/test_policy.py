@@ -122,3 +122,59 @@ def test_fixed_policy_respects_k_max_and_sources():
     assert f.choose(8, False, True, 0) == (0, True)  # n-gram only, no match: nothing to draft
     assert f.choose(8, True, True, 4) == (5, True)   # hybrid: a long match goes to the n-gram drafter
     assert f.choose(8, True, True, 2) == (5, False)
+
+
+# the measured shape on the 2-core test machine (no repacking): a batch of 8..16 costs about 9 single steps,
+# 32 about 14, 48 about 20 -- large batches are cheap per token
+def cpu_costs(n):
+    points = {1: 58, 2: 102, 4: 172, 7: 265, 8: 491, 16: 560, 32: 840, 48: 1150}
+    keys = sorted(points)
+    for a, b in zip(keys, keys[1:]):
+        if a <= n <= b:
+            return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
+    return points[48] + 20 * (n - 48)
+
+
+def test_a_long_reliable_copy_gets_long_drafts():
+    p = _core.AutoPolicy()
+    p.set_verify_costs([cpu_costs(n) for n in range(1, 49)])
+    rng = random.Random(7)
+    ks = []
+    for _ in range(400):  # a long copy in progress: match >= 16, each token right with probability 0.995
+        k, use_ngram = p.choose(48, False, True, 40)
+        n_acc = 0
+        while n_acc < k and rng.random() < 0.995:
+            n_acc += 1
+        p.update(k, n_acc, use_ngram, 0.0, cpu_costs(k + 1))
+        ks.append(k)
+    assert sorted(ks[-100:])[50] >= 24, ks[-100:]
+
+
+def test_an_unreliable_long_match_keeps_drafts_short():
+    p = _core.AutoPolicy()
+    p.set_verify_costs([cpu_costs(n) for n in range(1, 49)])
+    ks = feed(p, 0.8, 400, random.Random(8), ngram=True, match=20, verify=cpu_costs)
+    assert max(ks[-100:]) <= 8
+
+
+def test_verify_costs_follow_a_growing_context():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(linear_costs(40, 20))
+    for _ in range(100):
+        p.update(0, 0, False, 0.0, 80.0)  # plain steps at twice the profiled cost (a long context)
+    c = p.verify_costs()
+    assert c[0] == pytest.approx(80, rel=0.05)
+    assert c[1] == pytest.approx(120, rel=0.05)  # the whole curve scales, not only T(1)
+
+
+def test_a_draft_model_far_behind_is_not_caught_up_for_one_step():
+    p = _core.AutoPolicy()
+    costs = linear_costs(40, 4)  # drafting would pay...
+    p.set_verify_costs(costs)
+    p.set_draft_token_cost(5)
+    assert p.choose(8, True, False, 0, 1)[0] > 0
+    # ... but not after the prompt's 800 tokens must first go through the draft model
+    q = _core.AutoPolicy()
+    q.set_verify_costs(costs)
+    q.set_draft_token_cost(5)
+    assert all(q.choose(8, True, False, 0, 800)[0] == 0 for _ in range(600))  # not even explored

@@ -119,7 +119,7 @@ def test_rejection_sampling_accepts_as_often_as_theory_says(tiny, make_llm, plai
     (dict(max_tokens=0), specllm.InvalidOptionError, r"max_tokens must be >= 1, got 0"),
     (dict(max_tokens=-1), specllm.InvalidOptionError, r"max_tokens must be >= 1, got -1"),
     (dict(draft_length=-1), specllm.InvalidOptionError, r"draft_length must be >= 0"),
-    (dict(draft_length=17), specllm.InvalidOptionError, r"draft_length must be at most 16"),
+    (dict(draft_length=49), specllm.InvalidOptionError, r"draft_length must be at most 48"),
     (dict(draft_length="fast"), specllm.InvalidOptionError, r"draft_length must be an int >= 0, 'auto' or 'heuristic'"),
     (dict(draft_p_min=2.0), specllm.InvalidOptionError, r"draft_p_min must be in \[0, 1\]"),
     (dict(seed=-3), specllm.InvalidOptionError, r"seed must be >= 0"),

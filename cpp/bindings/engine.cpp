@@ -60,7 +60,7 @@ void register_engine(py::module_ & m) {
         .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
         .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
         .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
-        .def("profile_verify", &Engine::profile_verify, py::arg("n_max") = 8, py::arg("n_reps") = 2,
+        .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2,
              py::call_guard<py::gil_scoped_release>())
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())
         .def("set_verify_costs", [](Engine & e, const std::vector<double> & c) { e.auto_policy().set_verify_costs(c); })

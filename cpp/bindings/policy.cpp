@@ -7,8 +7,9 @@ using namespace specllm;
 
 namespace {
 
-StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match) {
+StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag) {
     StepContext c;
+    c.model_lag = model_lag;
     c.k_max = k_max;
     c.has_model = has_model;
     c.has_ngram = has_ngram;
@@ -16,8 +17,10 @@ StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match) 
     return c;
 }
 
-StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms) {
+StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
+                    int n_catchup) {
     StepOutcome o;
+    o.n_catchup = n_catchup;
     o.n_drafted = n_drafted;
     o.n_accepted = n_accepted;
     o.from_ngram = from_ngram;
@@ -27,14 +30,16 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 }
 
 template <class P> void def_policy(py::class_<P> & c) {
-    c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match) {
-         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match));
+    c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag) {
+         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag));
          return py::make_tuple(ch.k, ch.ngram);
-     }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0)
-        .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms) {
-            p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms));
+     }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
+        py::arg("model_lag") = 1)
+        .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
+                          int n_catchup) {
+            p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup));
         }, py::arg("n_drafted"), py::arg("n_accepted"), py::arg("from_ngram") = false, py::arg("draft_ms") = 0.0,
-            py::arg("verify_ms") = 0.0);
+            py::arg("verify_ms") = 0.0, py::arg("n_catchup") = 0);
 }
 
 } // namespace
@@ -51,7 +56,9 @@ void register_policy(py::module_ & m) {
             return std::vector<double>(a.begin(), a.end());
         })
         .def("viable", &AutoPolicy::viable)
-        .def_static("source_of", &AutoPolicy::source_of);
+        .def_static("source_of", &AutoPolicy::source_of)
+        .def_readonly_static("n_max", &AutoPolicy::n_max)
+        .def_readonly_static("n_sources", &AutoPolicy::n_sources);
     def_policy(a);
     py::class_<FixedPolicy> f(m, "FixedPolicy");
     f.def(py::init<int>());

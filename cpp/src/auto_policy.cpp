@@ -6,6 +6,7 @@
 namespace specllm {
 
 namespace {
+constexpr int n_sources_ngram = AutoPolicy::n_sources - 1;
 constexpr double ema_cost = 0.1;     // weight of a new cost observation
 constexpr double ema_alpha = 0.05;   // weight of a new acceptance observation
 constexpr int explore_first = 16;    // plain steps after which an unused source is tried with k = 1 ...
@@ -13,7 +14,7 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-constexpr double alpha_prior_ngram[3] = {0.3, 0.5, 0.7}; // by match bucket
+constexpr double alpha_prior_ngram[n_sources_ngram] = {0.3, 0.5, 0.7, 0.8, 0.9}; // by match bucket
 } // namespace
 
 AutoPolicy::AutoPolicy() {
@@ -50,7 +51,7 @@ int AutoPolicy::source_of(bool ngram, int match) {
     if (!ngram) {
         return 0;
     }
-    return match <= 2 ? 1 : (match == 3 ? 2 : 3);
+    return match <= 2 ? 1 : match == 3 ? 2 : match < 8 ? 3 : match < 16 ? 4 : 5;
 }
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -97,11 +98,25 @@ void AutoPolicy::make_monotone() {
 }
 
 std::vector<double> AutoPolicy::verify_costs() const {
-    return std::vector<double>(t_verify_.begin() + 1, t_verify_.end());
+    std::vector<double> out;
+    for (int n = 1; n <= n_max + 1; ++n) {
+        out.push_back(cost_verify(n));
+    }
+    return out;
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    return t_verify_[std::min(n, n_max + 1)];
+    return verify_scale_ * t_verify_[std::min(n, n_max + 1)];
+}
+
+double AutoPolicy::cost_catchup(int lag) const {
+    // id_last (and the last draft token) are decoded on every model step anyway: only a longer lag is extra
+    const int extra = std::max(0, lag - 2);
+    if (extra == 0) {
+        return 0.0;
+    }
+    const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * cost_verify(1));
+    return c * extra;
 }
 
 double AutoPolicy::cost_draft(int source, int k) const {
@@ -133,15 +148,16 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         if (!usable) {
             continue;
         }
+        const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
         for (int k = 1; k <= k_cap; ++k) {
-            const double rate = expected_rate(s, k, cost_draft(s, k));
+            const double rate = expected_rate(s, k, cost_draft(s, k) + catchup);
             if (rate > best_rate) {
                 best_rate = rate;
                 best.k = k;
                 best.ngram = s != 0;
             }
         }
-        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && viable(s)) {
+        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) && viable(s)) {
             explore = s;
         }
     }
@@ -161,10 +177,11 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
 }
 
 void AutoPolicy::update(const StepOutcome & o) {
+    // the profile gives the shape of T(n) on a short context; a longer context makes every batch dearer, so one
+    // factor (measured / profiled) follows it, whatever n the steps use
     const int n = o.n_drafted + 1;
-    if (n <= n_max + 1 && o.verify_ms > 0.0) {
-        t_verify_[n] = (1.0 - ema_cost) * t_verify_[n] + ema_cost * o.verify_ms;
-        make_monotone();
+    if (n <= n_max + 1 && o.verify_ms > 0.0 && t_verify_[n] > 0.0) {
+        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / t_verify_[n]);
     }
     if (o.n_drafted == 0) {
         return;
@@ -177,6 +194,9 @@ void AutoPolicy::update(const StepOutcome & o) {
     if (s == 0 && o.draft_ms > 0.0 && o.n_catchup <= 1) { // a catch-up after plain steps is not the per-token cost
         const double per_token = o.draft_ms / o.n_drafted;
         c_model_ = c_model_ > 0.0 ? (1.0 - ema_cost) * c_model_ + ema_cost * per_token : per_token;
+    } else if (s == 0 && o.draft_ms > 0.0 && o.n_catchup > 2 && c_model_ > 0.0) {
+        const double per_token = std::max(0.0, o.draft_ms - c_model_ * o.n_drafted) / o.n_catchup;
+        c_catchup_ = c_catchup_ > 0.0 ? (1.0 - ema_cost) * c_catchup_ + ema_cost * per_token : per_token;
     }
     const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome
     for (int j = 0; j <= j_last; ++j) {

@@ -70,7 +70,8 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     if (opts.policy == PolicyKind::fixed) {
         fixed_ = std::make_unique<FixedPolicy>(opts.draft_length);
     } else if (opts.policy == PolicyKind::heuristic) {
-        fixed_ = std::make_unique<HeuristicPolicy>(std::max(1, opts.draft_length), AutoPolicy::n_max);
+        fixed_ = std::make_unique<HeuristicPolicy>(std::min(4, std::max(1, opts.draft_length)),
+                                                   std::max(1, opts.draft_length));
     } else {
         auto_.set_k_limit(opts.draft_length);
     }
@@ -117,6 +118,13 @@ StepResult Engine::step() {
     sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
         sctx.ngram_match = drafter_->ngram_match(history_, id_last_);
+    }
+    if (draft_model_ && sctx.k_max > 0) {
+        const auto & cached = draft_model_->cached();
+        const size_t n = std::min(cached.size(), history_.size());
+        const size_t same = (size_t) (std::mismatch(cached.begin(), cached.begin() + (long) n, history_.begin()).first -
+                                      cached.begin());
+        sctx.model_lag = (int) (history_.size() + 1 - same);
     }
     const Choice choice = drafter_ && sctx.k_max > 0 ? policy().choose(sctx) : Choice();
     draft_.tokens.clear();
@@ -249,22 +257,36 @@ void Engine::reset() {
     active_ = false;
 }
 
-std::vector<double> Engine::profile_verify(int n_max, int n_reps) {
+std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n_reps) {
     std::lock_guard<std::mutex> lock(mutex_);
     active_ = false;
     target_->clear();
-    std::vector<llama_token> toks((size_t) n_max + 32, llama_vocab_bos(target_->vocab()) >= 0
-                                                           ? llama_vocab_bos(target_->vocab()) : 0);
-    target_->decode(toks.data(), 32, false); // a short context, as in a real step
-    std::vector<double> costs((size_t) n_max, 0.0);
-    for (int n = 1; n <= n_max; ++n) {
+    constexpr int n_prefix = 32; // a short context, as in a real step
+    int n_max = 0;
+    for (int n : sizes) {
+        if (n < 1) {
+            throw InvalidArgument("profile batch sizes must be >= 1, got " + std::to_string(n));
+        }
+        if (n + n_prefix <= target_->n_ctx()) {
+            n_max = std::max(n_max, n);
+        }
+    }
+    std::vector<llama_token> toks((size_t) n_max + n_prefix,
+                                  llama_vocab_bos(target_->vocab()) >= 0 ? llama_vocab_bos(target_->vocab()) : 0);
+    target_->decode(toks.data(), n_prefix, false);
+    std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
+    for (int n : sizes) {
+        if (n > n_max) {
+            continue;
+        }
         double best = 1e30;
-        for (int r = 0; r < n_reps + 1; ++r) { // the first repetition warms up
+        const int n_warm = n <= 8 ? 1 : 0; // small batches get a warm-up run (they are cheap)
+        for (int r = 0; r < n_warm + std::max(1, n_reps); ++r) {
             const double t0 = now_ms();
             target_->decode(toks.data(), n, true);
             const double dt = now_ms() - t0;
-            target_->truncate(32);
-            if (r > 0) {
+            target_->truncate(n_prefix);
+            if (r >= n_warm) {
                 best = std::min(best, dt);
             }
         }

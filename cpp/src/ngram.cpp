@@ -72,7 +72,12 @@ int NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
         for (size_t i = cont; i < end && (int) out.size() < n_draft; ++i) {
             out.push_back(tokens_[i]);
         }
-        return n;
+        // how far the match reaches back beyond the key: a long one means a copy in progress
+        int m = n;
+        while (m < max_match && cont >= (size_t) m + 1 && tokens_[cont - m - 1] == tokens_[end - m - 1]) {
+            ++m;
+        }
+        return m;
     }
     return 0;
 }

@@ -10,7 +10,7 @@ from .errors import InvalidOptionError
 
 DraftLength = Union[int, str]
 POLICIES = {"auto": _core.PolicyKind.auto, "heuristic": _core.PolicyKind.heuristic}
-AUTO_K_LIMIT = 8  # the longest draft "auto" and "heuristic" consider
+AUTO_K_LIMIT = _core.AutoPolicy.n_max  # the longest draft "auto" and "heuristic" consider (48)
 
 
 def _int(name: str, value, lo: Optional[int] = None) -> int:
@@ -79,8 +79,8 @@ def make_options(
     else:
         o.policy = _core.PolicyKind.fixed
         o.draft_length = _int("draft_length", draft_length, lo=0)
-        if o.draft_length > 16:
-            raise InvalidOptionError(f"draft_length must be at most 16, got {draft_length}")
+        if o.draft_length > AUTO_K_LIMIT:
+            raise InvalidOptionError(f"draft_length must be at most {AUTO_K_LIMIT}, got {draft_length}")
     o.draft_p_min = _float("draft_p_min", draft_p_min)
     if not 0 <= o.draft_p_min <= 1:
         raise InvalidOptionError(f"draft_p_min must be in [0, 1], got {draft_p_min}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -10,7 +11,11 @@ from pathlib import Path
 
 from . import _core
 
-N_MAX = 10   # batch sizes 1..N_MAX
+log = logging.getLogger("specllm")
+
+# batch sizes measured at load (the policy interpolates between them). Large batches matter on a CPU: they cost
+# far less per token than small ones, so a copy in progress pays with long n-gram drafts.
+SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48]
 N_REPS = 2
 
 
@@ -18,8 +23,9 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECLLM_PROFILES", Path.home() / ".cache" / "specllm" / "profiles"))
 
 
-def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int) -> str:
-    parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers)]
+def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> str:
+    parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers),
+             str(repack)]
     for path in (target, draft):
         if path:
             st = os.stat(path)
@@ -27,18 +33,20 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int) -> dict:
-    """Gives the engine its verify costs T(1..N_MAX) and draft token cost, from the cache or measured now."""
-    path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers)}.json"
+def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> dict:
+    """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now."""
+    path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
     prof = None
     try:
         prof = json.loads(path.read_text())
-        if len(prof.get("verify_ms", [])) != N_MAX:
-            prof = None
-    except (OSError, ValueError):
+        if prof.get("sizes") != SIZES or not isinstance(prof.get("verify_ms"), list):
+            prof = None  # measured for other batch sizes (an older specllm): measure again
+    except (OSError, ValueError, AttributeError):
         prof = None
     if prof is None:
-        prof = {"verify_ms": engine.profile_verify(N_MAX, N_REPS), "draft_token_ms": engine.profile_draft(3)}
+        log.info("measuring verify costs for batch sizes %s (once per model, machine and thread count)", SIZES)
+        prof = {"sizes": SIZES, "verify_ms": engine.profile_verify(SIZES, N_REPS),
+                "draft_token_ms": engine.profile_draft(3)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:

@@ -3,7 +3,9 @@
 // Plain decoding costs T(1) per token. A step that drafts k tokens costs draft(k) + T(k+1) and yields
 // E(k) = sum_{i=0..k} prod_{j<i} alpha_j tokens (alpha_j: probability that draft position j is accepted given
 // the ones before it were). Each step picks argmax_k E(k) / (draft(k) + T(k+1)) over k = 0..k_max, separately
-// for each draft source (the draft model; n-gram proposals bucketed by match length) and takes the best.
+// for each draft source (the draft model; n-gram proposals bucketed by match length, where a long match means a
+// copy in progress) and takes the best. On a CPU T(n) is far from flat but large batches are cheaper per token
+// (measured here: T(16) ~ 8 T(1), T(48) ~ 20 T(1)), so a long copy pays with long drafts.
 // T(n) comes from a profile at load and is refined online; draft costs and alpha_j are tracked online (EMA).
 // A source that is not used is explored with k = 1 now and then, so that estimates recover when text changes.
 #pragma once
@@ -17,8 +19,8 @@ namespace specllm {
 
 class AutoPolicy : public DraftPolicy {
   public:
-    static constexpr int n_max = 16;        // largest draft considered
-    static constexpr int n_sources = 4;     // draft model, n-gram match 1-2, 3, 4+
+    static constexpr int n_max = 48;        // largest draft considered (a copy in progress can pay this on a CPU)
+    static constexpr int n_sources = 6;     // draft model, n-gram match 1-2, 3, 4-7, 8-15, 16+
 
     AutoPolicy();
 
@@ -45,15 +47,18 @@ class AutoPolicy : public DraftPolicy {
     void make_monotone();
     double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
+    double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
 
-    std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens
+    std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
+    double verify_scale_ = 1.0;                                // measured / profiled: grows with the context
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
     std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position
     std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted
     std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
     bool exploring_ = false;
     double c_model_ = 0.0;                                     // ms per draft-model token (0 = unknown yet)
-    int k_limit_ = 8;
+    double c_catchup_ = 0.0;                                   // ms per token of a catch-up batch (0 = unknown)
+    int k_limit_ = n_max;
     int last_source_ = 0;
 };
 

@@ -68,9 +68,10 @@ class Engine {
     void reset();               // forget every cached prefix
     const Stats & stats() const { return stats_; }
 
-    // measure the target's decode time for batches of 1..n_max tokens (ms), and the draft model's per-token
-    // time; clears the KV caches
-    std::vector<double> profile_verify(int n_max, int n_reps);
+    // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
+    // size n that fits the context, 0 for sizes not measured; and the draft model's per-token time. Clears the
+    // KV caches
+    std::vector<double> profile_verify(const std::vector<int> & sizes, int n_reps);
     double profile_draft(int n_reps);
 
     // a deliberately wrong sampling verifier, for tests that must be able to fail

@@ -19,8 +19,11 @@ class NgramIndex {
     void truncate(size_t n);               // drop everything past n tokens (rebuilds the index)
     const std::vector<llama_token> & tokens() const { return tokens_; }
 
+    static constexpr int max_match = 64;
+
     // continuation of the most recent earlier occurrence of the longest suffix (n_max down to n_min) that
-    // occurred before; returns the match length n (0 = none) and fills out with up to n_draft tokens
+    // occurred before; fills out with up to n_draft tokens and returns the match length (0 = none): the key
+    // length extended backwards as far as the two occurrences agree, up to max_match
     int lookup(int n_draft, std::vector<llama_token> & out) const;
 
   private:

@@ -24,6 +24,8 @@ struct StepContext {
     bool has_model = false;   // a draft model is available
     bool has_ngram = false;   // an n-gram drafter is available
     int ngram_match = 0;      // length of the n-gram match available now (0 = none)
+    int model_lag = 0;        // tokens the draft model must decode before it can draft (it falls behind on
+                              // plain and n-gram steps; catching up after a long prompt costs seconds)
     int hybrid_min_match = 3; // fixed policies use the n-gram proposal from this match length on
 };
 
