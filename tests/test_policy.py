@@ -178,3 +178,23 @@ def test_a_draft_model_far_behind_is_not_caught_up_for_one_step():
     q.set_verify_costs(costs)
     q.set_draft_token_cost(5)
     assert all(q.choose(8, True, False, 0, 800)[0] == 0 for _ in range(600))  # not even explored
+
+
+def test_chunked_verification_still_lets_a_reliable_copy_draft_long():
+    # exact mode verifies in chunks of 7 rows (each decoded only if the drafts before it were accepted)
+    p = _core.AutoPolicy()
+    p.set_verify_costs([cpu_costs(n) for n in range(1, 49)])
+    p.set_verify_rows(7)
+    rng = random.Random(9)
+    ks = []
+    for _ in range(400):
+        k, use_ngram = p.choose(48, False, True, 40)
+        n_acc = 0
+        while n_acc < k and rng.random() < 0.995:
+            n_acc += 1
+        rows = min(k + 1, 7 * (n_acc // 7 + 1))  # chunks decoded up to the one holding the first rejection
+        cost = sum(cpu_costs(min(7, rows - r0)) for r0 in range(0, rows, 7))
+        p.update(k, n_acc, use_ngram, 0.0, cost, 0, rows)
+        ks.append(k)
+    assert sorted(ks[-100:])[50] >= 13, ks[-100:]
+    assert p.verify_costs()[0] == pytest.approx(cpu_costs(1), rel=0.05)  # costs as profiled: scale stays ~1

@@ -21,7 +21,9 @@ void register_engine(py::module_ & m) {
         .def_readwrite("target", &EngineOptions::target)
         .def_readwrite("draft", &EngineOptions::draft)
         .def_readwrite("draft_kind", &EngineOptions::draft_kind)
-        .def_readwrite("ngram", &EngineOptions::ngram);
+        .def_readwrite("ngram", &EngineOptions::ngram)
+        .def_readwrite("verify_rows", &EngineOptions::verify_rows);
+    m.attr("exact_verify_rows") = exact_verify_rows;
 
     py::class_<Stats>(m, "Stats")
         .def_readonly("n_prompt", &Stats::n_prompt)

@@ -1,9 +1,12 @@
 // Registers the bindings; each exposed class has its own file.
 #include "bindings.h"
 
+#include "llama.h"
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "specllm C++ core: speculative decoding over llama.cpp";
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
+    m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
     register_errors(m);
     register_options(m);
     register_model(m);

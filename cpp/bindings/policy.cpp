@@ -18,8 +18,9 @@ StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, 
 }
 
 StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
-                    int n_catchup) {
+                    int n_catchup, int n_verified) {
     StepOutcome o;
+    o.n_verified = n_verified;
     o.n_catchup = n_catchup;
     o.n_drafted = n_drafted;
     o.n_accepted = n_accepted;
@@ -36,10 +37,10 @@ template <class P> void def_policy(py::class_<P> & c) {
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
         py::arg("model_lag") = 1)
         .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
-                          int n_catchup) {
-            p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup));
+                          int n_catchup, int n_verified) {
+            p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup, n_verified));
         }, py::arg("n_drafted"), py::arg("n_accepted"), py::arg("from_ngram") = false, py::arg("draft_ms") = 0.0,
-            py::arg("verify_ms") = 0.0, py::arg("n_catchup") = 0);
+            py::arg("verify_ms") = 0.0, py::arg("n_catchup") = 0, py::arg("n_verified") = 0);
 }
 
 } // namespace
@@ -51,6 +52,7 @@ void register_policy(py::module_ & m) {
         .def("verify_costs", &AutoPolicy::verify_costs)
         .def("set_draft_token_cost", &AutoPolicy::set_draft_token_cost)
         .def("set_k_limit", &AutoPolicy::set_k_limit)
+        .def("set_verify_rows", &AutoPolicy::set_verify_rows)
         .def("acceptance", [](const AutoPolicy & p, int source) {
             auto a = p.acceptance(source);
             return std::vector<double>(a.begin(), a.end());

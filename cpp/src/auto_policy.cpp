@@ -35,12 +35,11 @@ double AutoPolicy::learn_rate(int s, int j) {
 }
 
 bool AutoPolicy::viable(int source) const {
+    std::array<double, n_max> alpha;
+    alpha.fill(alpha_viable);
     const double plain = margin / cost_verify(1);
-    double e = 1.0, run = 1.0;
     for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
-        run *= alpha_viable;
-        e += run;
-        if (e / (cost_draft(source, k) + cost_verify(k + 1)) > plain) {
+        if (rate(alpha.data(), k, cost_draft(source, k)) > plain) {
             return true;
         }
     }
@@ -128,12 +127,31 @@ double AutoPolicy::cost_draft(int source, int k) const {
 }
 
 double AutoPolicy::expected_rate(int source, int k, double c_draft_ms) const {
-    double e = 1.0, run = 1.0;
-    for (int j = 0; j < k; ++j) {
-        run *= alpha_[source][j];
-        e += run;
+    return rate(alpha_[source].data(), k, c_draft_ms);
+}
+
+double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms) const {
+    const int chunk = verify_rows_ > 0 ? verify_rows_ : k + 1;
+    double e = 1.0, run = 1.0, ms = c_draft_ms, reach = 1.0;
+    for (int r0 = 0; r0 <= k; r0 += chunk) { // rows r0.. verify draft positions r0..
+        const int n = std::min(chunk, k + 1 - r0);
+        ms += reach * cost_verify(n);
+        for (int j = r0; j < std::min(r0 + n, k); ++j) {
+            run *= alpha[j];
+            e += run;
+        }
+        reach = run; // the next chunk is decoded only if every draft so far was accepted
     }
-    return e / (c_draft_ms + cost_verify(k + 1));
+    return e / ms;
+}
+
+double AutoPolicy::cost_rows(int n_rows) const {
+    const int chunk = verify_rows_ > 0 ? verify_rows_ : std::max(1, n_rows);
+    double ms = 0.0;
+    for (int r0 = 0; r0 < n_rows; r0 += chunk) {
+        ms += t_verify_[std::min(std::min(chunk, n_rows - r0), n_max + 1)];
+    }
+    return ms;
 }
 
 Choice AutoPolicy::choose(const StepContext & ctx) {
@@ -179,9 +197,10 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
 void AutoPolicy::update(const StepOutcome & o) {
     // the profile gives the shape of T(n) on a short context; a longer context makes every batch dearer, so one
     // factor (measured / profiled) follows it, whatever n the steps use
-    const int n = o.n_drafted + 1;
-    if (n <= n_max + 1 && o.verify_ms > 0.0 && t_verify_[n] > 0.0) {
-        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / t_verify_[n]);
+    const int n = o.n_verified > 0 ? o.n_verified : o.n_drafted + 1;
+    const double profiled = cost_rows(n);
+    if (o.verify_ms > 0.0 && profiled > 0.0) {
+        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / profiled);
     }
     if (o.n_drafted == 0) {
         return;

@@ -17,6 +17,11 @@ double now_ms() {
 } // namespace
 
 Engine::Engine(const EngineOptions & opts) : opts_(opts) {
+    if (opts.verify_rows < 0) {
+        throw InvalidArgument("verify_rows must be >= 0 (0 = every verify batch in one decode), got " +
+                              std::to_string(opts.verify_rows));
+    }
+    auto_.set_verify_rows(opts.verify_rows);
     target_ = std::make_unique<Model>(opts.target);
     const bool wants_model = opts.draft_kind == DraftKind::model || opts.draft_kind == DraftKind::hybrid;
     if (wants_model) {
@@ -145,22 +150,33 @@ StepResult Engine::step() {
     }
     const double draft_ms = now_ms() - t0;
 
-    // 2. verify [id_last, d1..dk] in one batch with logits for every row
+    // 2+3. verify [id_last, d1..dk] with logits for every row and accept. With verify_rows set, the rows go to
+    // the target in chunks of at most that many, each decoded only when the verifier reaches it (all drafts
+    // before it accepted): small chunks keep llama.cpp on the kernels whose rows equal single-token decoding
     t0 = now_ms();
     batch_.assign(1, id_last_);
     batch_.insert(batch_.end(), draft_.tokens.begin(), draft_.tokens.end());
-    target_->decode(batch_.data(), (int) batch_.size(), true);
-    const double verify_ms = now_ms() - t0;
-
-    // 3. accept
-    t0 = now_ms();
-    const int n_vocab = target_->n_vocab();
+    const int n_rows = (int) batch_.size();
+    const int chunk = opts_.verify_rows > 0 ? opts_.verify_rows : n_rows;
+    int n_decoded = 0, chunk_start = 0;
+    double verify_ms = 0.0;
     Model & tgt = *target_;
-    const LogitsRow row = [&tgt](int i) { return tgt.logits(i); };
+    const LogitsRow row = [&](int i) {
+        while (i >= n_decoded) {
+            const int n = std::min(chunk, n_rows - n_decoded);
+            const double t = now_ms();
+            tgt.decode(batch_.data() + n_decoded, n, true);
+            verify_ms += now_ms() - t;
+            chunk_start = n_decoded;
+            n_decoded += n;
+        }
+        return tgt.logits(i - chunk_start); // the verifiers read rows in order, so i is in the last chunk
+    };
+    const int n_vocab = target_->n_vocab();
     const Verdict v = gen_.sampling.temperature <= 0.0f
                           ? verify_greedy(draft_.tokens, row, n_vocab)
                           : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_);
-    stats_.sample_ms += now_ms() - t0;
+    stats_.sample_ms += now_ms() - t0 - verify_ms;
 
     // 4. cut the rejected tail: keep id_last and the accepted drafts
     target_->truncate(n_past + 1 + v.n_accepted);
@@ -172,6 +188,7 @@ StepResult Engine::step() {
     outcome.n_catchup = draft_.n_catchup;
     outcome.draft_ms = draft_ms;
     outcome.verify_ms = verify_ms;
+    outcome.n_verified = n_decoded;
     if (drafter_) {
         policy().update(outcome);
         if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {

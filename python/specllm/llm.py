@@ -46,7 +46,7 @@ class LLM:
         ngram_min: int = 2,
         ngram_max: int = 4,
         profile_costs: bool = True,
-        repack: bool = False,
+        exact: bool = True,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -57,9 +57,11 @@ class LLM:
             on for a registry target's known draft, off for a draft given explicitly.
         n_gpu_layers / draft_n_gpu_layers: layers offloaded when llama-cpp-python was built with CUDA or Metal.
         seed: default sampling seed of every call (None: a fresh one per call, reported in stats.seed).
-        repack: let llama.cpp repack weights for its CPU batch kernels. Off by default: with it, batched verify
-            logits round differently from single-token logits and greedy output can differ from plain decoding
-            on near-ties (measured: 2 of 5 prompts at 64 tokens with repacking, 0 of 5 without).
+        exact: greedy output equal to plain decoding (default). On a CPU, llama.cpp's batch kernels (weight
+            repacking; tiled K-quant matmuls for batches of 8+ rows) compute rows that differ from single-token
+            decoding, so exact mode loads without repacking and verifies in chunks of at most 7 rows, decoding
+            a chunk only when every draft before it was accepted. exact=False lets llama.cpp use those kernels
+            (long verify batches get cheaper per token; output can differ from plain decoding on near-ties).
         """
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -78,7 +80,9 @@ class LLM:
         draft = os.fspath(draft) if draft is not None else None
 
         opts = _core.EngineOptions()
-        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, repack)
+        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, not exact)
+        on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
+        opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
         if draft is None:
             opts.draft_kind = _core.DraftKind.none
@@ -86,7 +90,7 @@ class LLM:
             opts.draft_kind = _core.DraftKind.ngram
         else:
             dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch, repack)
+            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch, not exact)
             opts.draft_kind = _core.DraftKind.hybrid if ngram else _core.DraftKind.model
         self.model_path = opts.target.path
         self.draft_path = opts.draft.path if opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid) else None
@@ -102,7 +106,7 @@ class LLM:
         self.profile = None
         if profile_costs and opts.draft_kind != _core.DraftKind.none:
             self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
-                                                   opts.target.n_threads, n_gpu_layers, repack)
+                                                   opts.target.n_threads, n_gpu_layers, not exact)
             logs.drain()
 
     @staticmethod

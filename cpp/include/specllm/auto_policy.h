@@ -29,6 +29,7 @@ class AutoPolicy : public DraftPolicy {
     std::vector<double> verify_costs() const;
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
     void set_k_limit(int k) { k_limit_ = k; }
+    void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
 
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
@@ -48,6 +49,10 @@ class AutoPolicy : public DraftPolicy {
     double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
+    double cost_rows(int n_rows) const;  // profiled ms to decode n_rows verify rows in chunks (unscaled)
+    // expected tokens per ms of a k-token draft with per-position acceptance alpha (chunks after a rejection
+    // are not decoded, so later chunks count with the probability that they are reached)
+    double rate(const double * alpha, int k, double c_draft_ms) const;
 
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
     double verify_scale_ = 1.0;                                // measured / profiled: grows with the context
@@ -59,6 +64,7 @@ class AutoPolicy : public DraftPolicy {
     double c_model_ = 0.0;                                     // ms per draft-model token (0 = unknown yet)
     double c_catchup_ = 0.0;                                   // ms per token of a catch-up batch (0 = unknown)
     int k_limit_ = n_max;
+    int verify_rows_ = 0;
     int last_source_ = 0;
 };
 

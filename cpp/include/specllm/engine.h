@@ -22,7 +22,14 @@ struct EngineOptions {
     ModelOptions draft;                 // the draft model (draft_kind model or hybrid)
     DraftKind draft_kind = DraftKind::none;
     NgramOptions ngram;                 // n-gram drafter settings (draft_kind ngram or hybrid)
+    int verify_rows = 0;                // most rows per verify decode, 0 = all in one; exact mode on a CPU uses
+                                        // exact_verify_rows
 };
+
+// llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends K-quant matmuls of 8 or more rows to its
+// tiled kernels, whose rows differ from single-token decoding (measured: up to 0.65 in a logit). Verify batches
+// of at most 7 rows use the same kernel as a plain step, so greedy speculative output equals plain decoding.
+constexpr int exact_verify_rows = 7;
 
 struct Stats {
     int n_prompt = 0;        // prompt tokens

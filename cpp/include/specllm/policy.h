@@ -15,7 +15,8 @@ struct StepOutcome {
     bool from_ngram = false;
     int n_catchup = 0;      // tokens the draft model decoded to catch up (after plain steps)
     double draft_ms = 0.0;  // time spent drafting
-    double verify_ms = 0.0; // time of the target's batched decode of n_drafted + 1 tokens
+    double verify_ms = 0.0; // time of the target's decodes of the verify rows
+    int n_verified = 0;     // verify rows decoded: n_drafted + 1, or fewer when chunks after a rejection were skipped
 };
 
 // what the policy may know before choosing
