@@ -19,6 +19,8 @@ SPECLLM_SYSTEMS = {
     "auto": ("{draft}", "auto"),
     "ngram": ("ngram", "auto"),
     "hybrid": ("{draft}", "auto", {"ngram": True}),
+    # llama.cpp's CPU batch kernels allowed (cheaper long verify batches; output may differ from plain on near-ties)
+    "hybrid-fast": ("{draft}", "auto", {"ngram": True, "exact": False}),
 }
 LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram")
 LLAMA_CPP_PYTHON_SYSTEMS = ("llama-cpp-python", "llama-cpp-python-lookup")

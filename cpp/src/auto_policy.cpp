@@ -126,8 +126,22 @@ double AutoPolicy::cost_draft(int source, int k) const {
     return c * k;
 }
 
+std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) const {
+    // a position never observed counts with the acceptance of the deepest one observed before it: optimism
+    // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
+    std::array<double, n_max> a = alpha_[source];
+    for (int j = 1; j < n_max; ++j) {
+        if (n_obs_[source][j] == 0 && n_obs_[source][j - 1] > 0) {
+            a[j] = a[j - 1];
+        } else if (n_obs_[source][j] == 0 && n_obs_[source][0] > 0) {
+            a[j] = std::max(a[j], a[j - 1]);
+        }
+    }
+    return a;
+}
+
 double AutoPolicy::expected_rate(int source, int k, double c_draft_ms) const {
-    return rate(alpha_[source].data(), k, c_draft_ms);
+    return rate(planning_alpha(source).data(), k, c_draft_ms);
 }
 
 double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms) const {
@@ -167,8 +181,9 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
             continue;
         }
         const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
+        const auto alpha = planning_alpha(s);
         for (int k = 1; k <= k_cap; ++k) {
-            const double rate = expected_rate(s, k, cost_draft(s, k) + catchup);
+            const double rate = this->rate(alpha.data(), k, cost_draft(s, k) + catchup);
             if (rate > best_rate) {
                 best_rate = rate;
                 best.k = k;

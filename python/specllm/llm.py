@@ -90,7 +90,8 @@ class LLM:
             opts.draft_kind = _core.DraftKind.ngram
         else:
             dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch, not exact)
+            # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
+            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch, True)
             opts.draft_kind = _core.DraftKind.hybrid if ngram else _core.DraftKind.model
         self.model_path = opts.target.path
         self.draft_path = opts.draft.path if opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid) else None
