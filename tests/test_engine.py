@@ -37,6 +37,10 @@ CONFIGS = {
     "ngram-auto": (dict(draft="ngram"), dict(draft_length="auto")),
     "hybrid-k4": (dict(draft="near_draft", ngram=True), dict(draft_length=4)),
     "hybrid-heuristic": (dict(draft="draft", ngram=True), dict(draft_length="heuristic")),
+    "draft-k20": (dict(draft="draft"), dict(draft_length=20)),   # exact mode: verify chunks of <= 7 rows
+    "near-k20": (dict(draft="near_draft"), dict(draft_length=20)),
+    "near-k20-one-batch": (dict(draft="near_draft", exact=False), dict(draft_length=20)),
+    "ngram-k30-one-batch": (dict(draft="ngram", exact=False), dict(draft_length=30)),
 }
 
 
@@ -216,3 +220,15 @@ def test_module_level_generate_and_default_draft(tiny, plain):
     llm = specllm.LLM(tiny["target"], n_threads=1, profile_costs=False)
     assert llm.draft is None and llm.draft_path is None
     assert llm.generate(p, max_tokens=N).stats.n_drafted == 0
+
+
+def test_exact_mode_skips_verify_chunks_after_a_rejection(tiny, make_llm, plain):
+    # near_draft agrees with the target only part of the time: long drafts are rejected early, and exact mode
+    # (chunks of <= 7 rows) decodes only the chunks up to the first rejection; one batch decodes every row
+    rows = {}
+    for exact in (True, False):
+        llm = load(tiny, make_llm, "near_draft", exact=exact)
+        s = [llm.generate(p, max_tokens=N, draft_length=20).stats for p in PROMPTS]
+        rows[exact] = (sum(x.n_verify_rows for x in s), sum(x.n_steps + x.n_drafted for x in s))
+    assert rows[False][0] == rows[False][1]
+    assert rows[True][0] < rows[True][1], rows

@@ -201,6 +201,7 @@ StepResult Engine::step() {
     stats_.n_ngram_steps += draft_.from_ngram && outcome.n_drafted > 0 ? 1 : 0;
     stats_.draft_ms += draft_ms;
     stats_.verify_ms += verify_ms;
+    stats_.n_verify_rows += n_decoded;
     stats_.k_hist[(size_t) outcome.n_drafted] += 1;
     for (int j = 0; j < outcome.n_drafted; ++j) {
         stats_.n_drafted_at[(size_t) j] += 1;

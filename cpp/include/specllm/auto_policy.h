@@ -1,13 +1,15 @@
 // The cost-model draft-length policy ("auto"), the differentiator of specllm.
 //
-// Plain decoding costs T(1) per token. A step that drafts k tokens costs draft(k) + T(k+1) and yields
+// Plain decoding costs T(1) per token. A step that drafts k tokens costs draft(k) + verify(k+1) and yields
 // E(k) = sum_{i=0..k} prod_{j<i} alpha_j tokens (alpha_j: probability that draft position j is accepted given
-// the ones before it were). Each step picks argmax_k E(k) / (draft(k) + T(k+1)) over k = 0..k_max, separately
-// for each draft source (the draft model; n-gram proposals bucketed by match length, where a long match means a
-// copy in progress) and takes the best. On a CPU T(n) is far from flat but large batches are cheaper per token
-// (measured here: T(16) ~ 8 T(1), T(48) ~ 20 T(1)), so a long copy pays with long drafts.
-// T(n) comes from a profile at load and is refined online; draft costs and alpha_j are tracked online (EMA).
-// A source that is not used is explored with k = 1 now and then, so that estimates recover when text changes.
+// the ones before it were). Each step picks argmax_k E(k) / (draft(k) + verify(k+1)) over k = 0..k_max,
+// separately for each draft source (the draft model; n-gram proposals bucketed by match length, where a long
+// match means a copy in progress) and takes the best. verify(n) is T(n) for one batch, or, when verification
+// runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
+// T(n) comes from a profile at load, scaled online by one factor that follows the context length; draft costs
+// (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
+// acceptance of the deepest tried one, so a reliable copy grows its drafts. A source that is not used is
+// explored with k = 1 now and then, so that estimates recover when the text changes.
 #pragma once
 
 #include "specllm/policy.h"

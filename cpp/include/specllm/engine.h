@@ -39,6 +39,7 @@ struct Stats {
     int n_drafted = 0;       // draft tokens proposed
     int n_accepted = 0;      // draft tokens accepted
     int n_ngram_steps = 0;   // steps drafted by the n-gram drafter
+    int n_verify_rows = 0;   // rows the target decoded to verify (chunks after a rejection are skipped)
     double prefill_ms = 0.0; // prompt processing (target and draft)
     double draft_ms = 0.0;   // drafting
     double verify_ms = 0.0;  // target batched decode
