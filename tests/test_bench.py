@@ -284,3 +284,18 @@ def test_anchor_tools_run_and_parse_on_tiny_models(tmp_path):
         assert s["n_steps"] + s["n_accepted"] == s["n_gen"] + int(s["eos"])
         if not (s["eos"] or c["eos"]):  # the same greedy tokens (F32 tiny models); tools may overshoot the limit
             assert s["text"].startswith(c["text"]) or c["text"].startswith(s["text"])
+
+
+def test_oracle_replay_drafts_exactly_the_copied_tokens():
+    from bench.oracle import replay, verify_ms
+    from specllm import _core
+
+    costs = [10.0 * n for n in range(1, 50)]  # a batch of n rows costs n single steps
+    assert verify_ms(costs, 16, 7) == 70 + 70 + 20
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    # the answer copies 6..12 after "5 6" is produced, then continues with unseen tokens
+    answer = [5, 6, 7, 8, 9, 10, 11, 12, 99, 98]
+    ms, plain_ms, covered = replay(_core.NgramIndex(2, 4), prompt, answer, costs, 7, 48)
+    assert plain_ms == 100
+    assert covered == 6  # 7..12 came from the draft after the suffix "5 6" matched the prompt
+    assert ms == 100  # linear costs: drafting saves nothing, and the oracle never loses either

@@ -1,0 +1,81 @@
+"""Upper bound of n-gram drafting on a benchmark run: how fast could an oracle policy have been?
+
+    python -m bench.oracle bench/results/policy/2026-11-22-vm.json
+
+For each prompt's plain (greedy) answer of the run, replays the answer through specllm's n-gram index; at every
+step an oracle drafts exactly the proposal tokens that the answer continues with (none when the first is wrong),
+so it never pays for a rejected token. Its time uses the target's verify costs T(n) from specllm's profile of
+this machine (exact mode: chunks of at most 7 rows). Prints, per task, the oracle's speedup over plain decoding
+and the fraction of answer tokens that came from drafts. A bar above the oracle cannot be reached by any draft
+length policy with this drafter on this machine. First turns only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from bench import tasks
+
+
+def verify_ms(costs: list[float], rows: int, chunk: int) -> float:
+    return sum(costs[min(chunk, rows - r0) - 1] for r0 in range(0, rows, chunk))
+
+
+def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, k_max: int):
+    """-> (oracle ms, plain ms, tokens drafted and accepted)"""
+    ngram_index.clear()
+    ngram_index.extend(prompt)
+    i = ms = covered = 0
+    while i < len(answer):
+        _, proposal = ngram_index.lookup(k_max)
+        run = 0
+        while run < len(proposal) and i + run < len(answer) and proposal[run] == answer[i + run]:
+            run += 1
+        ms += verify_ms(costs, run + 1, chunk)
+        covered += run
+        ngram_index.extend(answer[i:i + run + 1])
+        i += run + 1
+    return ms, len(answer) * costs[0], covered
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", help="a bench/results/*.json of a run that includes the plain system")
+    p.add_argument("--threads", type=int, default=2, help="threads of the cost profile (default: 2)")
+    args = p.parse_args(argv)
+
+    import specllm
+    from specllm import _core
+
+    with open(args.results) as f:
+        run = json.load(f)
+    meta = run["meta"]
+    llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096))
+    costs = [c for c in llm._engine.verify_costs()]  # T(1..49), profiled and interpolated
+    chunk = _core.exact_verify_rows
+    index = _core.NgramIndex(2, 4)
+    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"))}
+    by_task: dict[str, list[tuple[float, float]]] = {}
+    for rec in run["records"]:
+        if rec["system"] != "plain" or rec["turn"] != 0 or (rec["task"], rec["id"]) not in prompts:
+            continue
+        text = llm.apply_chat_template([{"role": "user", "content": prompts[(rec["task"], rec["id"])].turns[0]}],
+                                       add_generation_prompt=True)
+        answer = llm.tokenize(rec["text"], add_special=False)
+        if not answer:
+            continue
+        ms, plain_ms, covered = replay(index, llm.tokenize(text), answer, costs, chunk, _core.AutoPolicy.n_max)
+        by_task.setdefault(rec["task"], []).append((plain_ms / ms, covered / len(answer)))
+    print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])} ms; verify chunks of {chunk} rows")
+    print("| task | oracle speedup (per prompt) | median | drafted fraction |")
+    print("|---|---|---:|---|")
+    for task, v in by_task.items():
+        print(f"| {task} | {' '.join(f'{a:.2f}' for a, _ in v)} | {statistics.median(a for a, _ in v):.2f} | "
+              f"{' '.join(f'{b:.0%}' for _, b in v)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
