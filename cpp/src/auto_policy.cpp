@@ -140,10 +140,6 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     return a;
 }
 
-double AutoPolicy::expected_rate(int source, int k, double c_draft_ms) const {
-    return rate(planning_alpha(source).data(), k, c_draft_ms);
-}
-
 double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms) const {
     const int chunk = verify_rows_ > 0 ? verify_rows_ : k + 1;
     double e = 1.0, run = 1.0, ms = c_draft_ms, reach = 1.0;

@@ -40,7 +40,6 @@ class AutoPolicy : public DraftPolicy {
 
     // introspection (stats, tests)
     const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
-    double expected_rate(int source, int k, double c_draft) const; // tokens per ms
     std::array<double, n_max> planning_alpha(int source) const;    // acceptance per position used to choose
     static int source_of(bool ngram, int match);
     // could this source beat plain decoding at all (at 95% acceptance) with the measured costs?
