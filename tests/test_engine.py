@@ -8,6 +8,7 @@ import pytest
 
 import specllm.options
 import specllm.profile
+from specllm import _core
 
 from helpers import check_kv, check_stats, first_divergence
 
@@ -184,8 +185,9 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
         llm = load(tiny, make_llm, drafter, profile_costs=True)
         assert llm.profile is not None
         measured = [t for t in llm.profile["verify_ms"] if t > 0]  # 0 = a size not measured
-        assert len(measured) >= 8 and llm.profile["verify_ms"][:8] == measured[:8], llm.profile
-        assert llm.profile["sizes"] == specllm.profile.SIZES
+        # exact mode (the default) verifies in chunks of at most 7 rows: only those batch sizes are measured
+        assert llm.profile["sizes"] == specllm.profile.sizes_for(_core.exact_verify_rows) == [1, 2, 3, 4, 5, 6, 7]
+        assert llm.profile["verify_ms"] == measured and len(measured) == 7, llm.profile
         for p in PROMPTS:
             c = llm.generate(p, max_tokens=N)  # draft_length="auto" is the default
             assert c.tokens == plain[p].tokens, (drafter, p)
@@ -193,6 +195,10 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
     # a second LLM with the same models finds the profile in the cache
     again = load(tiny, make_llm, "draft", profile_costs=True)
     assert again.profile == llm.profile
+    # without exact mode verify batches are not chunked: every size of the profile is measured
+    fast = load(tiny, make_llm, "ngram", profile_costs=True, exact=False)
+    assert fast.profile["sizes"] == specllm.profile.SIZES
+    assert len([t for t in fast.profile["verify_ms"] if t > 0]) == len(specllm.profile.SIZES), fast.profile
 
 
 def test_a_prompt_longer_than_a_batch(tiny, make_llm):

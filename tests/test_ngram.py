@@ -34,6 +34,22 @@ def test_most_recent_occurrence_of_the_same_length():
     assert ix.lookup(1) == (2, [6])
 
 
+def test_the_occurrence_that_agrees_furthest_back_wins():
+    # key [1, 2, 3, 4] occurs twice before the end; the older one is preceded by [9, 8] like the current text,
+    # so it is the place being copied from (continues with 5), not the newer one (continues with 7)
+    #           0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16 17 18
+    ix = index([9, 8, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 7, 9, 8, 1, 2, 3, 4])
+    n, draft = ix.lookup(2)
+    assert n == 6 and draft == [5, 0]
+
+
+def test_many_occurrences_of_a_key_are_searched():
+    # a frequent 2-gram (41 occurrences) whose oldest occurrence is the real source
+    seq = [5, 6, 1, 2, 42] + [1, 2, 0] * 40 + [5, 6, 1, 2]
+    n, draft = index(seq, 2, 2).lookup(1)
+    assert n == 4 and draft == [42]
+
+
 def test_repeats_and_match_at_the_very_end():
     ix = index([4, 4, 4, 4])
     n, draft = ix.lookup(3)
@@ -63,3 +79,13 @@ def test_truncate_forgets_the_tail():
 def test_bad_sizes_are_refused(n_min, n_max):
     with pytest.raises(InvalidOptionError, match="n-gram sizes"):
         _core.NgramIndex(n_min, n_max)
+
+
+def test_match_reports_ambiguity_and_source():
+    # key [1, 2] continues with 3 at index 2 and with 4 at index 6: ambiguous; the longer agreement wins
+    #           0  1  2  3  4  5  6  7  8  9
+    ix = index([9, 1, 2, 3, 0, 1, 2, 4, 9, 1, 2], 2, 2)
+    assert ix.match() == (3, True, 3)
+    ix = index([9, 1, 2, 3, 0, 9, 1, 2], 2, 4)  # one earlier occurrence: not ambiguous
+    assert ix.match() == (3, False, 3)
+    assert index([5, 6]).match() == (0, False, 0)

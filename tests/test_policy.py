@@ -198,3 +198,26 @@ def test_chunked_verification_still_lets_a_reliable_copy_draft_long():
         ks.append(k)
     assert sorted(ks[-100:])[50] >= 13, ks[-100:]
     assert p.verify_costs()[0] == pytest.approx(cpu_costs(1), rel=0.05)  # costs as profiled: scale stays ~1
+
+
+def test_doubtful_matches_are_a_source_of_their_own():
+    # the same match length, clean (a unique continuation in the prompt) or doubtful (an ambiguous key, or a
+    # copy from the generated text): separate acceptance estimates, so a bad doubtful record does not stop
+    # clean copies, and the reverse
+    assert _core.AutoPolicy.source_of(True, 10) != _core.AutoPolicy.source_of(True, 10, True)
+    assert len({_core.AutoPolicy.source_of(True, m, d) for m in (1, 3, 5, 10, 20) for d in (False, True)}) == 10
+    p = _core.AutoPolicy()
+    costs = [cpu_costs(n) for n in range(1, 50)]
+    p.set_verify_costs(costs)
+    p.set_verify_rows(7)
+    rng = random.Random(5)
+    for _ in range(300):  # clean matches of 10 are copies (always accepted), doubtful ones never are
+        for doubtful, alpha in ((False, 1.0), (True, 0.0)):
+            k, use_ngram = p.choose(48, False, True, 10, 1, doubtful)
+            n_acc = k if alpha == 1.0 else 0
+            if k == 0:
+                p.observe_shadow(10, doubtful, alpha == 1.0)
+            p.update(k, n_acc, use_ngram, 0.0, cpu_costs(min(k + 1, 7)) if k else cpu_costs(1))
+    assert p.choose(48, False, True, 10, 1, False)[0] >= 6
+    assert p.choose(48, False, True, 10, 1, True)[0] == 0
+    assert p.acceptance(_core.AutoPolicy.source_of(True, 10, True))[0] < 0.1

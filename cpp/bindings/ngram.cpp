@@ -19,7 +19,11 @@ void register_ngram(py::module_ & m) {
         .def_property_readonly("tokens", &NgramIndex::tokens)
         .def("lookup", [](const NgramIndex & ix, int n_draft) {
             std::vector<llama_token> out;
-            int n = ix.lookup(n_draft, out);
-            return py::make_tuple(n, out);
-        }, py::arg("n_draft"), "(match length, proposed tokens) for the current suffix");
+            return py::make_tuple(ix.lookup(n_draft, out).length, out);
+        }, py::arg("n_draft"), "(match length, proposed tokens) for the current suffix")
+        .def("match", [](const NgramIndex & ix) {
+            std::vector<llama_token> out;
+            const NgramMatch m = ix.lookup(1, out);
+            return py::make_tuple(m.length, m.ambiguous, m.source);
+        }, "(match length, ambiguous, source index) of the current suffix's match");
 }

@@ -7,8 +7,9 @@ using namespace specllm;
 
 namespace {
 
-StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag) {
+StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful) {
     StepContext c;
+    c.ngram_doubtful = doubtful;
     c.model_lag = model_lag;
     c.k_max = k_max;
     c.has_model = has_model;
@@ -31,11 +32,12 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 }
 
 template <class P> void def_policy(py::class_<P> & c) {
-    c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag) {
-         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag));
+    c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag,
+                       bool ngram_doubtful) {
+         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful));
          return py::make_tuple(ch.k, ch.ngram);
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
-        py::arg("model_lag") = 1)
+        py::arg("model_lag") = 1, py::arg("ngram_doubtful") = false)
         .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
                           int n_catchup, int n_verified) {
             p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup, n_verified));
@@ -58,7 +60,10 @@ void register_policy(py::module_ & m) {
             return std::vector<double>(a.begin(), a.end());
         })
         .def("viable", &AutoPolicy::viable)
-        .def_static("source_of", &AutoPolicy::source_of)
+        .def_static("source_of", &AutoPolicy::source_of, py::arg("ngram"), py::arg("match"),
+                    py::arg("doubtful") = false)
+        .def("observe_shadow", &AutoPolicy::observe_shadow, py::arg("ngram_match"), py::arg("doubtful"),
+             py::arg("would_accept"))
         .def_readonly_static("n_max", &AutoPolicy::n_max)
         .def_readonly_static("n_sources", &AutoPolicy::n_sources);
     def_policy(a);

@@ -6,7 +6,6 @@
 namespace specllm {
 
 namespace {
-constexpr int n_sources_ngram = AutoPolicy::n_sources - 1;
 constexpr double ema_cost = 0.1;     // weight of a new cost observation
 constexpr double ema_alpha = 0.05;   // weight of a new acceptance observation
 constexpr int explore_first = 16;    // plain steps after which an unused source is tried with k = 1 ...
@@ -14,7 +13,9 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-constexpr double alpha_prior_ngram[n_sources_ngram] = {0.3, 0.5, 0.7, 0.8, 0.9}; // by match bucket
+// by match bucket, clean then doubtful (measured on greedy answers of the bench prompts: the first token of a
+// doubtful proposal is right 0.3-0.9 as often as a clean one of the same length)
+constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.3, 0.5, 0.7, 0.8, 0.9, 0.2, 0.3, 0.5, 0.6, 0.7};
 } // namespace
 
 AutoPolicy::AutoPolicy() {
@@ -46,11 +47,12 @@ bool AutoPolicy::viable(int source) const {
     return false;
 }
 
-int AutoPolicy::source_of(bool ngram, int match) {
+int AutoPolicy::source_of(bool ngram, int match, bool doubtful) {
     if (!ngram) {
         return 0;
     }
-    return match <= 2 ? 1 : match == 3 ? 2 : match < 8 ? 3 : match < 16 ? 4 : 5;
+    const int bucket = match <= 2 ? 0 : match == 3 ? 1 : match < 8 ? 2 : match < 16 ? 3 : 4;
+    return 1 + bucket + (doubtful ? n_buckets : 0);
 }
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -171,8 +173,9 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     const int k_cap = std::min({ctx.k_max, k_limit_, n_max});
     int explore = -1;
     for (int s = 0; s < n_sources; ++s) {
-        const bool usable = s == 0 ? ctx.has_model : (ctx.has_ngram && source_of(true, ctx.ngram_match) == s &&
-                                                      ctx.ngram_match > 0);
+        const bool usable = s == 0 ? ctx.has_model
+                                   : (ctx.has_ngram && ctx.ngram_match > 0 &&
+                                      source_of(true, ctx.ngram_match, ctx.ngram_doubtful) == s);
         if (!usable) {
             continue;
         }
@@ -195,7 +198,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         best.ngram = explore != 0;
         exploring_ = true;
     }
-    last_source_ = source_of(best.ngram, ctx.ngram_match);
+    last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful);
     if (best.k > 0) {
         since_tried_[last_source_] = 0;
         if (!exploring_) {
@@ -241,13 +244,13 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
 }
 
-void AutoPolicy::observe_shadow(int ngram_match, bool would_accept) {
+void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accept) {
     // a plain step whose emitted token was compared with the n-gram drafter's first proposal: a free sample
     // of position 0's acceptance (P(match) equals p(d), the one-hot acceptance probability, when sampling too)
     if (ngram_match <= 0) {
         return;
     }
-    const int s = source_of(true, ngram_match);
+    const int s = source_of(true, ngram_match, doubtful);
     const double w = learn_rate(s, 0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {

@@ -74,7 +74,7 @@ void NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id
     }
 }
 
-int NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
+NgramMatch NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
     sync(history, id_last);
     return index_.lookup(1, seq_);
 }

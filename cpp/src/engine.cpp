@@ -122,7 +122,9 @@ StepResult Engine::step() {
     sctx.has_ngram = opts_.draft_kind == DraftKind::ngram || opts_.draft_kind == DraftKind::hybrid;
     sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
-        sctx.ngram_match = drafter_->ngram_match(history_, id_last_);
+        const NgramMatch m = drafter_->ngram_match(history_, id_last_);
+        sctx.ngram_match = m.length;
+        sctx.ngram_doubtful = m.ambiguous || m.source >= (size_t) stats_.n_prompt;
     }
     if (draft_model_ && sctx.k_max > 0) {
         const auto & cached = draft_model_->cached();
@@ -192,7 +194,7 @@ StepResult Engine::step() {
     if (drafter_) {
         policy().update(outcome);
         if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
-            auto_.observe_shadow(sctx.ngram_match, drafter_->ngram_peek() == v.next);
+            auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next);
         }
     }
     stats_.n_steps += 1;
@@ -293,22 +295,22 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
                                   llama_vocab_bos(target_->vocab()) >= 0 ? llama_vocab_bos(target_->vocab()) : 0);
     target_->decode(toks.data(), n_prefix, false);
     std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
-    for (int n : sizes) {
-        if (n > n_max) {
-            continue;
-        }
-        double best = 1e30;
-        const int n_warm = n <= 8 ? 1 : 0; // small batches get a warm-up run (they are cheap)
-        for (int r = 0; r < n_warm + std::max(1, n_reps); ++r) {
+    // rounds over all sizes rather than size after size, so that a burst of load elsewhere on the machine does
+    // not bend the curve's shape; the minimum over rounds is kept. Round 0 warms up the small (cheap) sizes.
+    for (int r = 0; r <= std::max(1, n_reps); ++r) {
+        for (int n : sizes) {
+            if (n > n_max || (r == std::max(1, n_reps) && n > 8)) {
+                continue; // large batches: n_reps runs including round 0
+            }
             const double t0 = now_ms();
             target_->decode(toks.data(), n, true);
             const double dt = now_ms() - t0;
             target_->truncate(n_prefix);
-            if (r >= n_warm) {
-                best = std::min(best, dt);
+            if (r > 0 || n > 8) {
+                double & c = costs[(size_t) n - 1];
+                c = c > 0.0 ? std::min(c, dt) : dt;
             }
         }
-        costs[(size_t) n - 1] = best;
     }
     target_->clear();
     history_.clear();

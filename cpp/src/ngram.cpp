@@ -13,12 +13,16 @@ NgramIndex::NgramIndex(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) {
                               std::to_string(n_min) + " n_max=" + std::to_string(n_max));
     }
     maps_.resize((size_t) n_max + 1);
+    prev_.resize((size_t) n_max + 1);
 }
 
 void NgramIndex::clear() {
     tokens_.clear();
     for (auto & m : maps_) {
         m.clear();
+    }
+    for (auto & p : prev_) {
+        p.clear();
     }
 }
 
@@ -39,9 +43,15 @@ void NgramIndex::push(llama_token token) {
     // the n-grams ending at the current end are now followed by `token`
     const size_t end = tokens_.size();
     for (int n = n_min_; n <= n_max_; ++n) {
+        uint32_t before = no_prev;
         if (end >= (size_t) n) {
-            maps_[n][hash(end, n)] = (uint32_t) end;
+            auto [it, fresh] = maps_[n].try_emplace(hash(end, n), (uint32_t) end);
+            if (!fresh) {
+                before = it->second;
+                it->second = (uint32_t) end;
+            }
         }
+        prev_[n].push_back(before);
     }
     tokens_.push_back(token);
 }
@@ -57,29 +67,43 @@ void NgramIndex::truncate(size_t n) {
     }
 }
 
-int NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
+NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
     out.clear();
+    NgramMatch best;
     const size_t end = tokens_.size();
     for (int n = std::min<int>(n_max_, (int) end); n >= n_min_; --n) {
         auto it = maps_[n].find(hash(end, n));
         if (it == maps_[n].end()) {
             continue;
         }
-        const size_t cont = it->second; // the token after the earlier occurrence
-        if (!same(cont, end, n)) {      // hash collision
+        // among the occurrences of this key (newest first), the one that agrees furthest back
+        int n_seen = 0;
+        llama_token first_next = -1;
+        uint32_t cont = it->second; // the token after an earlier occurrence
+        for (int c = 0; cont != no_prev && c < max_candidates; ++c, cont = prev_[n][cont]) {
+            if (!same(cont, end, n)) { // hash collision
+                continue;
+            }
+            best.ambiguous = best.ambiguous || (n_seen++ > 0 && tokens_[cont] != first_next);
+            first_next = tokens_[cont];
+            int m = n;
+            while (m < max_match && cont >= (size_t) m + 1 && tokens_[cont - m - 1] == tokens_[end - m - 1]) {
+                ++m;
+            }
+            if (m > best.length) {
+                best.source = cont;
+                best.length = m;
+            }
+        }
+        if (best.length == 0) {
             continue;
         }
-        for (size_t i = cont; i < end && (int) out.size() < n_draft; ++i) {
+        for (size_t i = best.source; i < end && (int) out.size() < n_draft; ++i) {
             out.push_back(tokens_[i]);
         }
-        // how far the match reaches back beyond the key: a long one means a copy in progress
-        int m = n;
-        while (m < max_match && cont >= (size_t) m + 1 && tokens_[cont - m - 1] == tokens_[end - m - 1]) {
-            ++m;
-        }
-        return m;
+        return best;
     }
-    return 0;
+    return best;
 }
 
 } // namespace specllm

@@ -107,7 +107,8 @@ class LLM:
         self.profile = None
         if profile_costs and opts.draft_kind != _core.DraftKind.none:
             self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
-                                                   opts.target.n_threads, n_gpu_layers, not exact)
+                                                   opts.target.n_threads, n_gpu_layers, not exact,
+                                                   opts.verify_rows)
             logs.drain()
 
     @staticmethod

@@ -13,10 +13,17 @@ from . import _core
 
 log = logging.getLogger("specllm")
 
-# batch sizes measured at load (the policy interpolates between them). Large batches matter on a CPU: they cost
-# far less per token than small ones, so a copy in progress pays with long n-gram drafts.
+# batch sizes measured at load (the policy interpolates between them). Large batches matter where llama.cpp's
+# batch kernels are allowed (exact=False, GPU): they cost far less per token than small ones, so a copy in
+# progress pays with long n-gram drafts. Exact mode verifies in chunks of at most verify_rows rows: only the
+# sizes up to that are ever decoded, so only those are measured.
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48]
 N_REPS = 2
+N_REPS_EXACT = 4  # exact mode measures 7 small sizes (~1.3 s a round here): more rounds, a steadier T(1)
+
+
+def sizes_for(verify_rows: int) -> list[int]:
+    return [n for n in SIZES if n <= verify_rows] if verify_rows > 0 else SIZES
 
 
 def _cache_dir() -> Path:
@@ -33,19 +40,22 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: boo
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> dict:
+def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
+                    verify_rows: int = 0) -> dict:
     """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now."""
+    sizes = sizes_for(verify_rows)
     path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
     prof = None
     try:
         prof = json.loads(path.read_text())
-        if prof.get("sizes") != SIZES or not isinstance(prof.get("verify_ms"), list):
+        if prof.get("sizes") != sizes or not isinstance(prof.get("verify_ms"), list):
             prof = None  # measured for other batch sizes (an older specllm): measure again
     except (OSError, ValueError, AttributeError):
         prof = None
     if prof is None:
-        log.info("measuring verify costs for batch sizes %s (once per model, machine and thread count)", SIZES)
-        prof = {"sizes": SIZES, "verify_ms": engine.profile_verify(SIZES, N_REPS),
+        log.info("measuring verify costs for batch sizes %s (once per model, machine and thread count)", sizes)
+        n_reps = N_REPS_EXACT if verify_rows > 0 else N_REPS
+        prof = {"sizes": sizes, "verify_ms": engine.profile_verify(sizes, n_reps),
                 "draft_token_ms": engine.profile_draft(3)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,10 @@ class Drafter {
     virtual void propose(const DraftRequest & req, Draft & out) = 0;
     // make the drafter's state hold the committed history (a draft model decodes it); called at prefill
     virtual void prefill(const std::vector<llama_token> & /*history*/) {}
-    // the longest n-gram match of the history's suffix (0 = none); the policy uses it for hybrid drafting
-    virtual int ngram_match(const std::vector<llama_token> & /*history*/, llama_token /*id_last*/) { return 0; }
+    // the n-gram match of the history's suffix (length 0 = none); the policy uses it for hybrid drafting
+    virtual NgramMatch ngram_match(const std::vector<llama_token> & /*history*/, llama_token /*id_last*/) {
+        return {};
+    }
     // the first token the n-gram drafter would propose after the last ngram_match() call (-1 = none)
     virtual llama_token ngram_peek() const { return -1; }
     virtual bool has_model() const { return false; }
@@ -61,7 +63,7 @@ class NgramDrafter : public Drafter {
   public:
     explicit NgramDrafter(const NgramOptions & opts) : index_(opts.n_min, opts.n_max) {}
     void propose(const DraftRequest & req, Draft & out) override;
-    int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
+    NgramMatch ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
     llama_token ngram_peek() const override { return seq_.empty() ? -1 : seq_[0]; }
 
   private:
@@ -77,7 +79,7 @@ class HybridDrafter : public Drafter {
         : model_(std::move(model)), ngram_(opts) {}
     void propose(const DraftRequest & req, Draft & out) override;
     void prefill(const std::vector<llama_token> & history) override { model_.prefill(history); }
-    int ngram_match(const std::vector<llama_token> & history, llama_token id_last) override {
+    NgramMatch ngram_match(const std::vector<llama_token> & history, llama_token id_last) override {
         return ngram_.ngram_match(history, id_last);
     }
     llama_token ngram_peek() const override { return ngram_.ngram_peek(); }
