@@ -150,6 +150,15 @@ def test_generate_prints_the_completion_and_stats_json_on_stderr(tiny, env):
     assert "\033[" not in r.stdout  # not a terminal: no colors
 
 
+def test_the_first_load_on_a_machine_says_it_measures_costs(tiny, env):
+    first = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
+    again = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    assert "measuring this machine's verify costs" in first.stderr
+    assert "measuring" not in again.stderr  # the profile is cached in the (test's) home
+    assert first.stdout == again.stdout
+
+
 @pytest.mark.parametrize("arg", [[], ["-"]])
 def test_generate_reads_the_prompt_from_stdin(tiny, env, arg):
     r = run(tiny, env, "generate", *arg, "--max-tokens", "12", stdin="Hello world")

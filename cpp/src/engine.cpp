@@ -126,7 +126,7 @@ StepResult Engine::step() {
         sctx.ngram_match = m.length;
         sctx.ngram_doubtful = m.ambiguous || m.source >= (size_t) stats_.n_prompt;
     }
-    if (draft_model_ && sctx.k_max > 0) {
+    if (draft_model_ && sctx.k_max > 0 && gen_.policy == PolicyKind::automatic) { // only "auto" costs the lag
         const auto & cached = draft_model_->cached();
         const size_t n = std::min(cached.size(), history_.size());
         const size_t same = (size_t) (std::mismatch(cached.begin(), cached.begin() + (long) n, history_.begin()).first -

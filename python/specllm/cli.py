@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -205,6 +206,17 @@ def _error(message: str) -> None:
         print(f"  {line}", file=sys.stderr)
 
 
+def _show_profile_notes() -> None:
+    """The first load on a machine measures verify costs for a few seconds: say so on stderr."""
+    log = logging.getLogger("specllm.profile")
+    if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.specllm_cli = True
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -215,6 +227,7 @@ def main(argv=None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")  # odd bytes or a narrow locale must not kill a reply
+    _show_profile_notes()
     try:
         return args.func(args)
     except KeyboardInterrupt:

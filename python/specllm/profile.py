@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import _core
 
-log = logging.getLogger("specllm")
+log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
 # batch sizes measured at load (the policy interpolates between them). Large batches matter where llama.cpp's
 # batch kernels are allowed (exact=False, GPU): they cost far less per token than small ones, so a copy in
@@ -53,7 +53,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     except (OSError, ValueError, AttributeError):
         prof = None
     if prof is None:
-        log.info("measuring verify costs for batch sizes %s (once per model, machine and thread count)", sizes)
+        log.info("measuring this machine's verify costs for batch sizes %s (once per model, machine and thread "
+                 "count; a few seconds)", ", ".join(map(str, sizes)))
         n_reps = N_REPS_EXACT if verify_rows > 0 else N_REPS
         prof = {"sizes": sizes, "verify_ms": engine.profile_verify(sizes, n_reps),
                 "draft_token_ms": engine.profile_draft(3)}
