@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     p.add_argument("results", nargs="+", help="bench/results/*.json of runs that include the plain system")
     p.add_argument("--threads", type=int, default=2, help="threads of the cost profile (default: 2)")
     p.add_argument("--no-doubt", action="store_true", help="treat every n-gram match as clean")
+    p.add_argument("--one-policy", action="store_true",
+                   help="one policy for all tasks in order (as one LLM object serves them in a bench run)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
     args = p.parse_args(argv)
 
@@ -94,12 +96,15 @@ def main(argv=None) -> int:
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
+    policy = None
     for task, pairs in answers.items():
-        policy = _core.AutoPolicy()
-        policy.set_verify_costs(costs)
-        policy.set_verify_rows(chunk)
+        if policy is None or not args.one_policy:
+            policy = _core.AutoPolicy()
+            policy.set_verify_costs(costs)
+            policy.set_verify_rows(chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
+            policy.new_generation(int(__import__("os").environ.get("CARRY", "4")))
             ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)

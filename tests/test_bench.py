@@ -299,3 +299,25 @@ def test_oracle_replay_drafts_exactly_the_copied_tokens():
     assert plain_ms == 100
     assert covered == 6  # 7..12 came from the draft after the suffix "5 6" matched the prompt
     assert ms == 100  # linear costs: drafting saves nothing, and the oracle never loses either
+
+
+def test_simulate_replays_answers_through_the_policy():
+    from bench.simulate import simulate
+    from specllm import _core
+
+    # CPU-like costs: a 7-row chunk costs 4.6 single steps, so only a reliable copy pays
+    costs = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    prompt = list(range(100, 400))  # 300 distinct tokens
+    copy = prompt[:200]
+    policy = _core.AutoPolicy()
+    policy.set_verify_costs(costs)
+    policy.set_verify_rows(7)
+    index = _core.NgramIndex(2, 4)
+    ms, plain_ms, drafted, accepted, steps = simulate(policy, index, prompt, [7, 8] + copy, costs, 7, True, 48)
+    assert plain_ms == 202 * 58.0
+    assert accepted <= drafted and steps + accepted == 202  # every step emits its accepted drafts + one token
+    assert ms < plain_ms / 1.2, (ms, plain_ms, drafted, accepted, steps)  # a verbatim copy pays
+    # an answer that never repeats anything: plain steps only, no loss
+    ms, plain_ms, drafted, _, steps = simulate(_core.AutoPolicy(), index, prompt, list(range(1000, 1100)), costs, 7,
+                                               True, 48)
+    assert drafted == 0 and steps == 100 and ms == plain_ms

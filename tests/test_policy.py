@@ -221,3 +221,19 @@ def test_doubtful_matches_are_a_source_of_their_own():
     assert p.choose(48, False, True, 10, 1, False)[0] >= 6
     assert p.choose(48, False, True, 10, 1, True)[0] == 0
     assert p.acceptance(_core.AutoPolicy.source_of(True, 10, True))[0] < 0.1
+
+
+def test_a_new_generation_weighs_its_own_outcomes_more():
+    # 200 first tokens right (shadow observations of clean 10-token matches), then a new prompt where they are
+    # wrong: after new_generation() the old record counts as a few observations and the estimate drops
+    # quickly; without it the EMA creeps
+    src = _core.AutoPolicy.source_of(True, 10)
+    kept, fresh = _core.AutoPolicy(), _core.AutoPolicy()
+    for p in (kept, fresh):
+        for _ in range(200):
+            p.observe_shadow(10, False, True)
+    fresh.new_generation()
+    for p in (kept, fresh):
+        for _ in range(3):
+            p.observe_shadow(10, False, False)
+    assert fresh.acceptance(src)[0] < 0.65 < 0.8 < kept.acceptance(src)[0]

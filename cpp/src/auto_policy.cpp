@@ -35,6 +35,16 @@ double AutoPolicy::learn_rate(int s, int j) {
     return std::max(ema_alpha, 1.0 / (n + 1));
 }
 
+void AutoPolicy::new_generation(int carry) {
+    // an app (or a bench) that goes from code edits to RAG questions must not draft the RAG answers with the
+    // confidence of the code edits: the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA
+    for (auto & per_position : n_obs_) {
+        for (int & n : per_position) {
+            n = std::min(n, std::max(0, carry));
+        }
+    }
+}
+
 bool AutoPolicy::viable(int source) const {
     std::array<double, n_max> alpha;
     alpha.fill(alpha_viable);

@@ -79,6 +79,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
                                                    std::max(1, opts.draft_length));
     } else {
         auto_.set_k_limit(opts.draft_length);
+        auto_.new_generation();
     }
     rng_.seed(opts.sampling.seed);
     text_.reset(opts.stop);

@@ -35,6 +35,11 @@ class AutoPolicy : public DraftPolicy {
     void set_k_limit(int k) { k_limit_ = k; }
     void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
 
+    // a new prompt: what was learned on earlier ones stays, but as a prior worth at most `carry` observations
+    // per source and position, so that this prompt's first outcomes move the estimates quickly
+    void new_generation(int carry = default_carry);
+    static constexpr int default_carry = 4;
+
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
     // a plain step that could have used an n-gram proposal: would its first token have been accepted?
