@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             policy.set_verify_rows(chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
-            policy.new_generation(int(__import__("os").environ.get("CARRY", "4")))
+            policy.new_generation()  # as Engine::start
             ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)
