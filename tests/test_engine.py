@@ -212,6 +212,31 @@ def test_a_prompt_longer_than_a_batch(tiny, make_llm):
         check_kv(llm, llm.tokenize(prompt), c)
 
 
+def test_a_long_prefill_can_be_interrupted_between_batches(tiny, make_llm):
+    # the bindings poll between the prompt's decode batches: Python's signal handlers (Ctrl-C) and a hook
+    from specllm.options import make_options
+
+    prompt = " ".join(PROMPTS) * 3  # several batches of 64
+    want = make_llm(tiny["target"], n_ctx=1024).generate(prompt, max_tokens=N)
+    llm = load(tiny, make_llm, "draft", n_ctx=1024, n_batch=64)
+    tokens = llm.tokenize(prompt)
+    calls = []
+
+    def poll():
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        llm._engine.start(tokens, make_options(max_tokens=N), poll)
+    assert len(calls) == 2 and not llm._engine.active
+    # the engine is usable and exact afterwards; the batches decoded before the interruption are reused
+    c = llm.generate(prompt, max_tokens=N, draft_length=4)
+    assert c.tokens == want.tokens
+    assert c.stats.n_cached == 2 * 64, c.stats
+    check_kv(llm, tokens, c)
+
+
 def test_module_level_generate_and_default_draft(tiny, plain):
     import specllm
 

@@ -120,3 +120,32 @@ def test_sampling_at_temperature_0_7(llm, runs):
     assert c.stats.n_generated == len(c.tokens) and 0 < c.stats.n_drafted
     print(f"\nacceptance on {question!r}: greedy {greedy.stats.acceptance_rate:.2f}, "
           f"temperature 0.7 {c.stats.acceptance_rate:.2f}")
+
+
+def test_ctrl_c_interrupts_a_long_prompt_in_the_chat(real_models, tmp_path):
+    # a ~700-token message takes ~10 s to read on the 2-core CPU; Ctrl-C 1.5 s in must come back within one
+    # 256-token prefill batch, drop the message, and leave the chat working
+    import os
+    import sys
+    import time
+
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, HOME=str(tmp_path))
+    args = ["-m", "specllm.cli", "chat", "--model", real_models["target"], "--draft", "ngram", "--max-tokens", "8",
+            "--ctx", "2048", "--threads", "2"]
+    child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=120, dimensions=(24, 200))
+    child.expect(">>> ")
+    child.sendline("The quick brown fox jumps over the lazy dog while the committee discusses the budget. " * 40)
+    time.sleep(1.5)
+    t = time.monotonic()
+    child.sendintr()
+    child.expect("interrupted while reading the prompt")
+    child.expect(">>> ")
+    assert time.monotonic() - t < 30
+    child.sendline("Say hi")
+    child.expect(r"tok/s")  # a reply and its status line
+    child.expect(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

@@ -59,7 +59,21 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("draft_kind", &Engine::draft_kind)
         .def_property_readonly("active", &Engine::active)
         .def_property_readonly("stats", &Engine::stats, py::return_value_policy::copy)
-        .def("start", &Engine::start, py::call_guard<py::gil_scoped_release>())
+        .def("start", [](Engine & e, const std::vector<llama_token> & prompt, const GenerateOptions & opts,
+                         py::object poll) {
+            // between prefill batches: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll
+            auto check = [&poll] {
+                py::gil_scoped_acquire gil;
+                if (PyErr_CheckSignals() != 0) {
+                    throw py::error_already_set();
+                }
+                if (!poll.is_none()) {
+                    poll();
+                }
+            };
+            py::gil_scoped_release nogil;
+            e.start(prompt, opts, check);
+        }, py::arg("prompt"), py::arg("opts"), py::arg("poll") = py::none())
         .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
         .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
         .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())

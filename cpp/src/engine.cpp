@@ -48,7 +48,8 @@ DraftPolicy & Engine::policy() {
     return gen_.policy == PolicyKind::automatic ? static_cast<DraftPolicy &>(auto_) : *fixed_;
 }
 
-void Engine::start(const std::vector<llama_token> & prompt, const GenerateOptions & opts) {
+void Engine::start(const std::vector<llama_token> & prompt, const GenerateOptions & opts,
+                   const std::function<void()> & poll) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (opts.max_tokens < 1) {
         throw InvalidArgument("max_tokens must be >= 1, got " + std::to_string(opts.max_tokens));
@@ -71,6 +72,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
                                    std::to_string(n_ctx) + "; lower max_tokens, shorten the prompt, or create the "
                                    "LLM with a larger n_ctx");
     }
+    active_ = false; // until the prefill is done (it may be abandoned by poll)
     gen_ = opts;
     if (opts.policy == PolicyKind::fixed) {
         fixed_ = std::make_unique<FixedPolicy>(opts.draft_length);
@@ -96,7 +98,15 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     id_last_ = prompt.back();
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
-    target_->decode(history_.data() + n_keep, (int) history_.size() - n_keep, false);
+    const int n_todo = (int) history_.size() - n_keep;
+    // at most 256 tokens between polls: ~4 s of prefill on a 2-core CPU (the default n_batch of 512 took ~8 s)
+    constexpr int poll_every = 256;
+    for (int i = 0, step = std::min(target_->n_batch(), poll_every); i < n_todo; i += step) {
+        if (poll && i > 0) {
+            poll();
+        }
+        target_->decode(history_.data() + n_keep + i, std::min(step, n_todo - i), false);
+    }
     const bool model_pays = gen_.policy != PolicyKind::automatic || auto_.viable(0);
     if (drafter_ && drafter_->has_model() && model_pays) {
         drafter_->prefill(history_); // a draft model that cannot pay here is not kept in step

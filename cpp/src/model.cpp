@@ -152,6 +152,10 @@ int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
     return (int) n;
 }
 
+int Model::n_batch() const {
+    return (int) llama_n_batch(ctx_.get());
+}
+
 void Model::decode(const llama_token * tokens, int n, bool all_logits) {
     if (n <= 0) {
         return;

@@ -115,14 +115,23 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
     ends_line = [True]
 
     def on_text(piece: str) -> None:
+        stop.append(False)  # the prompt is processed: from now on Ctrl-C stops after the current step
         if piece:
             sys.stdout.write(piece)
             sys.stdout.flush()
             ends_line[0] = piece.endswith("\n")
 
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))  # Ctrl-C: stop after this step
+    def on_sigint(*_) -> None:
+        if not stop:  # still processing the prompt: abandon it (the engine polls signals between its batches)
+            raise KeyboardInterrupt
+        stop.append(True)  # replying: stop after the current step, keep the partial reply
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        reply = session.reply(text, on_text, stop_requested=lambda: bool(stop))
+        reply = session.reply(text, on_text, stop_requested=lambda: any(stop))
+    except KeyboardInterrupt:
+        print(style.dim("(interrupted while reading the prompt; the message was dropped)"))
+        return
     except SpecLLMError as e:
         full = isinstance(e, ContextOverflowError)
         print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {e}"))

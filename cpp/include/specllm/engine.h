@@ -10,6 +10,7 @@
 #include "specllm/text.h"
 #include "specllm/verifier.h"
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,7 +70,11 @@ class Engine {
     DraftKind draft_kind() const { return opts_.draft_kind; }
     AutoPolicy & auto_policy() { return auto_; }
 
-    void start(const std::vector<llama_token> & prompt, const GenerateOptions & opts);
+    // prefill the prompt and get ready to step. `poll` runs between the prompt's decode batches and may throw
+    // to abandon a long prefill (the Python bindings run the interpreter's signal handlers there, so Ctrl-C
+    // interrupts it); the part already decoded stays cached and the next start reuses it
+    void start(const std::vector<llama_token> & prompt, const GenerateOptions & opts,
+               const std::function<void()> & poll = {});
     StepResult step();
     bool active() const { return active_; }
     void cancel();              // end the generation now (the KV cache stays consistent)

@@ -23,6 +23,7 @@ class Model {
     const ModelOptions & options() const { return opts_; }
     int n_ctx() const { return n_ctx_; }
     int n_vocab() const { return n_vocab_; }
+    int n_batch() const;
     std::string description() const;
 
     std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
