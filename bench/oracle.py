@@ -23,6 +23,23 @@ def verify_ms(costs: list[float], rows: int, chunk: int) -> float:
     return sum(costs[min(chunk, rows - r0) - 1] for r0 in range(0, rows, chunk))
 
 
+def plain_answers(llm, run: dict, seen: set | None = None):
+    """(task, prompt tokens, answer tokens) of a run's plain first-turn answers, in run order (a (task, id) in
+    `seen` is skipped, and added)."""
+    meta = run["meta"]
+    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"))}
+    seen = set() if seen is None else seen
+    for rec in run["records"]:
+        key = (rec["task"], rec["id"])
+        if rec["system"] != "plain" or rec["turn"] != 0 or key not in prompts or key in seen:
+            continue
+        seen.add(key)
+        text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}], add_generation_prompt=True)
+        answer = llm.tokenize(rec["text"], add_special=False)
+        if answer:
+            yield rec["task"], llm.tokenize(text), answer
+
+
 def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, k_max: int):
     """-> (oracle ms, plain ms, tokens drafted and accepted)"""
     ngram_index.clear()
@@ -56,18 +73,10 @@ def main(argv=None) -> int:
     costs = [c for c in llm._engine.verify_costs()]  # T(1..49), profiled and interpolated
     chunk = _core.exact_verify_rows
     index = _core.NgramIndex(2, 4)
-    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"))}
     by_task: dict[str, list[tuple[float, float]]] = {}
-    for rec in run["records"]:
-        if rec["system"] != "plain" or rec["turn"] != 0 or (rec["task"], rec["id"]) not in prompts:
-            continue
-        text = llm.apply_chat_template([{"role": "user", "content": prompts[(rec["task"], rec["id"])].turns[0]}],
-                                       add_generation_prompt=True)
-        answer = llm.tokenize(rec["text"], add_special=False)
-        if not answer:
-            continue
-        ms, plain_ms, covered = replay(index, llm.tokenize(text), answer, costs, chunk, _core.AutoPolicy.n_max)
-        by_task.setdefault(rec["task"], []).append((plain_ms / ms, covered / len(answer)))
+    for task, prompt, answer in plain_answers(llm, run):
+        ms, plain_ms, covered = replay(index, prompt, answer, costs, chunk, _core.AutoPolicy.n_max)
+        by_task.setdefault(task, []).append((plain_ms / ms, covered / len(answer)))
     print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])} ms; verify chunks of {chunk} rows")
     print("| task | oracle speedup (per prompt) | median | drafted fraction |")
     print("|---|---|---:|---|")

@@ -18,7 +18,6 @@ import json
 import statistics
 import sys
 
-from bench import tasks
 from bench.oracle import verify_ms
 
 
@@ -66,29 +65,20 @@ def main(argv=None) -> int:
 
     import specllm
     from specllm import _core
-    from bench.oracle import replay
+    from bench.oracle import plain_answers, replay
 
     llm = None
     answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
-    seen = set()
+    seen: set = set()
     for path in args.results:
         with open(path) as f:
             run = json.load(f)
-        meta = run["meta"]
         if llm is None:
+            meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
                               exact=not args.fast)
-        prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"))}
-        for rec in run["records"]:
-            key = (rec["task"], rec["id"])
-            if rec["system"] != "plain" or rec["turn"] != 0 or key not in prompts or key in seen:
-                continue
-            seen.add(key)
-            text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}],
-                                           add_generation_prompt=True)
-            answer = llm.tokenize(rec["text"], add_special=False)
-            if answer:
-                answers.setdefault(rec["task"], []).append((llm.tokenize(text), answer))
+        for task, prompt, answer in plain_answers(llm, run, seen):
+            answers.setdefault(task, []).append((prompt, answer))
     costs = list(llm._engine.verify_costs())
     chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
     print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, T(32) = {costs[31]:.0f} ms; "
@@ -119,5 +109,3 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

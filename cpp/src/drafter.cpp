@@ -57,9 +57,10 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     }
 }
 
-void NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id_last) {
+bool NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id_last) {
     // the index follows history + id_last; a diverging history (a new prompt) is re-indexed from the fork
     const auto & have = index_.tokens();
+    const size_t size_before = have.size();
     size_t n = 0;
     const size_t n_max = std::min(have.size(), history.size() + 1);
     while (n < n_max && have[n] == (n < history.size() ? history[n] : id_last)) {
@@ -72,19 +73,28 @@ void NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id
     if (n <= history.size()) {
         index_.push(id_last);
     }
+    return n != size_before || index_.tokens().size() != size_before;
 }
 
 NgramMatch NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
     sync(history, id_last);
-    return index_.lookup(1, seq_);
+    match_ = index_.lookup(1, seq_);
+    match_valid_ = true;
+    return match_;
 }
 
 void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
     out.q.clear();
     out.from_ngram = true;
     out.n_catchup = 0;
-    sync(*req.history, req.id_last);
-    index_.lookup(req.n_max, out.tokens);
+    if (sync(*req.history, req.id_last) || !match_valid_) {
+        match_ = index_.lookup(req.n_max, out.tokens);
+        match_valid_ = true;
+    } else if (match_.length > 0) { // the step's ngram_match() already searched the occurrences
+        index_.continuation(match_.source, req.n_max, out.tokens);
+    } else {
+        out.tokens.clear();
+    }
 }
 
 void HybridDrafter::propose(const DraftRequest & req, Draft & out) {

@@ -307,17 +307,20 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
     target_->decode(toks.data(), n_prefix, false);
     std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
     // rounds over all sizes rather than size after size, so that a burst of load elsewhere on the machine does
-    // not bend the curve's shape; the minimum over rounds is kept. Round 0 warms up the small (cheap) sizes.
-    for (int r = 0; r <= std::max(1, n_reps); ++r) {
+    // not bend the curve's shape; the minimum over rounds is kept. Round 0 only warms up the small (cheap)
+    // sizes; a large one counts from round 0 and skips the last round (n_reps runs either way)
+    const int n_rounds = 1 + std::max(1, n_reps);
+    for (int r = 0; r < n_rounds; ++r) {
         for (int n : sizes) {
-            if (n > n_max || (r == std::max(1, n_reps) && n > 8)) {
-                continue; // large batches: n_reps runs including round 0
+            const bool large = n > 8;
+            if (n > n_max || (large && r == n_rounds - 1)) {
+                continue;
             }
             const double t0 = now_ms();
             target_->decode(toks.data(), n, true);
             const double dt = now_ms() - t0;
             target_->truncate(n_prefix);
-            if (r > 0 || n > 8) {
+            if (r > 0 || large) {
                 double & c = costs[(size_t) n - 1];
                 c = c > 0.0 ? std::min(c, dt) : dt;
             }

@@ -67,6 +67,13 @@ void NgramIndex::truncate(size_t n) {
     }
 }
 
+void NgramIndex::continuation(size_t source, int n_draft, std::vector<llama_token> & out) const {
+    out.clear();
+    for (size_t i = source; i < tokens_.size() && (int) out.size() < n_draft; ++i) {
+        out.push_back(tokens_[i]);
+    }
+}
+
 NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
     out.clear();
     NgramMatch best;
@@ -98,9 +105,7 @@ NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const
         if (best.length == 0) {
             continue;
         }
-        for (size_t i = best.source; i < end && (int) out.size() < n_draft; ++i) {
-            out.push_back(tokens_[i]);
-        }
+        continuation(best.source, n_draft, out);
         return best;
     }
     return best;

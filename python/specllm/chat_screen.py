@@ -112,23 +112,24 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
 
 def _reply(session: ChatSession, text: str, style: Style) -> None:
     stop = []
+    replying = [False]
     ends_line = [True]
 
     def on_text(piece: str) -> None:
-        stop.append(False)  # the prompt is processed: from now on Ctrl-C stops after the current step
+        replying[0] = True  # the prompt is processed: from now on Ctrl-C stops after the current step
         if piece:
             sys.stdout.write(piece)
             sys.stdout.flush()
             ends_line[0] = piece.endswith("\n")
 
     def on_sigint(*_) -> None:
-        if not stop:  # still processing the prompt: abandon it (the engine polls signals between its batches)
+        if not replying[0]:  # still processing the prompt: abandon it (the engine polls signals between batches)
             raise KeyboardInterrupt
         stop.append(True)  # replying: stop after the current step, keep the partial reply
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        reply = session.reply(text, on_text, stop_requested=lambda: any(stop))
+        reply = session.reply(text, on_text, stop_requested=lambda: bool(stop))
     except KeyboardInterrupt:
         print(style.dim("(interrupted while reading the prompt; the message was dropped)"))
         return

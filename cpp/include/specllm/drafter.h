@@ -67,9 +67,11 @@ class NgramDrafter : public Drafter {
     llama_token ngram_peek() const override { return seq_.empty() ? -1 : seq_[0]; }
 
   private:
-    void sync(const std::vector<llama_token> & history, llama_token id_last);
+    bool sync(const std::vector<llama_token> & history, llama_token id_last); // true if the index changed
     NgramIndex index_;
     std::vector<llama_token> seq_;
+    NgramMatch match_;         // of the last ngram_match() call ...
+    bool match_valid_ = false; // ... and the index has not changed since
 };
 
 // the n-gram drafter or the draft model, as the policy chooses each step

@@ -33,6 +33,8 @@ class NgramIndex {
     // back with the current text (up to max_match tokens; ties: the most recent), i.e. the place a copy in
     // progress is copying from. Fills out with up to n_draft tokens.
     NgramMatch lookup(int n_draft, std::vector<llama_token> & out) const;
+    // up to n_draft tokens from `source` on (a match's continuation)
+    void continuation(size_t source, int n_draft, std::vector<llama_token> & out) const;
 
   private:
     uint64_t hash(size_t end, int n) const; // hash of tokens_[end - n, end)
