@@ -1,8 +1,9 @@
 """Statistics over benchmark records, and the JSON / Markdown / PNG outputs.
 
-A record is one generation: {"system", "task", "id", "turn", "text", "n_gen", "gen_tps", "prompt_ms", "n_drafted",
-"n_accepted", "n_steps", "load_ms"}. Speedups are paired: for each prompt (task, id, turn) the system's tokens/s
-over the reference's on that very prompt, then the median of those ratios, so machine drift cancels.
+A record is one generation: {"system", "task", "id", "turn", "rep", "text", "n_gen", "gen_tps", "prompt_ms",
+"n_drafted", "n_accepted", "n_steps", "load_ms"}. Speedups are paired: for each prompt (task, id, turn) the system's tokens/s
+over the reference's on that very prompt (in the same round when prompts are repeated, then the median over the
+rounds), then the median of those ratios, so machine drift cancels.
 """
 from __future__ import annotations
 
@@ -38,13 +39,23 @@ def outputs_match(ref: dict, rec: dict, max_tokens: int) -> bool:
 
 
 def _key(rec: dict) -> tuple:
-    return rec["task"], rec["id"], rec["turn"]
+    """A prompt's turn in one round (--repeat): records of one key are paired across systems."""
+    return rec["task"], rec["id"], rec["turn"], rec.get("rep", 0)
+
+
+def paired_speedups(paired: list) -> list:
+    """One ratio per prompt turn: tokens/s over the reference's in the same round, median over the rounds."""
+    by_prompt: dict = {}
+    for r, ref in paired:
+        if r["gen_tps"] and ref["gen_tps"]:
+            by_prompt.setdefault(_key(r)[:3], []).append(r["gen_tps"] / ref["gen_tps"])
+    return [median(v) for v in by_prompt.values()]
 
 
 def summarize_group(recs: list, refs: dict, max_tokens: int) -> dict:
     """Stats of one system's records (one task or all); refs maps prompt key -> reference record."""
     paired = [(r, refs[_key(r)]) for r in recs if _key(r) in refs]
-    ratios = [r["gen_tps"] / ref["gen_tps"] for r, ref in paired if r["gen_tps"] and ref["gen_tps"]]
+    ratios = paired_speedups(paired)
     n_drafted = sum(r["n_drafted"] for r in recs)
     n_accepted = sum(r["n_accepted"] for r in recs)
     n_steps = sum(r["n_steps"] for r in recs)
@@ -105,7 +116,9 @@ def markdown(summary: dict, meta: dict) -> str:
     lines = [f"# specllm benchmark — {meta.get('date', '')} on {meta.get('machine', '')}", "",
              f"Target `{meta.get('target')}`, draft `{meta.get('draft')}`, max tokens {meta.get('max_tokens')}, "
              f"temperature {meta.get('temperature')}, threads {meta.get('threads')}, "
-             f"{meta.get('limit') or 'all'} prompts per task; CPU: {meta.get('cpu', '?')}."]
+             f"{meta.get('limit') or 'all'} prompts per task"
+             + (f", each run {meta['repeat']} times" if (meta.get("repeat") or 1) > 1 else "")
+             + f"; CPU: {meta.get('cpu', '?')}."]
     for title, key, spec in TASK_TABLES:
         lines += ["", "## " + title.format(reference=reference), ""] + _task_table(summary, key, spec)
     lines += ["", "## Overall, per system", "",

@@ -33,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="prompts per task (default: all)")
     p.add_argument("--tasks", default=",".join(tasks.ALL_TASKS), help="comma-separated, from: %(default)s")
     p.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated, from: %(default)s")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of every prompt on every system (rounds interleaved; a prompt's speedup is the median "
+                        "of its rounds' ratios; default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer (default: %(default)s)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=4096, help="context size (default: %(default)s)")
@@ -41,7 +44,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="GGUF path or registry name")
     p.add_argument("--specbench", type=Path, default=None, help="Spec-Bench questions (default: shared/specbench)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1 (got {args.repeat})")
+    return args
 
 
 def resolve_model(name_or_path: str) -> str:
@@ -96,13 +102,15 @@ def warm_up(systems: list, template, notes: list) -> list:
     return kept
 
 
-def run_prompt(system, prompt: tasks.Prompt, template, max_tokens: int) -> list[dict]:
-    """All turns of one prompt on one system; each later turn carries the system's own earlier answers."""
+def run_prompt(system, prompt: tasks.Prompt, template, max_tokens: int, rep: int = 0) -> list[dict]:
+    """All turns of one prompt on one system (round `rep`); each later turn carries the system's own earlier
+    answers."""
     messages, records = [], []
     for turn, user in enumerate(prompt.turns):
         messages.append({"role": "user", "content": user})
         result = system.run(template(messages), max_tokens, keep_cache=turn > 0)
-        records.append({"system": system.name, "task": prompt.task, "id": prompt.id, "turn": turn, **asdict(result)})
+        records.append({"system": system.name, "task": prompt.task, "id": prompt.id, "turn": turn, "rep": rep,
+                        **asdict(result)})
         messages.append({"role": "assistant", "content": result.text})
     return records
 
@@ -143,7 +151,8 @@ def main(argv=None) -> int:
         return 1
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
-            "ctx": args.ctx, "limit": args.limit, "tasks": args.tasks, "systems": [s.name for s in systems],
+            "ctx": args.ctx, "limit": args.limit, "repeat": args.repeat, "tasks": args.tasks,
+            "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
     stem = f"{meta['date']}-{meta['machine']}"
     n = 1
@@ -154,16 +163,17 @@ def main(argv=None) -> int:
     records, t_start = [], time.perf_counter()
     with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
         for i, prompt in enumerate(prompts):
-            for system in report.rotate(systems, i):
-                try:
-                    new = run_prompt(system, prompt, template, args.max_tokens)
-                except Exception as e:
-                    notes.append(f"{system.name} failed on {prompt.task}/{prompt.id}: {type(e).__name__}: {e}")
-                    print(notes[-1], file=sys.stderr)
-                    continue
-                records += new
-                log.writelines(json.dumps(r) + "\n" for r in new)
-                log.flush()
+            for rep in range(args.repeat):
+                for system in report.rotate(systems, i * args.repeat + rep):
+                    try:
+                        new = run_prompt(system, prompt, template, args.max_tokens, rep)
+                    except Exception as e:
+                        notes.append(f"{system.name} failed on {prompt.task}/{prompt.id}: {type(e).__name__}: {e}")
+                        print(notes[-1], file=sys.stderr)
+                        continue
+                    records += new
+                    log.writelines(json.dumps(r) + "\n" for r in new)
+                    log.flush()
             print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
     summary = report.summarize(records, [s.name for s in systems], args.max_tokens)

@@ -241,16 +241,17 @@ def test_smoke_run_on_tiny_models(tmp_path):
     paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")  # shared with conftest
     task_list = "code_edit,multi_turn" if tasks.specbench_path().exists() else "code_edit"
     out = tmp_path / "results"
-    rc = run.main(["--limit", "1", "--systems", "plain,draft-k3", "--tasks", task_list, "--max-tokens", "16",
-                   "--threads", "1", "--target", paths["target"], "--draft", paths["draft"], "--out", str(out)])
+    rc = run.main(["--limit", "1", "--repeat", "2", "--systems", "plain,draft-k3", "--tasks", task_list,
+                   "--max-tokens", "16", "--threads", "1", "--target", paths["target"], "--draft", paths["draft"], "--out", str(out)])
     assert rc == 0
     (result,) = out.glob("*.json")
     data = json.loads(result.read_text())
     assert data["meta"]["systems"] == ["plain", "draft-k3"] and not data["meta"]["notes"]
     n_turns = 1 + (2 if "multi_turn" in task_list else 0)
-    assert len(data["records"]) == 2 * n_turns
+    assert len(data["records"]) == 2 * 2 * n_turns  # two systems, two rounds
+    assert sorted(r["rep"] for r in data["records"] if r["system"] == "plain") == [0] * n_turns + [1] * n_turns
     spec = data["summary"]["draft-k3"][report.OVERALL]
-    assert spec["n"] == n_turns and spec["speedup"] is not None
+    assert spec["n"] == 2 * n_turns and spec["speedup"] is not None
     assert spec["match_rate"] == 1.0  # greedy speculative == greedy plain on the F32 tiny models
     assert result.with_suffix(".md").exists()
     try:
@@ -321,3 +322,29 @@ def test_simulate_replays_answers_through_the_policy():
     ms, plain_ms, drafted, _, steps = simulate(_core.AutoPolicy(), index, prompt, list(range(1000, 1100)), costs, 7,
                                                True, 48)
     assert drafted == 0 and steps == 100 and ms == plain_ms
+
+
+def test_repeated_rounds_pair_within_a_round_and_take_the_median_per_prompt():
+    def rec(system, id_, tps, rep):
+        return {**_rec(system, "qa", id_, tps), "rep": rep}
+
+    records = [rec("plain", "1", 10.0, 0), rec("spec", "1", 12.0, 0),   # 1.2
+               rec("plain", "1", 20.0, 1), rec("spec", "1", 20.0, 1),   # 1.0 (the machine was faster)
+               rec("plain", "1", 10.0, 2), rec("spec", "1", 30.0, 2),   # 3.0
+               rec("plain", "2", 10.0, 0), rec("spec", "2", 11.0, 0)]   # prompt 2 ran once (1.1)
+    s = report.summarize(records, ["plain", "spec"], max_tokens=10)["spec"]["qa"]
+    # prompt 1: median(1.2, 1.0, 3.0) = 1.2, not a ratio across rounds; then the median over the prompts
+    assert s["speedup"] == pytest.approx((1.2 + 1.1) / 2)
+    assert s["n"] == 4 and s["match_rate"] == 1.0
+    # records without "rep" (runs before --repeat) are round 0
+    old = [_rec("plain", "qa", "1", 10.0), _rec("spec", "qa", "1", 15.0)]
+    assert report.summarize(old, ["plain", "spec"], 10)["spec"]["qa"]["speedup"] == pytest.approx(1.5)
+
+
+def test_repeat_must_be_positive(capsys):
+    from bench import run
+
+    with pytest.raises(SystemExit) as e:
+        run.parse_args(["--repeat", "0"])
+    assert e.value.code == 2 and "--repeat must be at least 1" in capsys.readouterr().err
+    assert run.parse_args(["--repeat", "3"]).repeat == 3
