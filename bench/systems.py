@@ -18,6 +18,7 @@ SPECLLM_SYSTEMS = {
     "draft-k3": ("{draft}", 3),
     "auto": ("{draft}", "auto"),
     "ngram": ("ngram", "auto"),
+    "ngram-k3": ("ngram", 3),  # the best fixed k for the n-gram drafter in bench.simulate-style replays (k = 2-3)
     "hybrid": ("{draft}", "auto", {"ngram": True}),
     # llama.cpp's CPU batch kernels allowed (cheaper long verify batches; output may differ from plain on near-ties)
     "hybrid-fast": ("{draft}", "auto", {"ngram": True, "exact": False}),
