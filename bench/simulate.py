@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-doubt", action="store_true", help="treat every n-gram match as clean")
     p.add_argument("--one-policy", action="store_true",
                    help="one policy for all tasks in order (as one LLM object serves them in a bench run)")
+    p.add_argument("--carry", type=int, default=None,
+                   help="observations per source and position a new prompt carries over (default: the engine's)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
     args = p.parse_args(argv)
 
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
             policy.set_verify_rows(chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
-            policy.new_generation()  # as Engine::start
+            policy.new_generation(*(() if args.carry is None else (args.carry,)))  # as Engine::start
             ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)
