@@ -62,6 +62,8 @@ def main(argv=None) -> int:
                    help="one policy for all tasks in order (as one LLM object serves them in a bench run)")
     p.add_argument("--carry", type=int, default=None,
                    help="observations per source and position a new prompt carries over (default: the engine's)")
+    p.add_argument("--keep", type=float, default=None,
+                   help="share of what was learned (over the prior) a new prompt keeps (default: the engine's)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
     args = p.parse_args(argv)
 
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
             policy.set_verify_rows(chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
-            policy.new_generation(*(() if args.carry is None else (args.carry,)))  # as Engine::start
+            options = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
+            policy.new_generation(**options)  # as Engine::start
             ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)

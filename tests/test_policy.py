@@ -237,3 +237,19 @@ def test_a_new_generation_weighs_its_own_outcomes_more():
         for _ in range(3):
             p.observe_shadow(10, False, False)
     assert fresh.acceptance(src)[0] < 0.65 < 0.8 < kept.acceptance(src)[0]
+
+
+def test_a_new_generation_moves_ngram_estimates_back_toward_their_priors():
+    src = _core.AutoPolicy.source_of(True, 5)  # clean 4-7 token matches, prior 0.7
+    p = _core.AutoPolicy()
+    prior = p.acceptance(src)[0]
+    for _ in range(200):
+        p.observe_shadow(5, False, True)
+        p.update(3, 3, False)  # the draft model: every draft accepted
+    learned, model = p.acceptance(src)[0], p.acceptance(0)[0]
+    assert learned > 0.95 and model > 0.95
+    p.new_generation(keep=0.75)
+    assert p.acceptance(src)[0] == pytest.approx(prior + 0.75 * (learned - prior))
+    assert p.acceptance(0)[0] == model  # the draft model's acceptance belongs to the model pair, not the text
+    p.new_generation(keep=1.0)
+    assert p.acceptance(src)[0] == pytest.approx(prior + 0.75 * (learned - prior))

@@ -60,7 +60,8 @@ void register_policy(py::module_ & m) {
             return std::vector<double>(a.begin(), a.end());
         })
         .def("viable", &AutoPolicy::viable)
-        .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry)
+        .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry,
+             py::arg("keep") = AutoPolicy::default_keep)
         .def_static("source_of", &AutoPolicy::source_of, py::arg("ngram"), py::arg("match"),
                     py::arg("doubtful") = false)
         .def("observe_shadow", &AutoPolicy::observe_shadow, py::arg("ngram_match"), py::arg("doubtful"),

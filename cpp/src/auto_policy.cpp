@@ -35,12 +35,18 @@ double AutoPolicy::learn_rate(int s, int j) {
     return std::max(ema_alpha, 1.0 / (n + 1));
 }
 
-void AutoPolicy::new_generation(int carry) {
+void AutoPolicy::new_generation(int carry, double keep) {
     // an app (or a bench) that goes from code edits to RAG questions must not draft the RAG answers with the
-    // confidence of the code edits: the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA
-    for (auto & per_position : n_obs_) {
-        for (int & n : per_position) {
-            n = std::min(n, std::max(0, carry));
+    // confidence of the code edits: the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA,
+    // and the n-gram estimates start from `keep` of the way between their prior and what was learned
+    keep = std::min(1.0, std::max(0.0, keep));
+    for (int s = 0; s < n_sources; ++s) {
+        for (int j = 0; j < n_max; ++j) {
+            n_obs_[s][j] = std::min(n_obs_[s][j], std::max(0, carry));
+            if (s != 0) {
+                const double prior = alpha_prior_ngram[s - 1];
+                alpha_[s][j] = prior + keep * (alpha_[s][j] - prior);
+            }
         }
     }
 }
