@@ -38,8 +38,8 @@ class AutoPolicy : public DraftPolicy {
     // a new prompt: what was learned on earlier ones stays, but as a prior worth at most `carry` observations
     // per source and position, so that this prompt's first outcomes move the estimates quickly; the n-gram
     // estimates also move back toward their fixed priors, keeping `keep` of what was learned (replayed bench
-    // answers, bench.simulate --one-policy: 0.75 stops qa answers after code tasks from drafting short matches
-    // with the code's confidence, qa 0.97 -> 1.00, and leaves the copy-heavy tasks within 0.01)
+    // answers, bench.simulate --one-policy: 0.75 stops qa answers that follow summaries from drafting short
+    // matches with the summaries' confidence, qa 0.97 -> 1.00, and leaves the copy-heavy tasks within 0.01)
     void new_generation(int carry = default_carry, double keep = default_keep);
     static constexpr int default_carry = 4;
     static constexpr double default_keep = 0.75;
