@@ -1,9 +1,9 @@
 """Statistics over benchmark records, and the JSON / Markdown / PNG outputs.
 
 A record is one generation: {"system", "task", "id", "turn", "rep", "text", "n_gen", "gen_tps", "prompt_ms",
-"n_drafted", "n_accepted", "n_steps", "load_ms"}. Speedups are paired: for each prompt (task, id, turn) the system's tokens/s
-over the reference's on that very prompt (in the same round when prompts are repeated, then the median over the
-rounds), then the median of those ratios, so machine drift cancels.
+"n_drafted", "n_accepted", "n_steps", "load_ms"}. Speedups are paired: for each prompt (task, id, turn) the
+system's tokens/s over the reference's on that very prompt (in the same round when prompts are repeated, then the
+median over the rounds), then the median of those ratios, so machine drift cancels.
 """
 from __future__ import annotations
 

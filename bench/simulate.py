@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
+    carry_over = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
     policy = None
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
@@ -98,8 +99,7 @@ def main(argv=None) -> int:
             policy.set_verify_rows(chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
-            options = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
-            policy.new_generation(**options)  # as Engine::start
+            policy.new_generation(**carry_over)  # as Engine::start
             ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)
