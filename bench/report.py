@@ -8,6 +8,7 @@ median over the rounds), then the median of those ratios, so machine drift cance
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import warnings
 from pathlib import Path
@@ -159,13 +160,22 @@ def plot(summary: dict, path: Path, reference: str = "plain") -> None:
     plt.close(fig)
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """An interrupted write leaves the old file (or none), never a truncated one that oracle/simulate would read."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_outputs(out_dir: Path, stem: str, meta: dict, summary: dict, records: list) -> dict:
     """Write <stem>.json, <stem>.md and <stem>.png into out_dir; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump({"meta": meta, "summary": summary, "records": records}, f, indent=1)
-    paths["md"].write_text(markdown(summary, meta), encoding="utf-8")
+    _write_atomic(paths["json"], json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+    _write_atomic(paths["md"], markdown(summary, meta))
     try:
         plot(summary, paths["png"], meta.get("reference", "plain"))
     except ImportError:

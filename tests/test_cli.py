@@ -150,6 +150,15 @@ def test_generate_prints_the_completion_and_stats_json_on_stderr(tiny, env):
     assert "\033[" not in r.stdout  # not a terminal: no colors
 
 
+def test_a_draft_model_is_hybrid_unless_no_ngram(tiny, env):
+    text = "one two three four five six seven eight. one two three four five six seven eight. one two"
+    runs = {flag: run(tiny, env, "generate", text, "--max-tokens", "24", "--draft-length", "3", "--stats", *flag)
+            for flag in ((), ("--no-ngram",))}
+    stats = {flag: json.loads(r.stderr.strip().splitlines()[-1]) for flag, r in runs.items()}
+    assert stats[()]["n_ngram_steps"] > 0 and stats[("--no-ngram",)]["n_ngram_steps"] == 0
+    assert runs[()].stdout == runs[("--no-ngram",)].stdout  # greedy: the same text either way
+
+
 def test_the_first_load_on_a_machine_says_it_measures_costs(tiny, env):
     first = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
     again = run(tiny, env, "generate", "Hello", "--max-tokens", "4")

@@ -75,6 +75,8 @@ void register_engine(py::module_ & m) {
             e.start(prompt, opts, check);
         }, py::arg("prompt"), py::arg("opts"), py::arg("poll") = py::none())
         .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+        .def("set_drafter", &Engine::set_drafter, py::arg("kind"), py::arg("draft"), py::arg("ngram"),
+             py::call_guard<py::gil_scoped_release>())
         .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
         .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2,

@@ -51,6 +51,15 @@ void AutoPolicy::new_generation(int carry, double keep) {
     }
 }
 
+void AutoPolicy::forget_draft_model() {
+    alpha_[0].fill(alpha_prior_model);
+    n_obs_[0].fill(0);
+    since_tried_[0] = 0;
+    explore_after_[0] = explore_first;
+    c_model_ = 0.0;
+    c_catchup_ = 0.0;
+}
+
 bool AutoPolicy::viable(int source) const {
     std::array<double, n_max> alpha;
     alpha.fill(alpha_viable);

@@ -14,6 +14,27 @@ double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
+// the drafter of `kind` (nullptr for none) and, through draft_model, its draft model (nullptr without one)
+std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram,
+                                      const Model & target, Model *& draft_model) {
+    draft_model = nullptr;
+    if (kind == DraftKind::ngram) {
+        return std::make_unique<NgramDrafter>(ngram);
+    }
+    if (kind != DraftKind::model && kind != DraftKind::hybrid) {
+        return nullptr;
+    }
+    ModelOptions dopts = draft;
+    dopts.n_ctx = target.n_ctx();
+    auto dm = std::make_unique<Model>(dopts);
+    check_same_vocab(target, *dm);
+    draft_model = dm.get();
+    if (kind == DraftKind::model) {
+        return std::make_unique<ModelDrafter>(std::move(dm));
+    }
+    return std::make_unique<HybridDrafter>(std::move(dm), ngram);
+}
+
 } // namespace
 
 Engine::Engine(const EngineOptions & opts) : opts_(opts) {
@@ -23,21 +44,22 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     }
     auto_.set_verify_rows(opts.verify_rows);
     target_ = std::make_unique<Model>(opts.target);
-    const bool wants_model = opts.draft_kind == DraftKind::model || opts.draft_kind == DraftKind::hybrid;
-    if (wants_model) {
-        ModelOptions dopts = opts.draft;
-        dopts.n_ctx = target_->n_ctx();
-        auto dm = std::make_unique<Model>(dopts);
-        check_same_vocab(*target_, *dm);
-        draft_model_ = dm.get();
-        if (opts.draft_kind == DraftKind::model) {
-            drafter_ = std::make_unique<ModelDrafter>(std::move(dm));
-        } else {
-            drafter_ = std::make_unique<HybridDrafter>(std::move(dm), opts.ngram);
-        }
-    } else if (opts.draft_kind == DraftKind::ngram) {
-        drafter_ = std::make_unique<NgramDrafter>(opts.ngram);
+    drafter_ = make_drafter(opts.draft_kind, opts.draft, opts.ngram, *target_, draft_model_);
+}
+
+void Engine::set_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        throw InvalidArgument("the drafter cannot change during a generation: finish or close it first");
     }
+    Model * draft_model = nullptr;
+    auto drafter = make_drafter(kind, draft, ngram, *target_, draft_model); // throws: the old drafter stays
+    drafter_ = std::move(drafter);
+    draft_model_ = draft_model;
+    opts_.draft_kind = kind;
+    opts_.draft = draft;
+    opts_.ngram = ngram;
+    auto_.forget_draft_model();
 }
 
 Model * Engine::draft_model() {
@@ -66,7 +88,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         throw InvalidArgument("the prompt is empty (no tokens); pass some text");
     }
     const int n_ctx = target_->n_ctx();
-    if ((int) prompt.size() + opts.max_tokens > n_ctx) {
+    if ((long long) prompt.size() + opts.max_tokens > n_ctx) {
         throw ContextOverflowError("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
                                    std::to_string(opts.max_tokens) + ") exceed the context window n_ctx=" +
                                    std::to_string(n_ctx) + "; lower max_tokens, shorten the prompt, or create the "

@@ -46,11 +46,13 @@ int default_threads() {
 
 Model::Model(const ModelOptions & opts) : opts_(opts) {
     log_capture_install();
-    if (opts.n_ctx < 16) {
-        throw InvalidArgument("n_ctx must be at least 16, got " + std::to_string(opts.n_ctx));
+    if (opts.n_ctx < 16 || opts.n_ctx > max_ctx) {
+        throw InvalidArgument("n_ctx must be between 16 and " + std::to_string(max_ctx) + ", got " +
+                              std::to_string(opts.n_ctx));
     }
-    if (opts.n_threads < 0) {
-        throw InvalidArgument("n_threads must be >= 0 (0 = all cores), got " + std::to_string(opts.n_threads));
+    if (opts.n_threads < 0 || opts.n_threads > max_threads) {
+        throw InvalidArgument("n_threads must be between 0 (all cores) and " + std::to_string(max_threads) +
+                              ", got " + std::to_string(opts.n_threads));
     }
     if (opts.n_batch < 1) {
         throw InvalidArgument("n_batch must be >= 1, got " + std::to_string(opts.n_batch));
@@ -69,11 +71,18 @@ Model::Model(const ModelOptions & opts) : opts_(opts) {
     }
     vocab_ = llama_model_get_vocab(model_.get());
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    if (llama_vocab_type(vocab_) == LLAMA_VOCAB_TYPE_NONE || n_vocab_ <= 0) {
+        throw ModelLoadError("'" + opts.path + "' has no tokenizer (vocabulary type none): specllm generates text "
+                             "and needs one; convert the model with its tokenizer");
+    }
 
     const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_threads();
     llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx = (uint32_t) opts.n_ctx;
-    cparams.n_batch = (uint32_t) std::max(opts.n_batch, 64);   // a verify batch (k+1 rows) is never split
+    // llama.cpp rounds n_ctx up to a multiple of 256, but caps n_batch by the n_ctx asked for: round first, so
+    // that a small n_ctx still takes a whole verify batch
+    const int n_ctx = (opts.n_ctx + 255) / 256 * 256;
+    cparams.n_ctx = (uint32_t) n_ctx;
+    cparams.n_batch = (uint32_t) std::min(std::max(opts.n_batch, 64), n_ctx); // a verify batch (k+1 rows) is never split
     cparams.n_ubatch = cparams.n_batch;
     cparams.n_seq_max = 1;
     cparams.n_threads = n_threads;
@@ -87,7 +96,7 @@ Model::Model(const ModelOptions & opts) : opts_(opts) {
                              (why.empty() ? "" : ": " + why));
     }
     n_ctx_ = (int) llama_n_ctx(ctx_.get());
-    batch_ = llama_batch_init((int32_t) cparams.n_batch, 0, 1);
+    batch_ = llama_batch_init((int32_t) llama_n_batch(ctx_.get()), 0, 1);
 }
 
 Model::~Model() {

@@ -43,15 +43,15 @@ float top_prob(const float * logits, int n_vocab) {
 }
 
 void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opts, Dist & out) {
-    const float inv_t = 1.0f / opts.temperature;
     auto by_value = [this](llama_token a, llama_token b) { return vals_[a] > vals_[b]; };
 
-    // temperature
+    // temperature, on logits shifted so that the largest is 0: a tiny temperature sends the others to -inf
+    // (near-greedy) instead of making inf - inf = NaN
     vals_.resize((size_t) n_vocab);
-    float v_max = -INFINITY;
+    const float l_max = *std::max_element(logits, logits + n_vocab);
+    const float v_max = 0.0f;
     for (int i = 0; i < n_vocab; ++i) {
-        vals_[i] = logits[i] * inv_t;
-        v_max = std::max(v_max, vals_[i]);
+        vals_[i] = (logits[i] - l_max) / opts.temperature;
     }
     // min-p is a threshold on the scaled logits: p_i / p_max >= min_p  <=>  v_i >= v_max + log(min_p)
     const float v_floor = opts.min_p > 0.0f ? v_max + std::log(opts.min_p) : -INFINITY;

@@ -17,7 +17,7 @@ HELP = """\
 /reset                          forget the conversation (the system prompt stays)
 /system [TEXT]                  show, or set, the system prompt
 /stats                          statistics of the whole session
-/draft on|off|ngram|NAME|PATH   change the drafter (reloads the models; the conversation stays)
+/draft on|off|ngram|NAME|PATH   change the drafter (the target and the conversation stay)
 /exit                           quit (also Ctrl-D, or Ctrl-C at an empty prompt)
 Ctrl-C during a reply stops it; what was written so far stays in the conversation."""
 
@@ -98,11 +98,14 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
             print(style.red("/draft on|off|ngram|NAME|PATH" + ("" if not arg else ": no draft model known for "
                                                                 "this target, give its NAME or PATH")))
             return True
-        print(style.dim(f"loading {session.model} with drafter {str(draft).lower()} ..."), flush=True)
+        print(style.dim(f"loading drafter {str(draft).lower()} ..."), flush=True)
         try:
             session.set_draft(draft)
         except SpecLLMError as e:
             print(style.red(f"error: {e}"), f"(kept drafter {session.draft_label})")
+            return True
+        except KeyboardInterrupt:
+            print(style.dim(f"interrupted (kept drafter {session.draft_label})"))
             return True
         print(style.dim(f"drafter: {session.draft_label}"))
     else:

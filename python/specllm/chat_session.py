@@ -7,7 +7,6 @@ is evaluated. A reply stopped early is kept in the conversation as what the assi
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import time
 from dataclasses import dataclass
@@ -76,16 +75,10 @@ class ChatSession:
         return self.llm.n_ctx
 
     def set_draft(self, draft: Optional[str]) -> None:
-        """Reload with another drafter ("ngram", None, a name or a path), same target; the conversation stays.
-        The old models are freed first (memory); if the new ones fail to load, the old drafter is reloaded."""
-        old = self.llm.draft
-        self.llm = None
-        gc.collect()
-        try:
-            self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
-        except SpecLLMError:
-            self.llm = LLM(self.model, old, ngram=self.ngram, **self.llm_options)
-            raise
+        """Another drafter ("ngram", None, a name or a path) for the same target, whose KV cache stays: the
+        conversation goes on without evaluating its prefix again. If the new drafter cannot be loaded, the old
+        one stays."""
+        self.llm.set_draft(draft, ngram=self.ngram)
         if draft not in (None, "ngram"):
             self.draft_model = draft
 

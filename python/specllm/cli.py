@@ -65,8 +65,9 @@ def _model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--draft", "-d", type=_draft, default=DEFAULT, metavar="none|ngram|NAME|PATH",
                    help="drafter: none (plain decoding), ngram (prompt lookup), or a draft model with the target's "
                         "vocabulary (default: the registry's draft for a registry target, none for a path)")
-    g.add_argument("--ngram", action="store_true",
-                   help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better")
+    g.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=None,
+                   help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better "
+                        "(default: on; --no-ngram: the draft model alone)")
     g.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="context window (default: 4096)")
     g.add_argument("--threads", "-t", type=_positive_int, default=None, metavar="N",
                    help="CPU threads (default: llama.cpp's choice)")
@@ -114,8 +115,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _check(parser, args) -> None:
-    if getattr(args, "ngram", False) and args.draft in (None, "ngram"):
+    if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
+    if hasattr(args, "ngram") and args.ngram is None:
+        args.ngram = args.draft not in (None, "ngram")  # a draft model drafts with n-gram lookup beside it
     if args.command == "generate" and args.system and not args.chat:
         parser.error("--system needs --chat")
 
@@ -199,6 +202,11 @@ def _size(n: int) -> str:
 
 # --- entry point
 
+def _valid_text(s: str) -> str:
+    """An argument with bytes that are not UTF-8 (Python holds them as lone surrogates) with U+FFFD in their place."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _error(message: str) -> None:
     first, *rest = str(message).strip().splitlines() or ["(no message)"]
     print(f"{PROG}: error: {first}", file=sys.stderr)
@@ -224,9 +232,12 @@ def main(argv=None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     _check(parser, args)
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")  # odd bytes or a narrow locale must not kill a reply
+    for name in ("prompt", "system"):
+        if isinstance(getattr(args, name, None), str):
+            setattr(args, name, _valid_text(getattr(args, name)))
     _show_profile_notes()
     try:
         return args.func(args)

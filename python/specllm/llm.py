@@ -5,15 +5,18 @@ A stream holds the LLM until it is exhausted or closed (break out of the loop, o
 """
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from typing import Iterator, List, Optional, Sequence, Union
 
 from . import _core, logs, profile
 from .errors import InvalidOptionError
-from .options import make_options
+from .options import _int, make_options
+from .options import text as _text
 from .results import Chunk, Completion, Stats
 
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: more would fail inside llama.cpp's thread pool
 DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, plain decoding for a path
 Prompt = Union[str, Sequence[int]]
 
@@ -28,6 +31,17 @@ def _default_draft(name_or_path: str) -> Optional[str]:
         return None
     from . import registry
     return registry.default_draft(name_or_path)
+
+
+def _draft_arg(model: str, draft, ngram):
+    """(draft, ngram) with the defaults filled in: DEFAULT is a registry target's known draft, with n-gram lookup."""
+    if draft == DEFAULT:
+        draft = _default_draft(model)
+        if ngram is None and draft not in (None, "ngram"):
+            ngram = True
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
+    return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
 
 
 class LLM:
@@ -63,40 +77,38 @@ class LLM:
             a chunk only when every draft before it was accepted. exact=False lets llama.cpp use those kernels
             (long verify batches get cheaper per token; output can differ from plain decoding on near-ties).
         """
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
+                            ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
+            _int(name, value)
+        if draft_n_gpu_layers is not None:
+            _int("draft_n_gpu_layers", draft_n_gpu_layers)
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
             raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
+        if n_threads is not None and n_threads > MAX_THREADS:
+            raise InvalidOptionError(f"n_threads must be at most {MAX_THREADS} (llama.cpp's limit), got {n_threads}; "
+                                     f"this machine has {os.cpu_count()} cores, None uses them all")
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
-        model = os.fspath(model)
-        if draft == DEFAULT:
-            draft = _default_draft(model)
-            if ngram is None and draft not in (None, "ngram"):
-                ngram = True
-        if draft is not None and not isinstance(draft, (str, os.PathLike)):
-            raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
-        draft = os.fspath(draft) if draft is not None else None
+        model = _text("model", os.fspath(model))
+        draft, ngram = _draft_arg(model, draft, ngram)
+        if (draft == "ngram" or ngram) and not 1 <= ngram_min <= ngram_max <= 16:
+            raise InvalidOptionError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16, got "
+                                     f"ngram_min={ngram_min} ngram_max={ngram_max}")
 
         opts = _core.EngineOptions()
         opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, not exact)
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
-        if draft is None:
-            opts.draft_kind = _core.DraftKind.none
-        elif draft == "ngram":
-            opts.draft_kind = _core.DraftKind.ngram
-        else:
-            dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-            # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
-            opts.draft = self._model_options(_resolve(draft), n_ctx, n_threads, dngl, n_batch, True)
-            opts.draft_kind = _core.DraftKind.hybrid if ngram else _core.DraftKind.model
+        dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+        opts.draft_kind, opts.draft = self._drafter_options(draft, ngram, dngl, opts.target)
         self.model_path = opts.target.path
-        self.draft_path = opts.draft.path if opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid) else None
         self.draft = draft
         self.seed = seed
+        self._model = model  # as given: a registry name finds its default draft (set_draft)
+        self._opts = opts
+        self._n_gpu_layers = n_gpu_layers
+        self._profile_costs = profile_costs
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
         try:
@@ -105,11 +117,52 @@ class LLM:
             logs.drain()
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self.profile = None
-        if profile_costs and opts.draft_kind != _core.DraftKind.none:
+        self._drafter_loaded(draft)
+
+    def set_draft(self, draft: Union[str, os.PathLike, None] = DEFAULT, *, ngram: Optional[bool] = None,
+                  draft_n_gpu_layers: Optional[int] = None) -> None:
+        """Change the drafter: None (plain decoding), "ngram", or a draft model's path or registry name (ngram:
+        hybrid drafting, as in LLM(...)); by default the registry target's known draft. The target stays loaded
+        with its KV cache, so a conversation goes on without evaluating its prefix again. The new drafter is
+        loaded before the old one is freed; if it cannot be (a typed error), the old one stays. Waits for a
+        running generation; refused inside an open stream of this thread."""
+        draft, ngram = _draft_arg(self._model, draft, ngram)
+        dngl = self._n_gpu_layers if draft_n_gpu_layers is None else _int("draft_n_gpu_layers", draft_n_gpu_layers)
+        kind, dopts = self._drafter_options(draft, ngram, dngl, self._opts.target)
+        self._acquire()
+        try:
+            try:
+                self._engine.set_drafter(kind, dopts, self._opts.ngram)
+            finally:
+                logs.drain()
+            self._opts.draft_kind, self._opts.draft = kind, dopts
+            self._drafter_loaded(draft)
+        finally:
+            self._release()
+
+    def _drafter_loaded(self, draft) -> None:
+        opts = self._opts
+        has_model = opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid)
+        self.draft = draft
+        self.draft_path = opts.draft.path if has_model else None
+        if self._profile_costs and opts.draft_kind != _core.DraftKind.none:
+            # a profile measured for another drafter of this target lends its verify costs: measuring them again
+            # would clear the target's KV cache
             self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
-                                                   opts.target.n_threads, n_gpu_layers, not exact,
-                                                   opts.verify_rows)
+                                                   opts.target.n_threads, self._n_gpu_layers, opts.target.repack,
+                                                   opts.verify_rows, known=self.profile)
             logs.drain()
+
+    @classmethod
+    def _drafter_options(cls, draft, ngram, n_gpu_layers, target):
+        """(DraftKind, the draft model's ModelOptions) for draft None, "ngram" or a model's path or name."""
+        if draft is None:
+            return _core.DraftKind.none, _core.ModelOptions()
+        if draft == "ngram":
+            return _core.DraftKind.ngram, _core.ModelOptions()
+        # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
+        o = cls._model_options(_resolve(draft), target.n_ctx, target.n_threads, n_gpu_layers, target.n_batch, True)
+        return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
 
     @staticmethod
     def _model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
@@ -128,16 +181,14 @@ class LLM:
         return self._engine.target.n_ctx
 
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._engine.target.tokenize(text, add_special, True)
+        return self._engine.target.tokenize(_text("text", text), add_special, True)
 
     def count_tokens(self, prompt: Prompt) -> int:
         """The number of tokens generate(prompt) would evaluate (BOS included)."""
         return len(self._prompt_tokens(prompt))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._engine.target.detokenize(list(tokens))
+        return self._engine.target.detokenize(self._token_ids(tokens, "tokens"))
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             chat_template: str = "") -> str:
@@ -147,7 +198,8 @@ class LLM:
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise InvalidOptionError(f"each message must be a dict with str 'role' and 'content', got {m!r}")
-            pairs.append((m["role"], m["content"]))
+            pairs.append((_text("role", m["role"]), _text("content", m["content"])))
+        chat_template = _text("chat_template", chat_template or "")
         return self._engine.target.apply_chat_template(pairs, add_generation_prompt, chat_template)
 
     def reset(self) -> None:
@@ -189,17 +241,24 @@ class LLM:
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, str):
             bos = self._engine.target.tokenize("", True, False)  # [bos] when the model adds one
-            tokens = self._engine.target.tokenize(prompt, True, True)
+            tokens = self._engine.target.tokenize(_text("prompt", prompt), True, True)
             if len(bos) == 1 and len(tokens) >= 2 and tokens[0] == tokens[1] == bos[0]:
                 tokens = tokens[1:]  # the text (a chat template) already starts with BOS
             return tokens
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            n_vocab = self._engine.target.n_vocab
-            bad = [t for t in prompt if not 0 <= t < n_vocab]
-            if bad:
-                raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
-            return list(prompt)
-        raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        return self._token_ids(prompt, "prompt")
+
+    def _token_ids(self, tokens, name: str) -> List[int]:
+        kind = "a str or a list of token ids" if name == "prompt" else "a list of token ids"
+        if not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"{name} must be {kind}, got {type(tokens).__name__}")
+        bad_type = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad_type is not None:
+            raise TypeError(f"{name} must be {kind}, it holds {type(bad_type).__name__} {bad_type!r}")
+        n_vocab = self._engine.target.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
+        return [int(t) for t in tokens]
 
     def _acquire(self) -> None:
         if not self._lock.acquire(blocking=False):

@@ -13,12 +13,31 @@ POLICIES = {"auto": _core.PolicyKind.auto, "heuristic": _core.PolicyKind.heurist
 AUTO_K_LIMIT = _core.AutoPolicy.n_max  # the longest draft "auto" and "heuristic" consider (48)
 
 
-def _int(name: str, value, lo: Optional[int] = None) -> int:
+INT_MAX = 2**31 - 1  # the core's ints are C ints
+
+
+def _int(name: str, value, lo: Optional[int] = None, hi: int = INT_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if lo is not None and value < lo:
         raise InvalidOptionError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise InvalidOptionError(f"{name} must be <= {hi}, got {value}")
     return int(value)
+
+
+def text(name: str, value) -> str:
+    """value, checked to be a str the core can take: a str with lone surrogates (bytes that were not UTF-8, read
+    with errors="surrogateescape") has no UTF-8 form."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidOptionError(
+            f"{name} is not valid Unicode: it holds {value[e.start:e.end]!r} at index {e.start} (a lone surrogate, "
+            f"usually bytes that were not UTF-8); decode such input with errors='replace'") from None
+    return value
 
 
 def _float(name: str, value) -> float:
@@ -34,7 +53,7 @@ def _stops(stop) -> list:
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise TypeError("stop must be a string or a list of strings")
-    return [s for s in stop if s]
+    return [text("stop", s) for s in stop if s]
 
 
 def make_options(
@@ -67,7 +86,7 @@ def make_options(
         raise InvalidOptionError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
     if seed is None:
         seed = random.SystemRandom().randrange(2**63)
-    s.seed = _int("seed", seed, lo=0) % 2**64
+    s.seed = _int("seed", seed, lo=0, hi=None) % 2**64
     o.sampling = s
     o.stop = _stops(stop)
     if isinstance(draft_length, str):

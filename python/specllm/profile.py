@@ -41,8 +41,10 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: boo
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
-                    verify_rows: int = 0) -> dict:
-    """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now."""
+                    verify_rows: int = 0, known: dict | None = None) -> dict:
+    """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now. `known`: a
+    profile of the same target and settings with another drafter, whose verify costs are taken instead of
+    measured (measuring clears the target's KV cache)."""
     sizes = sizes_for(verify_rows)
     path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
     prof = None
@@ -53,18 +55,25 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     except (OSError, ValueError, AttributeError):
         prof = None
     if prof is None:
-        log.info("measuring this machine's verify costs for batch sizes %s (once per model, machine and thread "
-                 "count; a few seconds)", ", ".join(map(str, sizes)))
-        n_reps = N_REPS_EXACT if verify_rows > 0 else N_REPS
-        prof = {"sizes": sizes, "verify_ms": engine.profile_verify(sizes, n_reps),
-                "draft_token_ms": engine.profile_draft(3)}
+        if known is not None and known.get("sizes") == sizes:
+            verify_ms = known["verify_ms"]
+        else:
+            log.info("measuring this machine's verify costs for batch sizes %s (once per model, machine and "
+                     "thread count; a few seconds)", ", ".join(map(str, sizes)))
+            verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
+        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+                tmp = f.name
                 json.dump(prof, f)
-            os.replace(f.name, path)
-        except OSError:
-            pass  # a read-only home: profile again next time
+            os.replace(tmp, path)
+        except BaseException as e:  # a read-only home or a full disk: profile again next time
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            if not isinstance(e, OSError):
+                raise
     engine.set_verify_costs(prof["verify_ms"])
     if prof.get("draft_token_ms"):
         engine.set_draft_token_cost(prof["draft_token_ms"])

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import warnings
 import zipfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from tqdm import tqdm  # a dependency of specllm: gives pull progress with rate and ETA for free
 
@@ -126,8 +126,13 @@ def _pull(name, progress, sources):
         raise ValueError(f"unknown sources {sorted(unknown)}: expected some of {list(_PULLERS)}")
     entry = _entry(name)
     dest = cache_dir() / entry["filename"]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(dest):
+    with ExitStack() as held:
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_lock(dest))
+        except OSError as e:
+            raise PullError(f"cannot write to the model cache {dest.parent}: {e}; set SPECLLM_CACHE to a writable "
+                            "folder") from None
         if dest.is_file():  # already there, or pulled meanwhile by another process
             return str(dest)
         errors = []
@@ -139,6 +144,8 @@ def _pull(name, progress, sources):
                 _PULLERS[source](name, spec, dest, progress)
                 return str(dest)
             except PullError as e:
+                errors.append(f"{source}: {e}")
+            except OSError as e:  # a full disk, a folder that turned read-only (the .partial is deleted)
                 errors.append(f"{source}: {e}")
     if not errors:
         raise PullError(f"model {name!r} has no source among {list(sources)}")

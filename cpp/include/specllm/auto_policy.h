@@ -32,6 +32,7 @@ class AutoPolicy : public DraftPolicy {
     void set_verify_costs(const std::vector<double> & costs);
     std::vector<double> verify_costs() const;
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
+    void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
     void set_k_limit(int k) { k_limit_ = k; }
     void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
 

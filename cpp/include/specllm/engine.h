@@ -77,6 +77,10 @@ class Engine {
                const std::function<void()> & poll = {});
     StepResult step();
     bool active() const { return active_; }
+    // another drafter (kind none, ngram, model or hybrid; draft: the draft model's options for model and
+    // hybrid), keeping the target and its KV cache. The new one is loaded before the old one is freed: if it
+    // cannot be (a typed error), the old one stays. Not during a generation
+    void set_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram);
     void cancel();              // end the generation now (the KV cache stays consistent)
     void reset();               // forget every cached prefix
     const Stats & stats() const { return stats_; }

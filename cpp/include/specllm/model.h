@@ -11,6 +11,9 @@
 
 namespace specllm {
 
+constexpr int max_threads = 512; // GGML_MAX_N_THREADS: more fail inside llama.cpp's thread pool
+constexpr int max_ctx = 1 << 24; // far beyond any model's training context; keeps the arithmetic in int
+
 class Model {
   public:
     explicit Model(const ModelOptions & opts); // throws ModelLoadError

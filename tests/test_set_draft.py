@@ -1,0 +1,87 @@
+"""LLM.set_draft: another drafter for the same target, whose KV cache (a conversation's prefix) stays."""
+
+import logging
+
+import pytest
+
+import specllm
+from specllm.chat_session import ChatSession
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
+
+
+def test_switching_keeps_the_target_cache_and_the_output(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["draft"])
+    plain = make_llm(tiny["target"]).generate(PROMPT + "And then", max_tokens=24).tokens
+    first = llm.generate(PROMPT, max_tokens=8)
+    for draft in ("ngram", None, tiny["near_draft"], tiny["draft"]):
+        llm.set_draft(draft)
+        assert llm.draft == draft and llm.draft_path == (draft if draft not in (None, "ngram") else None)
+        c = llm.generate(PROMPT + "And then", max_tokens=24, draft_length=3)
+        assert c.tokens == plain, draft
+        assert c.stats.n_cached >= len(llm.tokenize(PROMPT)) - 2, draft  # the prefix was not evaluated again
+        if draft is not None:
+            assert c.stats.n_drafted > 0, draft
+    assert first.tokens
+
+
+def test_a_draft_that_cannot_load_leaves_the_old_one(tiny, make_llm, tmp_path):
+    llm = make_llm(tiny["target"], "ngram")
+    llm.generate(PROMPT, max_tokens=4)
+    with pytest.raises(specllm.IncompatibleDraftError, match="vocabulary differs"):
+        llm.set_draft(tiny["draft_other_vocab"])
+    with pytest.raises(specllm.ModelLoadError, match="not found"):
+        llm.set_draft(str(tmp_path / "missing.gguf"))
+    with pytest.raises(TypeError, match="draft must be a path"):
+        llm.set_draft(42)
+    assert llm.draft == "ngram"
+    c = llm.generate(PROMPT + PROMPT, max_tokens=16, draft_length=4)
+    assert c.stats.n_ngram_steps > 0 and c.stats.n_cached > 0
+
+
+def test_not_inside_an_open_stream(tiny, make_llm):
+    llm = make_llm(tiny["target"], "ngram")
+    stream = llm.stream(PROMPT, max_tokens=8)
+    next(stream)
+    with pytest.raises(RuntimeError, match="open stream"):
+        llm.set_draft(None)
+    stream.close()
+    llm.set_draft(None)
+    assert llm.generate(PROMPT, max_tokens=4).stats.n_drafted == 0
+
+
+def test_a_known_profile_lends_its_verify_costs(tiny, tmp_path, monkeypatch, caplog):
+    """With a profile for the target, a new draft model only has its token cost measured: measuring the verify
+    costs again would clear the target's KV cache."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)
+    verify = llm.profile["verify_ms"]
+    llm.generate(PROMPT, max_tokens=4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specllm.profile"):
+        llm.set_draft(tiny["draft"])
+    assert not any("verify costs" in r.getMessage() for r in caplog.records)
+    assert llm.profile["verify_ms"] == verify and llm.profile["draft_token_ms"] > 0
+    assert llm.generate(PROMPT + "more", max_tokens=4).stats.n_cached > 0
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 2  # the pair's profile is kept for next time
+
+
+def test_the_policy_forgets_the_old_draft_model(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["far_draft"])
+    llm._engine.set_verify_costs([10.0] * 8)  # flat: drafting pays, so "auto" drafts with the far draft
+    llm._engine.set_draft_token_cost(0.1)
+    llm.generate(PROMPT, max_tokens=48, draft_length="auto")
+    assert llm._engine.acceptance_estimate(0)[0] < 0.5  # it learned that the far draft is mostly wrong
+    llm.set_draft(tiny["near_draft"])
+    assert llm._engine.acceptance_estimate(0)[0] == pytest.approx(0.6)  # the draft model's prior again
+
+
+def test_chat_draft_switch_keeps_the_conversation_cached(tiny):
+    s = ChatSession(tiny["target"], tiny["draft"], llm_options={"n_threads": 1, "n_ctx": 512, "profile_costs": False},
+                    gen_options={"max_tokens": 12})
+    s.reply("hello there")
+    s.set_draft("ngram")
+    assert s.draft_label == "ngram"
+    assert s.reply("and again").stats.n_cached > 0  # a reload would have evaluated the whole conversation
+    s.set_draft(tiny["draft"])
+    assert s.draft_label == "draft.gguf" and s.reply("once more").stats.n_cached > 0
