@@ -84,4 +84,53 @@ def test_chat_draft_switch_keeps_the_conversation_cached(tiny):
     assert s.draft_label == "ngram"
     assert s.reply("and again").stats.n_cached > 0  # a reload would have evaluated the whole conversation
     s.set_draft(tiny["draft"])
-    assert s.draft_label == "draft.gguf" and s.reply("once more").stats.n_cached > 0
+    assert s.draft_label == "draft.gguf +ngram" and s.reply("once more").stats.n_cached > 0
+
+
+def test_a_plain_llm_gets_a_drafter_with_the_cached_target_profile(tiny, tmp_path, monkeypatch):
+    """An LLM made without a drafter has no profile; its first drafter borrows the cached profile of the target
+    (here from an n-gram LLM), so the conversation's cache stays."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+    specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures and caches the target's profile
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=512)
+    assert llm.profile is None
+    llm.generate(PROMPT, max_tokens=4)
+    llm.set_draft(tiny["draft"])
+    assert llm.profile["draft_token_ms"] > 0
+    assert llm.generate(PROMPT + "more", max_tokens=4).stats.n_cached > 0
+    llm.set_draft(None)
+    assert llm.profile is None and llm.draft_path is None and not llm.hybrid
+
+
+def test_ctrl_c_during_the_load_is_raised_once_the_new_drafter_is_in_place(tiny, make_llm):
+    import os
+    import signal
+
+    llm = make_llm(tiny["target"], "ngram")
+    engine = llm._engine
+
+    class Interrupted:  # Ctrl-C arrives while the core loads the new drafter
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def set_drafter(self, *args):
+            os.kill(os.getpid(), signal.SIGINT)
+            engine.set_drafter(*args)
+
+    llm._engine = Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        llm.set_draft(tiny["draft"])
+    llm._engine = engine
+    assert llm.draft == tiny["draft"] and llm.draft_path == tiny["draft"]  # what is said matches what is loaded
+    assert engine.draft_kind == specllm._core.DraftKind.model
+    assert llm.generate(PROMPT, max_tokens=8, draft_length=2).stats.n_drafted > 0
+
+
+def test_chat_sessions_draft_models_are_hybrid_unless_told(tiny):
+    options = {"n_threads": 1, "n_ctx": 512, "profile_costs": False}
+    assert ChatSession(tiny["target"], tiny["draft"], llm_options=options).draft_label == "draft.gguf +ngram"
+    s = ChatSession(tiny["target"], "ngram", llm_options=options)
+    s.set_draft(tiny["draft"])
+    assert s.draft_label == "draft.gguf +ngram" and s.draft_model == tiny["draft"]
+    s = ChatSession(tiny["target"], tiny["draft"], ngram=False, llm_options=options)
+    assert s.draft_label == "draft.gguf"

@@ -24,6 +24,7 @@ void register_engine(py::module_ & m) {
         .def_readwrite("ngram", &EngineOptions::ngram)
         .def_readwrite("verify_rows", &EngineOptions::verify_rows);
     m.attr("exact_verify_rows") = exact_verify_rows;
+    m.attr("max_threads") = max_threads;
 
     py::class_<Stats>(m, "Stats")
         .def_readonly("n_prompt", &Stats::n_prompt)
@@ -55,7 +56,6 @@ void register_engine(py::module_ & m) {
     py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
         .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("target", &Engine::target, py::return_value_policy::reference_internal)
-        .def_property_readonly("draft_model", &Engine::draft_model, py::return_value_policy::reference_internal)
         .def_property_readonly("draft_kind", &Engine::draft_kind)
         .def_property_readonly("active", &Engine::active)
         .def_property_readonly("stats", &Engine::stats, py::return_value_policy::copy)

@@ -49,12 +49,11 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     // (near-greedy) instead of making inf - inf = NaN
     vals_.resize((size_t) n_vocab);
     const float l_max = *std::max_element(logits, logits + n_vocab);
-    const float v_max = 0.0f;
     for (int i = 0; i < n_vocab; ++i) {
-        vals_[i] = (logits[i] - l_max) / opts.temperature;
+        vals_[i] = (logits[i] - l_max) / opts.temperature; // the largest is 0
     }
-    // min-p is a threshold on the scaled logits: p_i / p_max >= min_p  <=>  v_i >= v_max + log(min_p)
-    const float v_floor = opts.min_p > 0.0f ? v_max + std::log(opts.min_p) : -INFINITY;
+    // min-p is a threshold on the scaled logits: p_i / p_max >= min_p  <=>  v_i >= log(min_p)
+    const float v_floor = opts.min_p > 0.0f ? std::log(opts.min_p) : -INFINITY;
     ids_.clear();
     for (int i = 0; i < n_vocab; ++i) {
         if (vals_[i] >= v_floor && vals_[i] > -INFINITY) {
@@ -69,7 +68,7 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     // normalizer over the candidates
     double z = 0.0;
     for (llama_token id : ids_) {
-        z += std::exp((double) (vals_[id] - v_max));
+        z += std::exp((double) vals_[id]);
     }
     // top-p: sort growing prefixes until the prefix holds top_p of the mass
     size_t n_keep = ids_.size();
@@ -80,7 +79,7 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
             double cum = 0.0;
             size_t i = 0;
             for (; i < n_sorted; ++i) {
-                cum += std::exp((double) (vals_[ids_[i]] - v_max)) / z;
+                cum += std::exp((double) vals_[ids_[i]]) / z;
                 if (cum >= opts.top_p) {
                     break;
                 }
@@ -104,7 +103,7 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     out.probs.resize(out.ids.size());
     double sum = 0.0;
     for (size_t i = 0; i < out.ids.size(); ++i) {
-        out.probs[i] = (float) std::exp((double) (vals_[out.ids[i]] - v_max));
+        out.probs[i] = (float) std::exp((double) vals_[out.ids[i]]);
         sum += out.probs[i];
     }
     for (float & p : out.probs) {

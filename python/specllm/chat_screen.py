@@ -104,8 +104,8 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         except SpecLLMError as e:
             print(style.red(f"error: {e}"), f"(kept drafter {session.draft_label})")
             return True
-        except KeyboardInterrupt:
-            print(style.dim(f"interrupted (kept drafter {session.draft_label})"))
+        except KeyboardInterrupt:  # raised once the load ended: the label says which drafter is in place
+            print(style.dim(f"interrupted; drafter: {session.draft_label}"))
             return True
         print(style.dim(f"drafter: {session.draft_label}"))
     else:

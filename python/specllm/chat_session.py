@@ -37,12 +37,13 @@ class Reply:
 
 
 class ChatSession:
-    def __init__(self, model: str, draft=DEFAULT, *, ngram: bool = False, system: Optional[str] = None,
+    def __init__(self, model: str, draft=DEFAULT, *, ngram: Optional[bool] = None, system: Optional[str] = None,
                  llm_options: Optional[dict] = None, gen_options: Optional[dict] = None):
-        """model, draft, ngram and llm_options go to LLM(...); gen_options (max_tokens, temperature,
-        draft_length, seed) to every llm.chat(...)."""
+        """model, draft and llm_options go to LLM(...); gen_options (max_tokens, temperature, draft_length, seed)
+        to every llm.chat(...). ngram: whether a draft model (now or after /draft) drafts with n-gram lookup
+        beside it (hybrid); None (default) = yes."""
         self.model = os.fspath(model)
-        self.ngram = ngram
+        self.ngram = ngram is not False
         self.llm_options = dict(llm_options or {})
         self.gen_options = dict(gen_options or {})
         self.max_tokens = self.gen_options.pop("max_tokens", 1024)
@@ -51,7 +52,7 @@ class ChatSession:
         self.totals = Stats()
         self.n_replies = 0
         self.n_stopped = 0  # replies stopped early: their stats are counted from chunks, without prompt or prefill
-        self.llm = LLM(self.model, draft, ngram=ngram, **self.llm_options)
+        self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
         # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
         self.draft_model = self._draft_model(self.llm.draft) or self._draft_model(DEFAULT)
 
@@ -68,7 +69,7 @@ class ChatSession:
         draft = self.llm.draft
         if draft is None or draft == "ngram":
             return str(draft).lower()
-        return os.path.basename(draft) + (" +ngram" if self.ngram else "")
+        return os.path.basename(draft) + (" +ngram" if self.llm.hybrid else "")
 
     @property
     def n_ctx(self) -> int:
@@ -78,9 +79,11 @@ class ChatSession:
         """Another drafter ("ngram", None, a name or a path) for the same target, whose KV cache stays: the
         conversation goes on without evaluating its prefix again. If the new drafter cannot be loaded, the old
         one stays."""
-        self.llm.set_draft(draft, ngram=self.ngram)
-        if draft not in (None, "ngram"):
-            self.draft_model = draft
+        try:
+            self.llm.set_draft(draft, ngram=self.ngram)
+        finally:  # Ctrl-C during the load is raised once the new drafter is in place
+            if self.llm.draft == draft and draft not in (None, "ngram"):
+                self.draft_model = draft
 
     # --- the conversation
     def messages(self) -> List[Dict[str, str]]:

@@ -117,8 +117,6 @@ def make_parser() -> argparse.ArgumentParser:
 def _check(parser, args) -> None:
     if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
-    if hasattr(args, "ngram") and args.ngram is None:
-        args.ngram = args.draft not in (None, "ngram")  # a draft model drafts with n-gram lookup beside it
     if args.command == "generate" and args.system and not args.chat:
         parser.error("--system needs --chat")
 
@@ -144,7 +142,7 @@ def run_generate(args) -> int:
         prompt = prompt.strip()
     if not prompt:
         raise SpecLLMError("the prompt is empty")
-    llm = LLM(args.model, args.draft, ngram=args.ngram, **_llm_options(args))
+    llm = LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))  # hybrid unless --no-ngram
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
         stream = llm.chat(system + [{"role": "user", "content": prompt}], stream=True, **_gen_options(args))

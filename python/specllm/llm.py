@@ -5,10 +5,12 @@ A stream holds the LLM until it is exhausted or closed (break out of the loop, o
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
+import signal
 import threading
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 from . import _core, logs, profile
 from .errors import InvalidOptionError
@@ -16,7 +18,6 @@ from .options import _int, make_options
 from .options import text as _text
 from .results import Chunk, Completion, Stats
 
-MAX_THREADS = 512  # GGML_MAX_N_THREADS: more would fail inside llama.cpp's thread pool
 DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, plain decoding for a path
 Prompt = Union[str, Sequence[int]]
 
@@ -42,6 +43,29 @@ def _draft_arg(model: str, draft, ngram):
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
     return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
+
+
+def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
+    """Before any model loads: the n-gram sizes an n-gram drafter would refuse (NgramIndex's rule)."""
+    if (draft == "ngram" or (ngram and draft is not None)) and not 1 <= sizes.n_min <= sizes.n_max <= 16:
+        raise InvalidOptionError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16, got "
+                                 f"ngram_min={sizes.n_min} ngram_max={sizes.n_max}")
+
+
+@contextlib.contextmanager
+def _interrupt_after():
+    """Ctrl-C inside the block is raised when it ends (main thread; elsewhere there is no Ctrl-C to defer)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit = []
+    previous = signal.signal(signal.SIGINT, lambda *_: hit.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
 
 
 class LLM:
@@ -84,24 +108,22 @@ class LLM:
             _int("draft_n_gpu_layers", draft_n_gpu_layers)
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
             raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
-        if n_threads is not None and n_threads > MAX_THREADS:
-            raise InvalidOptionError(f"n_threads must be at most {MAX_THREADS} (llama.cpp's limit), got {n_threads}; "
-                                     f"this machine has {os.cpu_count()} cores, None uses them all")
+        if n_threads is not None and not 0 <= n_threads <= _core.max_threads:
+            raise InvalidOptionError(f"n_threads must be between 0 (all cores) and {_core.max_threads}, got "
+                                     f"{n_threads}; this machine has {os.cpu_count()} cores, None uses them all")
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
         model = _text("model", os.fspath(model))
         draft, ngram = _draft_arg(model, draft, ngram)
-        if (draft == "ngram" or ngram) and not 1 <= ngram_min <= ngram_max <= 16:
-            raise InvalidOptionError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16, got "
-                                     f"ngram_min={ngram_min} ngram_max={ngram_max}")
 
         opts = _core.EngineOptions()
+        opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
+        _check_ngram_sizes(draft, ngram, opts.ngram)
         opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, not exact)
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
-        opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
-        dngl = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-        opts.draft_kind, opts.draft = self._drafter_options(draft, ngram, dngl, opts.target)
+        self._draft_n_gpu_layers = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+        opts.draft_kind, opts.draft = self._drafter_options(draft, ngram, self._draft_n_gpu_layers, opts.target)
         self.model_path = opts.target.path
         self.draft = draft
         self.seed = seed
@@ -109,6 +131,7 @@ class LLM:
         self._opts = opts
         self._n_gpu_layers = n_gpu_layers
         self._profile_costs = profile_costs
+        self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
         try:
@@ -116,27 +139,33 @@ class LLM:
         finally:
             logs.drain()
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
-        self.profile = None
+        self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
         self._drafter_loaded(draft)
 
     def set_draft(self, draft: Union[str, os.PathLike, None] = DEFAULT, *, ngram: Optional[bool] = None,
                   draft_n_gpu_layers: Optional[int] = None) -> None:
         """Change the drafter: None (plain decoding), "ngram", or a draft model's path or registry name (ngram:
         hybrid drafting, as in LLM(...)); by default the registry target's known draft. The target stays loaded
-        with its KV cache, so a conversation goes on without evaluating its prefix again. The new drafter is
-        loaded before the old one is freed; if it cannot be (a typed error), the old one stays. Waits for a
-        running generation; refused inside an open stream of this thread."""
+        with its KV cache, so a conversation goes on without evaluating its prefix again (except the first time
+        an LLM made without a drafter gets one on a machine with no cost profile of its target yet: measuring
+        the profile clears the cache). The new drafter is loaded before the old one is freed; if it cannot be
+        (a typed error), the old one stays. Waits for a running generation; refused inside an open stream of
+        this thread. Ctrl-C while the new drafter loads is raised once it is in place."""
         draft, ngram = _draft_arg(self._model, draft, ngram)
-        dngl = self._n_gpu_layers if draft_n_gpu_layers is None else _int("draft_n_gpu_layers", draft_n_gpu_layers)
-        kind, dopts = self._drafter_options(draft, ngram, dngl, self._opts.target)
+        _check_ngram_sizes(draft, ngram, self._opts.ngram)
+        if draft_n_gpu_layers is not None:
+            _int("draft_n_gpu_layers", draft_n_gpu_layers)
+        dngl = self._draft_n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+        kind, dopts = self._drafter_options(draft, ngram, dngl, self._opts.target)  # may pull the model first
         self._acquire()
         try:
-            try:
-                self._engine.set_drafter(kind, dopts, self._opts.ngram)
-            finally:
-                logs.drain()
-            self._opts.draft_kind, self._opts.draft = kind, dopts
-            self._drafter_loaded(draft)
+            with _interrupt_after():  # the swap and what says which drafter is in place are never split
+                try:
+                    self._engine.set_drafter(kind, dopts, self._opts.ngram)
+                finally:
+                    logs.drain()
+                self._opts.draft_kind, self._opts.draft = kind, dopts
+                self._drafter_loaded(draft)
         finally:
             self._release()
 
@@ -145,13 +174,21 @@ class LLM:
         has_model = opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid)
         self.draft = draft
         self.draft_path = opts.draft.path if has_model else None
+        self.profile = None
         if self._profile_costs and opts.draft_kind != _core.DraftKind.none:
-            # a profile measured for another drafter of this target lends its verify costs: measuring them again
-            # would clear the target's KV cache
-            self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "",
-                                                   opts.target.n_threads, self._n_gpu_layers, opts.target.repack,
-                                                   opts.verify_rows, known=self.profile)
+            args = (opts.target.n_threads, self._n_gpu_layers, opts.target.repack, opts.verify_rows)
+            # the target's verify costs from an earlier profile (of this LLM, or cached for this target with the
+            # n-gram drafter): measuring them again would clear the target's KV cache
+            known = self._known_profile or profile.cached(self.model_path, "", *args)
+            self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "", *args,
+                                                   known=known)
+            self._known_profile = self.profile
             logs.drain()
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether a draft model drafts with n-gram lookup beside it."""
+        return self._opts.draft_kind == _core.DraftKind.hybrid
 
     @classmethod
     def _drafter_options(cls, draft, ngram, n_gpu_layers, target):
@@ -249,8 +286,9 @@ class LLM:
 
     def _token_ids(self, tokens, name: str) -> List[int]:
         kind = "a str or a list of token ids" if name == "prompt" else "a list of token ids"
-        if not isinstance(tokens, (list, tuple)):
+        if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
             raise TypeError(f"{name} must be {kind}, got {type(tokens).__name__}")
+        tokens = list(tokens)
         bad_type = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
         if bad_type is not None:
             raise TypeError(f"{name} must be {kind}, it holds {type(bad_type).__name__} {bad_type!r}")

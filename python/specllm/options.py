@@ -22,7 +22,7 @@ def _int(name: str, value, lo: Optional[int] = None, hi: int = INT_MAX) -> int:
     if lo is not None and value < lo:
         raise InvalidOptionError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
-        raise InvalidOptionError(f"{name} must be <= {hi}, got {value}")
+        raise InvalidOptionError(f"{name} must be at most {hi}, got {value}")
     return int(value)
 
 
@@ -97,9 +97,7 @@ def make_options(
         o.draft_length = AUTO_K_LIMIT
     else:
         o.policy = _core.PolicyKind.fixed
-        o.draft_length = _int("draft_length", draft_length, lo=0)
-        if o.draft_length > AUTO_K_LIMIT:
-            raise InvalidOptionError(f"draft_length must be at most {AUTO_K_LIMIT}, got {draft_length}")
+        o.draft_length = _int("draft_length", draft_length, lo=0, hi=AUTO_K_LIMIT)
     o.draft_p_min = _float("draft_p_min", draft_p_min)
     if not 0 <= o.draft_p_min <= 1:
         raise InvalidOptionError(f"draft_p_min must be in [0, 1], got {draft_p_min}")

@@ -40,20 +40,30 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: boo
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
+def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> Path:
+    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
+
+
+def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
+           verify_rows: int = 0) -> dict | None:
+    """The cached profile of this pair and settings, or None (none yet, unreadable, or for other batch sizes)."""
+    try:
+        prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack).read_text())
+        if prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list):
+            return prof
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
                     verify_rows: int = 0, known: dict | None = None) -> dict:
     """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now. `known`: a
     profile of the same target and settings with another drafter, whose verify costs are taken instead of
     measured (measuring clears the target's KV cache)."""
     sizes = sizes_for(verify_rows)
-    path = _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
-    prof = None
-    try:
-        prof = json.loads(path.read_text())
-        if prof.get("sizes") != sizes or not isinstance(prof.get("verify_ms"), list):
-            prof = None  # measured for other batch sizes (an older specllm): measure again
-    except (OSError, ValueError, AttributeError):
-        prof = None
+    path = _path(target, draft, n_threads, n_gpu_layers, repack)
+    prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     if prof is None:
         if known is not None and known.get("sizes") == sizes:
             verify_ms = known["verify_ms"]

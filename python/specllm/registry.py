@@ -143,9 +143,7 @@ def _pull(name, progress, sources):
             try:
                 _PULLERS[source](name, spec, dest, progress)
                 return str(dest)
-            except PullError as e:
-                errors.append(f"{source}: {e}")
-            except OSError as e:  # a full disk, a folder that turned read-only (the .partial is deleted)
+            except (PullError, OSError) as e:  # OSError: a full disk, a read-only folder (the .partial is gone)
                 errors.append(f"{source}: {e}")
     if not errors:
         raise PullError(f"model {name!r} has no source among {list(sources)}")
