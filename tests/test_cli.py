@@ -260,3 +260,16 @@ def test_colors_only_on_a_terminal_without_no_color(monkeypatch):
     assert cli.Style.for_stream(Tty()).dim("x") == "x"
     with open(os.devnull, "w") as not_a_tty:
         assert cli.Style.for_stream(not_a_tty).enabled is False
+
+
+def test_the_status_line_says_when_nothing_was_drafted():
+    from specllm.chat_screen import Style, status_line
+    from specllm.chat_session import Reply
+    from specllm.results import Stats
+
+    style = Style(False)
+    idle = Reply("text", Stats(n_generated=10, generate_ms=500.0), "stop")
+    busy = Reply("text", Stats(n_generated=10, n_steps=5, n_drafted=8, n_accepted=6, generate_ms=400.0), "length")
+    assert status_line(idle, style, plain=False) == "20.0 tok/s · nothing drafted · 10 tokens"
+    assert status_line(busy, style, plain=False) == "25.0 tok/s · 75% accepted · draft 1.6 · 10 tokens · cut at --max-tokens"
+    assert "drafted" not in status_line(idle, style, plain=True)

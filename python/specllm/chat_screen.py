@@ -57,7 +57,9 @@ class Style:
 def status_line(reply, style: Style, plain: bool) -> str:
     s = reply.stats
     parts = [f"{s.tokens_per_second:.1f} tok/s"]
-    if not plain:
+    if not plain and s.n_drafted == 0:
+        parts.append("nothing drafted")  # "auto" found no draft that would pay
+    elif not plain:
         parts += [f"{s.acceptance_rate:.0%} accepted", f"draft {_mean(s.mean_draft_length)}"]
     parts.append(f"{s.n_generated} tokens")
     if reply.finish_reason == "interrupted":
