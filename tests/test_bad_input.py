@@ -103,7 +103,8 @@ def test_detokenize_checks_its_ids(llm, tokens, error, message):
 
 def test_numpy_token_ids_are_ints(llm):
     ids = np.array(llm.tokenize("hello world"), dtype=np.int64)
-    assert llm.generate(list(ids), max_tokens=4).tokens == llm.generate(llm.tokenize("hello world"), max_tokens=4).tokens
+    expected = llm.generate(llm.tokenize("hello world"), max_tokens=4).tokens
+    assert llm.generate(list(ids), max_tokens=4).tokens == expected
     assert llm.detokenize(ids) == llm.detokenize(iter(ids.tolist())) == llm.detokenize(llm.tokenize("hello world"))
 
 

@@ -271,5 +271,6 @@ def test_the_status_line_says_when_nothing_was_drafted():
     idle = Reply("text", Stats(n_generated=10, generate_ms=500.0), "stop")
     busy = Reply("text", Stats(n_generated=10, n_steps=5, n_drafted=8, n_accepted=6, generate_ms=400.0), "length")
     assert status_line(idle, style, plain=False) == "20.0 tok/s · nothing drafted · 10 tokens"
-    assert status_line(busy, style, plain=False) == "25.0 tok/s · 75% accepted · draft 1.6 · 10 tokens · cut at --max-tokens"
+    assert status_line(busy, style, plain=False) == \
+        "25.0 tok/s · 75% accepted · draft 1.6 · 10 tokens · cut at --max-tokens"
     assert "drafted" not in status_line(idle, style, plain=True)
