@@ -75,7 +75,8 @@ def test_chat_streams_a_reply_then_a_status_line_and_keeps_the_session(tiny, env
     child.expect(r"\r\n([^\r\n]*tok/s[^\r\n]*)\r\n")
     reply, status = child.before, child.match.group(1)
     assert reply.strip(), "no reply text before the status line"
-    assert "accepted" in status and "draft" in status and "\033[2m" in status  # dim: a terminal
+    # whether "auto" drafts on the tiny models depends on this machine's measured costs
+    assert ("accepted" in status and "draft" in status or "nothing drafted" in status) and "\033[2m" in status
     child.expect(PROMPT)
     stats = ask(child, "/stats")
     assert "1 reply," in stats and "tokens" in stats and "conversation: 2 messages" in stats
