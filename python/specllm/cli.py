@@ -212,11 +212,23 @@ def _error(message: str) -> None:
         print(f"  {line}", file=sys.stderr)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is at each record (a test harness or a caller may swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
 def _show_profile_notes() -> None:
     """The first load on a machine measures verify costs for a few seconds: say so on stderr."""
     log = logging.getLogger("specllm.profile")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler.specllm_cli = True
         log.addHandler(handler)
