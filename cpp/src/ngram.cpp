@@ -9,8 +9,8 @@ namespace specllm {
 
 NgramIndex::NgramIndex(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) {
     if (n_min < 1 || n_max < n_min || n_max > 16) {
-        throw InvalidArgument("n-gram sizes must satisfy 1 <= n_min <= n_max <= 16, got n_min=" +
-                              std::to_string(n_min) + " n_max=" + std::to_string(n_max));
+        throw InvalidArgument("n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16, got ngram_min=" +
+                              std::to_string(n_min) + " ngram_max=" + std::to_string(n_max));
     }
     maps_.resize((size_t) n_max + 1);
     prev_.resize((size_t) n_max + 1);

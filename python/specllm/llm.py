@@ -46,10 +46,9 @@ def _draft_arg(model: str, draft, ngram):
 
 
 def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
-    """Before any model loads: the n-gram sizes an n-gram drafter would refuse (NgramIndex's rule)."""
-    if (draft == "ngram" or (ngram and draft is not None)) and not 1 <= sizes.n_min <= sizes.n_max <= 16:
-        raise InvalidOptionError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 16, got "
-                                 f"ngram_min={sizes.n_min} ngram_max={sizes.n_max}")
+    """Before any model loads: an index of these sizes refuses what the n-gram drafter would refuse."""
+    if draft == "ngram" or (ngram and draft is not None):
+        _core.NgramIndex(sizes.n_min, sizes.n_max)
 
 
 @contextlib.contextmanager
@@ -129,7 +128,6 @@ class LLM:
         self.seed = seed
         self._model = model  # as given: a registry name finds its default draft (set_draft)
         self._opts = opts
-        self._n_gpu_layers = n_gpu_layers
         self._profile_costs = profile_costs
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
         self._lock = threading.Lock()
@@ -176,7 +174,7 @@ class LLM:
         self.draft_path = opts.draft.path if has_model else None
         self.profile = None
         if self._profile_costs and opts.draft_kind != _core.DraftKind.none:
-            args = (opts.target.n_threads, self._n_gpu_layers, opts.target.repack, opts.verify_rows)
+            args = (opts.target.n_threads, opts.target.n_gpu_layers, opts.target.repack, opts.verify_rows)
             # the target's verify costs from an earlier profile (of this LLM, or cached for this target with the
             # n-gram drafter): measuring them again would clear the target's KV cache
             known = self._known_profile or profile.cached(self.model_path, "", *args)
