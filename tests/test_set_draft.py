@@ -39,14 +39,12 @@ def test_a_draft_that_cannot_load_leaves_the_old_one(tiny, make_llm, tmp_path):
     assert c.stats.n_ngram_steps > 0 and c.stats.n_cached > 0
 
 
-def test_not_inside_an_open_stream(tiny, make_llm):
-    llm = make_llm(tiny["target"], "ngram")
+def test_an_open_stream_left_idle_is_closed_for_set_draft(tiny, make_llm):
+    llm = make_llm(tiny["target"], "ngram", stream_idle_timeout=0.3)
     stream = llm.stream(PROMPT, max_tokens=8)
     next(stream)
-    with pytest.raises(RuntimeError, match="open stream"):
-        llm.set_draft(None)
-    stream.close()
-    llm.set_draft(None)
+    llm.set_draft(None)  # waits 0.3 s for the idle stream, then closes it
+    assert [c.finish_reason for c in stream] == ["cancelled"]
     assert llm.generate(PROMPT, max_tokens=4).stats.n_drafted == 0
 
 

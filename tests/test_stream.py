@@ -101,16 +101,6 @@ def test_leaving_a_stream_early_keeps_the_llm_consistent(tiny, make_llm, name, h
     assert llm.generate(p, max_tokens=N, draft_length=k).tokens[:len(seen)] == seen
 
 
-def test_generate_while_a_stream_is_open_is_refused(tiny, make_llm):
-    llm = load(tiny, make_llm, "draft")
-    stream = llm.stream(PROMPTS[0], max_tokens=N)
-    next(stream)
-    with pytest.raises(RuntimeError, match="open stream"):
-        llm.generate(PROMPTS[1], max_tokens=4)
-    stream.close()
-    assert llm.generate(PROMPTS[1], max_tokens=4).finish_reason == "length"
-
-
 def test_chat_streams_with_the_template(tiny, make_llm):
     llm = load(tiny, make_llm, "draft")
     messages = [{"role": "user", "content": "Bonjour, ça va ?"}]

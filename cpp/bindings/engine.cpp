@@ -78,6 +78,10 @@ void register_engine(py::module_ & m) {
         .def("set_drafter", &Engine::set_drafter, py::arg("kind"), py::arg("draft"), py::arg("ngram"),
              py::call_guard<py::gil_scoped_release>())
         .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
+        .def("interrupt", &Engine::interrupt, "from any thread: stop the running generation at its next prompt "
+             "batch or step")
+        .def("clear_interrupt", &Engine::clear_interrupt)
+        .def_property_readonly("interrupted", &Engine::interrupted)
         .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2,
              py::call_guard<py::gil_scoped_release>())

@@ -4,9 +4,9 @@
 
 namespace specllm {
 
-void ModelDrafter::prefill(const std::vector<llama_token> & history) {
+void ModelDrafter::prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) {
     const int n_keep = model_->keep_common_prefix(history);
-    model_->decode(history.data() + n_keep, (int) history.size() - n_keep, false);
+    model_->decode_polled(history.data() + n_keep, (int) history.size() - n_keep, poll);
 }
 
 void ModelDrafter::propose(const DraftRequest & req, Draft & out) {

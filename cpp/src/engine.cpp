@@ -114,24 +114,26 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     stats_.n_drafted_at.assign((size_t) AutoPolicy::n_max, 0);
     stats_.n_accepted_at.assign((size_t) AutoPolicy::n_max, 0);
 
-    // prefill: everything but the last prompt token, reusing the cached prefix
+    // prefill: everything but the last prompt token, reusing the cached prefix. Between prompt batches: an
+    // interrupt from another thread, then the caller's poll (Ctrl-C)
     const double t0 = now_ms();
     history_.assign(prompt.begin(), prompt.end() - 1);
     id_last_ = prompt.back();
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
-    const int n_todo = (int) history_.size() - n_keep;
-    // at most 256 tokens between polls: ~4 s of prefill on a 2-core CPU (the default n_batch of 512 took ~8 s)
-    constexpr int poll_every = 256;
-    for (int i = 0, step = std::min(target_->n_batch(), poll_every); i < n_todo; i += step) {
-        if (poll && i > 0) {
+    const std::function<void()> check = [&] {
+        if (interrupt_.load()) {
+            throw Cancelled("the generation was cancelled during prompt processing");
+        }
+        if (poll) {
             poll();
         }
-        target_->decode(history_.data() + n_keep + i, std::min(step, n_todo - i), false);
-    }
+    };
+    target_->decode_polled(history_.data() + n_keep, (int) history_.size() - n_keep, check);
     const bool model_pays = gen_.policy != PolicyKind::automatic || auto_.viable(0);
     if (drafter_ && drafter_->has_model() && model_pays) {
-        drafter_->prefill(history_); // a draft model that cannot pay here is not kept in step
+        check();
+        drafter_->prefill(history_, check); // a draft model that cannot pay here is not kept in step
     }
     stats_.prefill_ms = now_ms() - t0;
     active_ = true;
@@ -142,6 +144,10 @@ StepResult Engine::step() {
     StepResult out;
     if (!active_) {
         out.done = true;
+        return out;
+    }
+    if (interrupt_.load()) {
+        finish("cancelled", out);
         return out;
     }
     const double t_step = now_ms();

@@ -161,6 +161,16 @@ int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
     return (int) n;
 }
 
+void Model::decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll) {
+    const int step = std::min(n_batch(), prompt_batch);
+    for (int i = 0; i < n; i += step) {
+        if (poll && i > 0) {
+            poll();
+        }
+        decode(tokens + i, std::min(step, n - i), false);
+    }
+}
+
 int Model::n_batch() const {
     return (int) llama_n_batch(ctx_.get());
 }

@@ -3,6 +3,7 @@
     specllm-cli                                  chat with the default pair (qwen2.5-coder-1.5b + its draft)
     specllm-cli chat --model X --draft Y         Y: none, ngram, a registry name or a .gguf path
     specllm-cli generate "PROMPT" [--stats]      prompt from stdin when absent or "-"; --stats: JSON on stderr
+    specllm-cli serve [--port 8000] [--api-key K]   an OpenAI-compatible server on 127.0.0.1 (needs specllm[server])
     specllm-cli pull NAME ... / specllm-cli models
 
 argparse rather than click: the standard library does all this needs, so no extra dependency.
@@ -59,6 +60,11 @@ def _draft(s: str):
 
 
 def _model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    _load_args(p)
+    _generation_args(p, max_tokens)
+
+
+def _load_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", "-m", default=DEFAULT_MODEL,
                    help=f"target model: registry name or .gguf path (default: {DEFAULT_MODEL})")
@@ -105,6 +111,23 @@ def make_parser() -> argparse.ArgumentParser:
     _model_args(p, max_tokens=256)
     p.set_defaults(func=run_generate)
 
+    p = sub.add_parser("serve", help="serve the model over the OpenAI HTTP API",
+                       description="Serve the model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
+                                   "/v1/models, /health, /metrics) until Ctrl-C or SIGTERM.")
+    _load_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    key = g.add_mutually_exclusive_group()
+    key.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    key.add_argument("--api-key-file", default=None, metavar="FILE", help="read the API key from FILE")
+    g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN (repeatable; default: none)")
+    g.add_argument("--max-queue", type=_positive_int, default=16, metavar="N",
+                   help="requests that may wait for the model; more get 429 (default: 16)")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+
     p = sub.add_parser("pull", help="download registry models into the cache (sha256-checked)")
     p.add_argument("names", nargs="+", metavar="NAME", help="registry names (see 'models')")
     p.set_defaults(func=run_pull)
@@ -122,7 +145,7 @@ def _check(parser, args) -> None:
 
 
 def _llm_options(args) -> dict:
-    return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": args.seed}
+    return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None)}
 
 
 def _gen_options(args) -> dict:
@@ -159,6 +182,35 @@ def run_generate(args) -> int:
     sys.stdout.flush()
     if args.stats:
         print(json.dumps({"finish_reason": last.finish_reason, **last.stats.as_dict()}), file=sys.stderr)
+    return 0
+
+
+def run_serve(args) -> int:
+    try:
+        from .server import serve
+    except ImportError as e:
+        raise SpecLLMError(f"the server needs its extra: pip install 'specllm[server]' ({e})") from None
+    api_key = args.api_key
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                api_key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecLLMError(f"cannot read the API key file: {e}") from None
+        if not api_key:
+            raise SpecLLMError(f"the API key file {args.api_key_file} is empty")
+    if not 0 <= args.port <= 65535:
+        raise SpecLLMError(f"--port must be from 0 to 65535, got {args.port}")
+    log = logging.getLogger("specllm.server")
+    if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
+        log.addHandler(_stderr_handler())
+        log.setLevel(logging.INFO)
+
+    def load() -> LLM:  # on the server's worker thread: /health answers 503 until it returns
+        return LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
+
+    serve(load, host=args.host, port=args.port, api_key=api_key, cors_origins=args.cors_origin,
+          max_queue=args.max_queue, log_level=args.log_level)
     return 0
 
 
@@ -224,14 +276,18 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def _stderr_handler() -> logging.Handler:
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.specllm_cli = True
+    return handler
+
+
 def _show_profile_notes() -> None:
     """The first load on a machine measures verify costs for a few seconds: say so on stderr."""
     log = logging.getLogger("specllm.profile")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.specllm_cli = True
-        log.addHandler(handler)
+        log.addHandler(_stderr_handler())
         log.setLevel(logging.INFO)
 
 

@@ -27,3 +27,8 @@ class RegistryError(SpecLLMError):
 
 class PullError(RegistryError):
     """Fetching a model failed (no source reachable, or the download did not verify)."""
+
+
+class Cancelled(SpecLLMError):
+    """A generation was cancelled from another thread during prompt processing (Stream.cancel); streams turn it
+    into a last chunk with finish_reason "cancelled"."""

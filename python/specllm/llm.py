@@ -1,7 +1,9 @@
 """LLM: a target model, optionally a drafter, and generate / stream / chat over the C++ engine.
 
-One LLM serializes its calls: a second thread waits until the running generation (or open stream) ends.
-A stream holds the LLM until it is exhausted or closed (break out of the loop, or call .close()).
+One LLM serializes its calls: a second caller waits until the running generation (or open stream) ends.
+A stream holds the LLM until it is exhausted or closed (break out of the loop, or call .close()); it belongs to
+the LLM, not to a thread (see stream.py): any thread may advance or cancel it, and a stream nobody advances is
+closed once another call has waited for it for stream_idle_timeout seconds.
 """
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import numbers
 import os
 import signal
 import threading
-from typing import Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Union
 
 from . import _core, logs, profile
 from .errors import InvalidOptionError
 from .options import _int, make_options
 from .options import text as _text
-from .results import Chunk, Completion, Stats
+from .results import Completion, Stats
+from .stream import Call, Gate, Stream
 
 DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, plain decoding for a path
 Prompt = Union[str, Sequence[int]]
@@ -84,6 +87,7 @@ class LLM:
         ngram_max: int = 4,
         profile_costs: bool = True,
         exact: bool = True,
+        stream_idle_timeout: float = 10.0,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -99,6 +103,8 @@ class LLM:
             decoding, so exact mode loads without repacking and verifies in chunks of at most 7 rows, decoding
             a chunk only when every draft before it was accepted. exact=False lets llama.cpp use those kernels
             (long verify batches get cheaper per token; output can differ from plain decoding on near-ties).
+        stream_idle_timeout: seconds a caller waits behind an open stream that nobody advances before closing it
+            (an abandoned stream must not block the LLM forever).
         """
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
                             ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
@@ -130,8 +136,11 @@ class LLM:
         self._opts = opts
         self._profile_costs = profile_costs
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
-        self._lock = threading.Lock()
-        self._owner: Optional[int] = None
+        if isinstance(stream_idle_timeout, bool) or not isinstance(stream_idle_timeout, numbers.Real):
+            raise TypeError(f"stream_idle_timeout must be a number, got {type(stream_idle_timeout).__name__}")
+        if not stream_idle_timeout > 0:
+            raise InvalidOptionError(f"stream_idle_timeout must be > 0 seconds, got {stream_idle_timeout}")
+        self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)
         finally:
@@ -147,25 +156,20 @@ class LLM:
         with its KV cache, so a conversation goes on without evaluating its prefix again (except the first time
         an LLM made without a drafter gets one on a machine with no cost profile of its target yet: measuring
         the profile clears the cache). The new drafter is loaded before the old one is freed; if it cannot be
-        (a typed error), the old one stays. Waits for a running generation; refused inside an open stream of
-        this thread. Ctrl-C while the new drafter loads is raised once it is in place."""
+        (a typed error), the old one stays. Waits for a running generation (see stream_idle_timeout). Ctrl-C while the new drafter loads is raised once it is in place."""
         draft, ngram = _draft_arg(self._model, draft, ngram)
         _check_ngram_sizes(draft, ngram, self._opts.ngram)
         if draft_n_gpu_layers is not None:
             _int("draft_n_gpu_layers", draft_n_gpu_layers)
         dngl = self._draft_n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
         kind, dopts = self._drafter_options(draft, ngram, dngl, self._opts.target)  # may pull the model first
-        self._acquire()
-        try:
-            with _interrupt_after():  # the swap and what says which drafter is in place are never split
-                try:
-                    self._engine.set_drafter(kind, dopts, self._opts.ngram)
-                finally:
-                    logs.drain()
-                self._opts.draft_kind, self._opts.draft = kind, dopts
-                self._drafter_loaded(draft)
-        finally:
-            self._release()
+        with Call(self._gate), _interrupt_after():  # the swap and what says which drafter is in place are one
+            try:
+                self._engine.set_drafter(kind, dopts, self._opts.ngram)
+            finally:
+                logs.drain()
+            self._opts.draft_kind, self._opts.draft = kind, dopts
+            self._drafter_loaded(draft)
 
     def _drafter_loaded(self, draft) -> None:
         opts = self._opts
@@ -239,34 +243,44 @@ class LLM:
 
     def reset(self) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt)."""
-        self._acquire()
-        try:
+        with Call(self._gate):
             self._engine.reset()
-        finally:
-            self._release()
 
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:
         """Generate a completion of prompt (text or token ids). Options: max_tokens=256, temperature=0.0
         (greedy), top_k, top_p, min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0)."""
         text, tokens, last = [], [], None
-        for chunk in self.stream(prompt, **options):
-            text.append(chunk.text)
-            tokens.extend(chunk.tokens)
-            last = chunk
+        with self.stream(prompt, **options) as stream:
+            for chunk in stream:
+                text.append(chunk.text)
+                tokens.extend(chunk.tokens)
+                last = chunk
         return Completion("".join(text), tokens, last.finish_reason, last.stats)
 
-    def stream(self, prompt: Prompt, **options) -> Iterator[Chunk]:
-        """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only)."""
+    def stream(self, prompt: Prompt, **options) -> Stream:
+        """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only). The options are
+        checked now; the generation starts at the first next(). The Stream can be cancel()ed from any thread."""
         tokens = self._prompt_tokens(prompt)
         opts = make_options(**self._with_seed(options))
-        return self._run(tokens, opts)
+        return Stream(self, tokens, opts, self._finished)
+
+    def _finished(self, stats: Stats) -> None:
+        self.last_stats = stats
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation formatted with the model's chat template. The KV cache of the previous
         turns is reused when the new conversation extends the previous one."""
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
+
+    def prompt_tokens(self, prompt: Prompt) -> List[int]:
+        """The tokens generate(prompt) evaluates: text tokenized with BOS (once), or checked token ids."""
+        return self._prompt_tokens(prompt)
+
+    def check_options(self, **options) -> None:
+        """Raise what generate(**options) would raise for these options (InvalidOptionError, TypeError)."""
+        make_options(**self._with_seed(options))
 
     def _with_seed(self, options: dict) -> dict:
         if options.get("seed") is None and self.seed is not None:
@@ -295,39 +309,6 @@ class LLM:
         if bad:
             raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
         return [int(t) for t in tokens]
-
-    def _acquire(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            if self._owner == threading.get_ident():
-                raise RuntimeError("this thread still has an open stream on this LLM: exhaust or close() it first")
-            self._lock.acquire()
-        self._owner = threading.get_ident()
-
-    def _release(self) -> None:
-        self._owner = None
-        self._lock.release()
-
-    def _run(self, tokens: List[int], opts) -> Iterator[Chunk]:
-        self._acquire()
-        try:
-            try:
-                self._engine.start(tokens, opts)
-            finally:
-                logs.drain()
-            while True:
-                r = self._engine.step()
-                if r.done:
-                    yield Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, r.finish_reason,
-                                Stats.from_core(self._engine.stats))
-                    return
-                if r.text or r.tokens:
-                    yield Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted)
-        finally:
-            if self._engine.active:
-                self._engine.cancel()  # closed early or interrupted: the KV cache stays consistent
-            self.last_stats = Stats.from_core(self._engine.stats)
-            logs.drain()
-            self._release()
 
     def __repr__(self) -> str:
         return f"LLM(model={self.model_path!r}, draft={self.draft!r})"

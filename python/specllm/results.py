@@ -66,7 +66,7 @@ class Chunk:
     tokens: List[int]
     n_drafted: int = 0
     n_accepted: int = 0
-    finish_reason: Optional[str] = None  # set on the last chunk: "stop" or "length"
+    finish_reason: Optional[str] = None  # set on the last chunk: "stop", "length" or "cancelled"
     stats: Optional[Stats] = None        # set on the last chunk
 
 
@@ -74,5 +74,5 @@ class Chunk:
 class Completion:
     text: str
     tokens: List[int]
-    finish_reason: str  # "stop" (end of generation or a stop string) or "length" (max_tokens)
+    finish_reason: str  # "stop" (end of generation or a stop string), "length" (max_tokens) or "cancelled"
     stats: Stats

@@ -5,6 +5,7 @@
 #include "specllm/ngram.h"
 #include "specllm/sampling.h"
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,8 +33,9 @@ class Drafter {
   public:
     virtual ~Drafter() = default;
     virtual void propose(const DraftRequest & req, Draft & out) = 0;
-    // make the drafter's state hold the committed history (a draft model decodes it); called at prefill
-    virtual void prefill(const std::vector<llama_token> & /*history*/) {}
+    // make the drafter's state hold the committed history (a draft model decodes it); called at prefill.
+    // `poll` runs between decode batches and may throw to abandon it (what was decoded stays cached)
+    virtual void prefill(const std::vector<llama_token> & /*history*/, const std::function<void()> & /*poll*/) {}
     // the n-gram match of the history's suffix (length 0 = none); the policy uses it for hybrid drafting
     virtual NgramMatch ngram_match(const std::vector<llama_token> & /*history*/, llama_token /*id_last*/) {
         return {};
@@ -48,7 +50,7 @@ class ModelDrafter : public Drafter {
   public:
     explicit ModelDrafter(std::unique_ptr<Model> model) : model_(std::move(model)) {}
     void propose(const DraftRequest & req, Draft & out) override;
-    void prefill(const std::vector<llama_token> & history) override;
+    void prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) override;
     bool has_model() const override { return true; }
     Model & model() { return *model_; }
 
@@ -80,7 +82,9 @@ class HybridDrafter : public Drafter {
     HybridDrafter(std::unique_ptr<Model> model, const NgramOptions & opts)
         : model_(std::move(model)), ngram_(opts) {}
     void propose(const DraftRequest & req, Draft & out) override;
-    void prefill(const std::vector<llama_token> & history) override { model_.prefill(history); }
+    void prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) override {
+        model_.prefill(history, poll);
+    }
     NgramMatch ngram_match(const std::vector<llama_token> & history, llama_token id_last) override {
         return ngram_.ngram_match(history, id_last);
     }

@@ -10,6 +10,7 @@
 #include "specllm/text.h"
 #include "specllm/verifier.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,7 +57,7 @@ struct StepResult {
     std::string text;                 // newly released text (complete UTF-8, stop strings cut)
     std::vector<llama_token> tokens;  // newly committed tokens
     bool done = false;
-    std::string finish_reason;        // "stop" or "length" when done
+    std::string finish_reason;        // "stop", "length" or "cancelled" (interrupt()) when done
     int n_drafted = 0;
     int n_accepted = 0;
 };
@@ -77,6 +78,12 @@ class Engine {
                const std::function<void()> & poll = {});
     StepResult step();
     bool active() const { return active_; }
+    // from any thread, without waiting: a prefill in progress throws Cancelled before its next prompt batch
+    // (target or draft), and the next step() ends the generation with finish_reason "cancelled". The request
+    // stays until clear_interrupt()
+    void interrupt() { interrupt_.store(true); }
+    void clear_interrupt() { interrupt_.store(false); }
+    bool interrupted() const { return interrupt_.load(); }
     // another drafter (kind none, ngram, model or hybrid; draft: the draft model's options for model and
     // hybrid), keeping the target and its KV cache. The new one is loaded before the old one is freed: if it
     // cannot be (a typed error), the old one stays. Not during a generation
@@ -114,6 +121,7 @@ class Engine {
     std::vector<llama_token> batch_;
     llama_token id_last_ = -1;
     bool active_ = false;
+    std::atomic<bool> interrupt_{false};
     Stats stats_;
     std::mutex mutex_;
 };

@@ -32,6 +32,11 @@ struct InvalidArgument : Error {
     using Error::Error;
 };
 
+// the generation was interrupted from another thread (Engine::interrupt) during prompt processing
+struct Cancelled : Error {
+    using Error::Error;
+};
+
 // llama_decode failed for a reason other than a full context
 struct DecodeError : Error {
     using Error::Error;

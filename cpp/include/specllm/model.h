@@ -6,6 +6,7 @@
 
 #include "llama-cpp.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ class Model {
     // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits) or
     // only the last row. Throws ContextOverflowError / DecodeError; on error the cache is cut back.
     void decode(const llama_token * tokens, int n, bool all_logits);
+    // decode a prompt (no logits but the last row's) in batches of at most prompt_batch tokens, calling poll
+    // before every batch but the first; poll may throw to abandon it (what was decoded stays cached)
+    void decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll);
+    static constexpr int prompt_batch = 256; // ~4 s of prefill on a 2-core CPU between polls
     const float * logits(int i) const; // row i of the last decode (only rows that requested logits)
 
   private:

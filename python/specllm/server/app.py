@@ -1,0 +1,181 @@
+"""The FastAPI app: routes, OpenAI-shaped errors, bearer-key auth, CORS, a body cap, request metrics, and the
+worker's lifetime; serve() runs it with uvicorn."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import logging
+import os
+import time
+from typing import Callable, Optional, Sequence, Union
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..llm import LLM
+from . import errors, routes
+from .errors import APIError
+from .metrics import Metrics
+from .worker import Worker
+
+log = logging.getLogger("specllm.server")
+DEFAULT_MAX_BODY = 4 * 2**20  # bytes: a long conversation is a few hundred KiB
+
+
+class State:
+    def __init__(self, worker: Worker, metrics: Metrics, model_id: Optional[str], max_queue: int):
+        self.worker, self.metrics, self.max_queue = worker, metrics, max_queue
+        self._model_id = model_id
+        self.created = int(time.time())
+
+    @property
+    def llm(self) -> LLM:
+        return self.worker.llm
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id:
+            return self._model_id
+        llm = self.worker.llm
+        return model_id_of(llm) if llm is not None else "loading"
+
+    def require_ready(self) -> None:
+        if self.worker.load_error is not None:
+            raise APIError(503, f"the model could not be loaded: {self.worker.load_error}", "server_error", None,
+                           "model_load_failed")
+        if not self.worker.ready:
+            raise APIError(503, "the model is still loading; retry shortly (GET /health says when it is ready)",
+                           "server_error", None, "model_loading", headers={"Retry-After": "5"})
+
+
+def model_id_of(llm: LLM) -> str:
+    """The id clients name the model by: its registry name, or the GGUF file's name without .gguf."""
+    name = os.path.basename(llm._model)
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+class BodyLimit:
+    """ASGI middleware: refuse a body over max_body bytes with a 413 (by Content-Length, or counted as it
+    arrives), and count every response by endpoint and status."""
+
+    def __init__(self, app, max_body: int, metrics: Metrics):
+        self.app, self.max_body, self.metrics = app, max_body, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = path if path in KNOWN_PATHS else "other"
+        status = {}
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                self.metrics.requests.labels(endpoint=endpoint, status=str(message["status"])).inc()
+            await send(message)
+
+        too_big = APIError(413, f"the request body is larger than {self.max_body} bytes", "invalid_request_error",
+                           None, "request_too_large").response()
+        length = dict(scope.get("headers") or {}).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return await too_big(scope, receive, counting_send)
+        seen = 0
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooBig
+            return message
+
+        try:
+            await self.app(scope, counting_receive, counting_send)
+        except _TooBig:
+            if "code" not in status:
+                await too_big(scope, receive, counting_send)
+
+
+class _TooBig(Exception):
+    pass
+
+
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+
+
+def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
+               cors_origins: Sequence[str] = (), max_queue: int = 16, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """An ASGI app serving llm over the OpenAI API. llm: a loaded LLM, or a function that loads one (called on
+    the worker thread at startup; /health answers 503 until it returns). The app owns a worker thread while it
+    runs (its lifespan): run it under uvicorn or another ASGI server, or drive it with starlette's TestClient."""
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+        raise ValueError(f"max_queue must be an int >= 1, got {max_queue!r}")
+    metrics = Metrics()
+    worker = Worker(llm, max_queue, metrics)
+    state = State(worker, metrics, model_id, max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    async def check_key(request: Request):
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           "invalid_request_error", None, "invalid_api_key")
+
+    app = FastAPI(title="specllm", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.specllm = state
+    errors.install(app)
+    app.include_router(routes.router, dependencies=[Depends(check_key)])
+    app.include_router(routes.public)
+
+    @app.get("/metrics", dependencies=[Depends(check_key)])
+    async def metrics_endpoint():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodyLimit, max_body=max_body, metrics=metrics)
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int = 8000, *,
+          api_key: Optional[str] = None, log_level: str = "info", **app_options) -> None:
+    """Serve llm on host:port until Ctrl-C or SIGTERM (running requests are cancelled, then it returns).
+    llm may be a function that loads the LLM: the server answers /health with 503 until it is loaded, and if
+    loading fails it stops and serve() raises that error."""
+    import uvicorn
+
+    if not is_loopback(host) and api_key is None:
+        log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
+                    "(pass api_key / --api-key)", host)
+    app = create_app(llm, api_key=api_key, **app_options)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    worker = app.state.specllm.worker
+    worker.on_load_error = lambda e: setattr(server, "should_exit", True)
+    server.run()
+    if worker.load_error is not None:
+        raise worker.load_error

@@ -1,0 +1,72 @@
+"""Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}, never a traceback."""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("specllm.server")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None, headers: Optional[Dict[str, str]] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "the request body is not valid")
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if e.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {e.get('msg', '')}", param=None,
+                        code="invalid_json")
+    param = ".".join(loc) or None
+    got = e.get("input")
+    shown = repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + "..."
+    what = f"{param}: {e.get('msg', 'invalid value')}" if param else e.get("msg", "invalid body")
+    if e.get("type") != "missing" and param:
+        what += f" (got {shown})"
+    return APIError(400, what, param=param, code="invalid_value")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into the OpenAI error shape."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        err = _validation_error(exc)
+        return err.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kinds = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+        type_, code = kinds.get(exc.status_code, ("invalid_request_error", None))
+        message = exc.detail if isinstance(exc.detail, str) else "invalid request"
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        return APIError(exc.status_code, message, type_, None, code, getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return APIError(500, f"internal error ({type(exc).__name__}); the server goes on serving", "server_error",
+                        None, "internal_error").response()

@@ -1,0 +1,201 @@
+"""Request and response bodies of the OpenAI API, as far as specllm serves it.
+
+Unknown request fields are ignored (clients send many); fields specllm cannot honour are checked in
+`unsupported()` and refused with a 400 rather than silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class ContentPart(_Request):
+    type: str
+    text: Optional[str] = None
+
+
+class Message(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, List[ContentPart], None] = None
+
+
+class SamplingFields(_Request):
+    """What chat and completions requests share."""
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    seed: Optional[int] = None
+    stop: Union[str, List[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: Optional[int] = Field(None, ge=1)
+    # specllm's own
+    top_k: Optional[int] = Field(None, ge=0)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    draft_length: Union[int, Literal["auto", "heuristic"], None] = None
+    # accepted only where they change nothing
+    logprobs: Optional[Union[bool, int]] = None
+    top_logprobs: Optional[int] = None
+    logit_bias: Optional[Dict[str, float]] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    tools: Optional[List[Any]] = None
+    tool_choice: Optional[Any] = None
+    functions: Optional[List[Any]] = None
+    function_call: Optional[Any] = None
+    response_format: Optional[Dict[str, Any]] = None
+
+
+class ChatRequest(SamplingFields):
+    messages: List[Message]
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, List[str], List[int]]
+    echo: Optional[bool] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+def unsupported(req: SamplingFields) -> Optional[tuple]:
+    """(param, message) for the first field the request sets that specllm cannot honour, else None."""
+    checks = [
+        ("n", req.n not in (None, 1), "n > 1 is not supported: one completion per request"),
+        ("tools", bool(req.tools) or bool(req.functions), "tools and function calling are not supported"),
+        ("tool_choice", req.tool_choice not in (None, "none"), "tool_choice is not supported"),
+        ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
+        ("logprobs", bool(req.logprobs) or bool(req.top_logprobs), "logprobs are not supported"),
+        ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
+        ("presence_penalty", bool(req.presence_penalty), "presence_penalty is not supported (0 only)"),
+        ("frequency_penalty", bool(req.frequency_penalty), "frequency_penalty is not supported (0 only)"),
+        ("response_format", req.response_format is not None and req.response_format.get("type", "text") != "text",
+         "response_format other than {'type': 'text'} is not supported"),
+    ]
+    if isinstance(req, CompletionRequest):
+        checks += [("echo", bool(req.echo), "echo is not supported"),
+                   ("best_of", req.best_of not in (None, 1), "best_of > 1 is not supported"),
+                   ("suffix", bool(req.suffix), "suffix (insertion) is not supported")]
+    for param, bad, message in checks:
+        if bad:
+            return param, message
+    return None
+
+
+# --- responses
+class Speculative(BaseModel):
+    """What speculative decoding did for this request."""
+    drafted_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    mean_accepted_per_step: float
+    steps: int
+    tokens_per_second: float
+    prompt_tokens_cached: int
+    queue_ms: float
+    draft_length: Union[int, str]
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: List[ChatChoice]
+    usage: Usage
+    speculative: Speculative
+
+
+class Delta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: Optional[str] = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: List[ChunkChoice]
+    usage: Optional[Usage] = None
+    speculative: Optional[Speculative] = None
+
+
+class TextChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Optional[str] = None
+    logprobs: None = None
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: List[TextChoice]
+    usage: Optional[Usage] = None
+    speculative: Optional[Speculative] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specllm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

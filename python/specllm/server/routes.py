@@ -1,0 +1,271 @@
+"""The endpoints: each request is checked, turned into prompt tokens and options, queued as a worker job, and
+answered from the job's events, as one JSON body or as server-sent events. A client that goes away cancels its
+job, whether it is queued or running."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
+from . import protocol as p
+from .errors import APIError
+from .worker import Job, QueueFull
+
+router = APIRouter()   # behind the API key, when there is one
+public = APIRouter()   # /health
+DISCONNECT_POLL_S = 0.1
+GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "draft_length")
+
+
+def _state(request: Request):
+    return request.app.state.specllm
+
+
+def _check_model(state, req: p.SamplingFields) -> None:
+    if req.model and req.model != state.model_id:
+        raise APIError(404, f"the model '{req.model}' does not exist here; this server serves '{state.model_id}' "
+                            "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
+    bad = p.unsupported(req)
+    if bad:
+        raise APIError(400, bad[1], "invalid_request_error", bad[0], "unsupported_parameter")
+
+
+def _text_of(message: p.Message, i: int) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    parts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise APIError(400, f"only text content parts are supported, messages[{i}].content[{j}] is of type "
+                                f"'{part.type}'", "invalid_request_error", f"messages.{i}.content.{j}.type",
+                           "unsupported_content")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int]) -> dict:
+    n_ctx = state.llm.n_ctx
+    if n_prompt + (max_tokens or 1) > n_ctx:
+        wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
+        raise APIError(400, f"this request needs {n_prompt} prompt tokens{wanted}, more than the model's context "
+                            f"of {n_ctx} tokens; shorten the messages or lower max_tokens", "invalid_request_error",
+                       "messages" if isinstance(req, p.ChatRequest) else "prompt", "context_length_exceeded")
+    opts = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
+    if "seed" in opts:
+        opts["seed"] %= 2**64
+    opts["max_tokens"] = max_tokens or n_ctx - n_prompt
+    try:  # checked now, so that a bad value is a 400 before the request is queued
+        state.llm.check_options(**opts)
+    except (InvalidOptionError, TypeError) as e:
+        raise _bad_option(e) from None
+    return opts
+
+
+def _bad_option(e: Exception) -> APIError:
+    word = str(e).split(" ", 1)[0]
+    param = word if word in p.ChatRequest.model_fields or word in p.CompletionRequest.model_fields else None
+    return APIError(400, str(e), "invalid_request_error", param, "invalid_value")
+
+
+def _tokens(state, prompt) -> list:
+    try:
+        return state.llm.prompt_tokens(prompt)
+    except (InvalidOptionError, TypeError) as e:
+        raise _bad_option(e) from None
+
+
+def _usage(stats) -> p.Usage:
+    return p.Usage(prompt_tokens=stats.n_prompt, completion_tokens=stats.n_generated,
+                   total_tokens=stats.n_prompt + stats.n_generated,
+                   prompt_tokens_details=p.PromptTokensDetails(cached_tokens=stats.n_cached))
+
+
+def _speculative(stats, job: Job, draft_length) -> p.Speculative:
+    return p.Speculative(drafted_tokens=stats.n_drafted, accepted_tokens=stats.n_accepted,
+                         acceptance_rate=round(stats.acceptance_rate, 4),
+                         mean_accepted_per_step=round(stats.mean_accepted_per_step, 4), steps=stats.n_steps,
+                         tokens_per_second=round(stats.tokens_per_second, 2), prompt_tokens_cached=stats.n_cached,
+                         queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
+
+
+def _submit(request: Request, tokens, opts) -> Job:
+    state = _state(request)
+    if not state.worker.ready:
+        raise APIError(503, "the model is still loading; retry shortly (GET /health says when it is ready)",
+                       "server_error", None, "model_loading", headers={"Retry-After": "5"})
+    job = Job(tokens, opts, asyncio.get_running_loop())
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the server is busy: {state.max_queue} requests are already waiting; retry later",
+                       "rate_limit_error", None, "queue_full", headers={"Retry-After": "2"}) from None
+    return job
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    while not job.cancelled:
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def _generation_error(e: BaseException) -> APIError:
+    if isinstance(e, ContextOverflowError):
+        return APIError(400, str(e), "invalid_request_error", None, "context_length_exceeded")
+    if isinstance(e, (InvalidOptionError, TypeError)):
+        return _bad_option(e)
+    what = str(e) if isinstance(e, SpecLLMError) else type(e).__name__
+    return APIError(500, f"the generation failed: {what}; the server goes on serving", "server_error", None,
+                    "generation_failed")
+
+
+async def _collect(request: Request, job: Job):
+    """(text, last chunk) of a job, cancelling it if the client goes away."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
+    texts, last = [], None
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "chunk":
+                texts.append(value.text)
+                last = value
+            elif kind == "error":
+                raise _generation_error(value)
+            else:
+                break
+    finally:
+        if last is None or last.finish_reason is None:  # an error, or this handler was cancelled
+            job.cancel()
+        watcher.cancel()
+    return "".join(texts), last
+
+
+async def _events(request: Request, job: Job, make_chunk, first: Optional[dict], include_usage: bool,
+                  draft_length) -> AsyncIterator[str]:
+    """The SSE data lines of a streaming job; leaving early (the client went away) cancels the job."""
+    state = _state(request)
+    t0 = time.monotonic()
+    first_text = True
+    try:
+        if first is not None:
+            yield json.dumps(first)
+        while True:
+            kind, value = await job.events.get()
+            if kind == "error":
+                err = _generation_error(value)
+                yield json.dumps(err.body())
+                break
+            if kind == "end":
+                break
+            if value.text and first_text:
+                state.metrics.ttft_seconds.observe(time.monotonic() - t0)
+                first_text = False
+            if value.text or value.finish_reason:
+                yield make_chunk(value.text, value.finish_reason).model_dump_json(exclude_none=True)
+            if value.finish_reason is not None and include_usage:
+                last = make_chunk(None, None)
+                last.choices = []
+                last.usage = _usage(value.stats)
+                last.speculative = _speculative(value.stats, job, draft_length)
+                yield last.model_dump_json(exclude_none=True)
+        yield "[DONE]"
+    finally:
+        job.cancel()
+        state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+
+
+def _respond_stream(request, job, make_chunk, first, req: p.SamplingFields):
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return EventSourceResponse(_events(request, job, make_chunk, first, include_usage, req.draft_length),
+                               ping=15, sep="\n")
+
+
+@router.post("/v1/chat/completions", response_model=p.ChatCompletion)
+async def chat_completions(request: Request, req: p.ChatRequest):
+    state = _state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    _check_model(state, req)
+    if not req.messages:
+        raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
+                       "invalid_value")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text_of(m, i)}
+                for i, m in enumerate(req.messages)]
+    try:
+        prompt = state.llm.apply_chat_template(messages)
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
+    tokens = _tokens(state, prompt)
+    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens)
+    job = _submit(request, tokens, opts)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if req.stream:
+        def make_chunk(text, finish_reason):
+            delta = p.Delta(content=text) if text is not None else p.Delta()
+            return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
+                                         choices=[p.ChunkChoice(delta=delta, finish_reason=finish_reason)])
+        first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
+                                      choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
+        return _respond_stream(request, job, make_chunk, first.model_dump(exclude_none=True), req)
+    text, last = await _collect(request, job)
+    state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    return p.ChatCompletion(id=rid, created=created, model=state.model_id,
+                            choices=[p.ChatChoice(message=p.ChatMessage(content=text),
+                                                  finish_reason=last.finish_reason)],
+                            usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
+
+
+@router.post("/v1/completions", response_model=p.TextCompletion)
+async def completions(request: Request, req: p.CompletionRequest):
+    state = _state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    _check_model(state, req)
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "one prompt per request: a list of several prompts is not supported",
+                           "invalid_request_error", "prompt", "unsupported_parameter")
+        prompt = prompt[0]
+    if not prompt:
+        raise APIError(400, "prompt is empty", "invalid_request_error", "prompt", "invalid_value")
+    tokens = _tokens(state, prompt)
+    opts = _options(state, req, len(tokens), req.max_tokens or 16)
+    job = _submit(request, tokens, opts)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if req.stream:
+        def make_chunk(text, finish_reason):
+            return p.TextCompletion(id=rid, created=created, model=state.model_id,
+                                    choices=[p.TextChoice(text=text or "", finish_reason=finish_reason)])
+        return _respond_stream(request, job, make_chunk, None, req)
+    text, last = await _collect(request, job)
+    state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    return p.TextCompletion(id=rid, created=created, model=state.model_id,
+                            choices=[p.TextChoice(text=text, finish_reason=last.finish_reason)],
+                            usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
+
+
+@router.get("/v1/models", response_model=p.ModelList)
+async def models(request: Request):
+    state = _state(request)
+    return p.ModelList(data=[p.ModelCard(id=state.model_id, created=state.created)])
+
+
+@public.get("/health")
+async def health(request: Request):
+    worker = _state(request).worker
+    if worker.load_error is not None:
+        return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=503)
+    if not worker.ready:
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})
+    return {"status": "ok"}

@@ -1,0 +1,160 @@
+"""The worker: one thread that owns the LLM and serves jobs one at a time, in arrival order, from a bounded queue.
+
+A job's events (chunks, the end, an error) go to the request's asyncio queue on the event loop. job.cancel() may
+be called from the event loop at any time (the client went away): a queued job is skipped, a running one stops
+within one speculative step (one prompt batch during prompt processing) through Stream.cancel().
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Callable, List, Optional, Union
+
+from ..llm import LLM
+from .metrics import Metrics
+
+log = logging.getLogger("specllm.server")
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Job:
+    def __init__(self, tokens: List[int], options: dict, loop: asyncio.AbstractEventLoop):
+        self.tokens = tokens
+        self.options = options
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.t_submit = time.monotonic()
+        self.t_start: Optional[float] = None
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._stream = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._stream is not None:
+                self._stream.cancel()
+
+    @property
+    def queue_ms(self) -> float:
+        return 1000.0 * ((self.t_start or time.monotonic()) - self.t_submit)
+
+    def post(self, kind: str, value=None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            pass
+
+    def run(self, llm: LLM, metrics: Metrics) -> None:
+        self.t_start = time.monotonic()
+        metrics.queue_seconds.observe(self.t_start - self.t_submit)
+        try:
+            stream = llm.stream(self.tokens, **self.options)
+            with self._lock:
+                self._stream = stream
+                if self.cancelled:
+                    stream.cancel()
+            with stream:
+                for chunk in stream:
+                    self.post("chunk", chunk)
+            metrics.finished(stream.stats, stream.finish_reason)
+        except Exception as e:  # a decode error: the request fails, the server goes on
+            log.exception("generation failed")
+            self.post("error", e)
+        finally:
+            self.post("end")
+
+
+class Worker:
+    """Owns the LLM (or loads it from a factory on its own thread) and runs jobs in order."""
+
+    def __init__(self, llm: Union[LLM, Callable[[], LLM]], max_queue: int, metrics: Metrics):
+        self.llm: Optional[LLM] = llm if isinstance(llm, LLM) else None
+        self._factory = None if isinstance(llm, LLM) else llm
+        self.load_error: Optional[BaseException] = None
+        self.on_load_error: Optional[Callable[[BaseException], None]] = None
+        self.metrics = metrics
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._running: Optional[Job] = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="specllm-worker", daemon=True)
+        self._ready = threading.Event()
+        if self.llm is not None:
+            self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self.llm is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+        self.metrics.queue_depth.set(self._queue.qsize())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is queued and running, and end the thread (bounded wait)."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+                job.post("end")
+        with self._lock:
+            if self._running is not None:
+                self._running.cancel()
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:  # pragma: no cover - the queue was just drained
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        if self._factory is not None:
+            try:
+                self.llm = self._factory()
+            except BaseException as e:  # reported by /health; the process owner decides what to do
+                self.load_error = e
+                log.error("loading the model failed: %s", e)
+                if self.on_load_error is not None:
+                    self.on_load_error(e)
+            finally:
+                self._ready.set()
+        while True:
+            job = self._queue.get()
+            self.metrics.queue_depth.set(self._queue.qsize())
+            if job is None:
+                return
+            if job.cancelled:
+                self.metrics.cancelled.labels(stage="queued").inc()
+                job.post("end")
+                continue
+            if self.llm is None:
+                job.post("error", self.load_error or RuntimeError("no model loaded"))
+                job.post("end")
+                continue
+            with self._lock:
+                self._running = job
+            self.metrics.busy.set(1)
+            try:
+                job.run(self.llm, self.metrics)
+            finally:
+                self.metrics.busy.set(0)
+                with self._lock:
+                    self._running = None

@@ -1,0 +1,236 @@
+"""Streams and the gate that lets one generation of an LLM run at a time.
+
+A Stream belongs to its LLM, not to a thread: any thread may advance it, and any thread may cancel() it (a server
+cancels from its event loop while a worker thread consumes). The gate admits one holder at a time; a holder is a
+stream or a call such as reset(). A caller that waits behind an open stream which nobody advances (no next()
+running) for `idle_timeout` seconds closes that stream and goes ahead, so an abandoned stream never blocks the
+LLM for longer than that; the abandoned stream then ends with finish_reason "cancelled".
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Callable, List, Optional
+
+from . import logs
+from .errors import Cancelled
+from .results import Chunk, Stats
+
+log = logging.getLogger("specllm")
+
+
+class Gate:
+    def __init__(self, idle_timeout: float):
+        self.idle_timeout = idle_timeout
+        self._cond = threading.Condition()
+        self._holder = None  # a stream's _Ticket, or a Call
+
+    def enter(self, holder) -> None:
+        """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
+        with self._cond:
+            while self._holder is not None:
+                h = self._holder
+                idle = h._idle_since
+                if idle is None:
+                    self._cond.wait()
+                    continue
+                left = idle + self.idle_timeout - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                h._preempt()  # idle: nobody is inside its next(), so the engine is free to touch
+                self._holder = None
+            self._holder = holder
+
+    def idle(self, holder) -> None:
+        with self._cond:
+            holder._idle_since = time.monotonic()
+            self._cond.notify_all()
+
+    def busy(self, holder) -> bool:
+        """Mark holder as running a step; False if it was preempted meanwhile."""
+        with self._cond:
+            if self._holder is not holder:
+                return False
+            holder._idle_since = None
+            return True
+
+    def leave(self, holder) -> None:
+        with self._cond:
+            if self._holder is holder:
+                self._holder = None
+                self._cond.notify_all()
+
+
+class _Ticket:
+    """A stream's place in the gate. The gate holds the ticket, not the stream, so that a stream nobody
+    references any more is collected (and closes itself) even while it holds the gate."""
+    __slots__ = ("stream", "_idle_since")
+
+    def __init__(self, stream: "Stream"):
+        self.stream = weakref.ref(stream)
+        self._idle_since: Optional[float] = None
+
+    def _preempt(self) -> None:
+        stream = self.stream()
+        if stream is not None:
+            stream._preempt()
+
+
+class Call:
+    """A gate holder for a call that does not stream (reset, set_draft): never idle while it holds the gate."""
+    _idle_since = None
+
+    def __init__(self, gate: Gate):
+        self._gate = gate
+
+    def __enter__(self):
+        self._gate.enter(self)
+        return self
+
+    def __exit__(self, *exc):
+        self._gate.leave(self)
+
+    def _preempt(self) -> None:  # pragma: no cover - never idle
+        raise AssertionError("a call is never idle")
+
+
+class Stream:
+    """An iterator of Chunks, one per speculative step; the last one carries finish_reason and stats.
+
+    cancel() may be called from any thread: the generation stops within one step (one prompt batch during
+    prompt processing) and the stream ends with a chunk whose finish_reason is "cancelled". close() (or
+    leaving a `with` block, or dropping the stream) ends it early and frees the LLM; the KV cache stays
+    consistent either way."""
+
+    def __init__(self, llm, tokens: List[int], opts, on_finish: Callable[[Stats], None]):
+        self._llm = llm
+        self._engine = llm._engine
+        self._gate: Gate = llm._gate
+        self._tokens = tokens
+        self._opts = opts
+        self._on_finish = on_finish
+        self._lock = threading.Lock()        # one next()/close() at a time
+        self._state = threading.Lock()       # guards _cancelled / _running between cancel() and the runner
+        self._cancelled = False
+        self._running = False                # the engine runs this stream's generation
+        self._entered = False
+        self._done = False
+        self._preempted_stats: Optional[Stats] = None
+        self._ticket = _Ticket(self)
+        self.stats: Optional[Stats] = None   # set when the stream ends
+        self.finish_reason: Optional[str] = None
+
+    def __iter__(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Ask the generation to stop (thread-safe, returns at once)."""
+        with self._state:
+            self._cancelled = True
+            if self._running:
+                self._engine.interrupt()
+
+    def close(self) -> None:
+        """End the stream now (from any thread); a step running elsewhere finishes first."""
+        self.cancel()
+        with self._lock:
+            if not self._done:
+                self._end(cancelled=True)
+
+    def __next__(self) -> Chunk:
+        with self._lock:
+            if self._done:
+                raise StopIteration
+            if not self._entered:
+                self._gate.enter(self._ticket)
+                self._entered = True
+            elif not self._gate.busy(self._ticket):  # preempted while idle
+                self._done = True
+                return self._last_chunk("cancelled", self._preempted_stats or Stats())
+            try:
+                chunk = self._advance()
+            except BaseException:
+                self._end(cancelled=True)
+                raise
+            if chunk.finish_reason is not None:
+                self._end(cancelled=False)
+            else:
+                self._gate.idle(self._ticket)
+            return chunk
+
+    def _advance(self) -> Chunk:
+        engine = self._engine
+        if self._cancelled:
+            return self._last_chunk("cancelled", Stats.from_core(engine.stats) if self._running else Stats())
+        if not self._running:
+            with self._state:
+                self._running = True
+                if self._cancelled:
+                    engine.interrupt()
+            try:
+                engine.start(self._tokens, self._opts)
+            except Cancelled:
+                return self._last_chunk("cancelled", Stats.from_core(engine.stats))
+            finally:
+                logs.drain()
+        r = engine.step()
+        if r.done:
+            return self._last_chunk(r.finish_reason, Stats.from_core(engine.stats), r)
+        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted)
+
+    def _last_chunk(self, reason: str, stats: Stats, r=None) -> Chunk:
+        self.finish_reason, self.stats = reason, stats
+        if r is None:
+            return Chunk("", [], 0, 0, reason, stats)
+        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, reason, stats)
+
+    def _preempt(self) -> None:
+        """Called by the gate (under its lock) when a waiter takes over an idle stream."""
+        self._cancelled = True
+        self._preempted_stats = self._finish_engine()
+        log.warning("an open stream sat idle for %.0f s while another call waited: it was closed",
+                    self._gate.idle_timeout)
+
+    def _finish_engine(self) -> Optional[Stats]:
+        with self._state:
+            was_running, self._running = self._running, False
+        if not was_running:
+            return None
+        engine = self._engine
+        if engine.active:
+            engine.cancel()  # closed early or interrupted: the KV cache stays consistent
+        engine.clear_interrupt()
+        stats = Stats.from_core(engine.stats)
+        self._on_finish(stats)
+        logs.drain()
+        return stats
+
+    def _end(self, cancelled: bool) -> None:
+        self._done = True
+        if self._entered:
+            if self._gate.busy(self._ticket):  # still the holder (not preempted)
+                stats = self._finish_engine()
+                if self.stats is None:
+                    self.stats = stats
+                if cancelled and self.finish_reason is None:
+                    self.finish_reason = "cancelled"
+                self._gate.leave(self._ticket)

@@ -1,0 +1,136 @@
+"""Streams belong to the LLM, not to a thread: any thread advances or cancels one, a cancel stops the generation
+within one step (one prompt batch during prompt processing), and an abandoned stream never blocks the LLM for
+longer than stream_idle_timeout. The KV cache stays consistent on every path."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import specllm
+from helpers import check_kv
+
+PROMPT = "the quick brown fox jumps over the lazy dog"
+N = 60
+
+
+@pytest.fixture
+def llm(tiny, make_llm):
+    return make_llm(tiny["target"], tiny["draft"], stream_idle_timeout=0.5)
+
+
+def test_a_stream_is_advanced_from_several_threads(llm):
+    whole = llm.generate(PROMPT, max_tokens=N, draft_length=3)
+    stream = llm.stream(PROMPT, max_tokens=N, draft_length=3)
+    with ThreadPoolExecutor(3) as pool:  # each next() on whichever pool thread is free
+        chunks = []
+        while not chunks or chunks[-1].finish_reason is None:
+            chunks.append(pool.submit(next, stream).result(timeout=30))
+    assert [t for c in chunks for t in c.tokens] == whole.tokens
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_an_unrelated_call_on_a_reused_thread_waits_for_the_open_stream(llm):
+    # A server's pool thread that advanced a stream serves another request next: that request waits for the
+    # stream (advanced meanwhile by another thread), it is not refused and does not preempt it.
+    stream = llm.stream(PROMPT, max_tokens=N, draft_length=3)
+    with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+        a.submit(next, stream).result(timeout=30)
+        other = a.submit(llm.generate, PROMPT + " again", max_tokens=8)
+        rest = b.submit(lambda: [c for c in stream]).result(timeout=30)
+        assert other.result(timeout=30).finish_reason == "length"
+    assert rest[-1].finish_reason == "length"
+
+
+def test_an_abandoned_stream_is_closed_after_the_idle_timeout(llm):
+    stream = llm.stream(PROMPT, max_tokens=N)
+    first = next(stream)
+    t0 = time.monotonic()
+    again = llm.generate(PROMPT + " more", max_tokens=N)  # same thread: waits 0.5 s, then closes the stream
+    waited = time.monotonic() - t0
+    assert 0.4 <= waited < 10, waited
+    rest = list(stream)
+    assert [c.finish_reason for c in rest] == ["cancelled"] and rest[0].stats.n_generated >= len(first.tokens)
+    assert list(stream) == []
+    check_kv(llm, llm.tokenize(PROMPT + " more"), again)
+
+
+def test_a_busy_stream_is_not_preempted(llm):
+    # a consumer that takes its time between chunks (but less than the idle timeout) keeps its stream
+    chunks, done = [], threading.Event()
+
+    def consume():
+        for c in llm.stream(PROMPT, max_tokens=20, draft_length=0):
+            chunks.append(c)
+            time.sleep(0.05)
+        done.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    while not chunks:
+        time.sleep(0.005)
+    other = llm.generate(PROMPT, max_tokens=4)  # admitted once the stream's last chunk is out
+    t.join(10)
+    assert done.is_set() and chunks[-1].finish_reason == "length" and other.finish_reason == "length"
+    assert len(chunks) > 5
+
+
+def test_cancel_from_another_thread_stops_within_one_step(llm, make_llm, tiny):
+    stream = llm.stream(PROMPT, max_tokens=N, draft_length=3)
+    first = next(stream)
+    threading.Thread(target=stream.cancel).start()
+    time.sleep(0.1)
+    rest = list(stream)
+    assert [c.finish_reason for c in rest] == ["cancelled"], rest  # no step ran after the cancel
+    assert rest[-1].stats.n_generated == len(first.tokens)
+    assert stream.finish_reason == "cancelled"
+    again = llm.generate(PROMPT + " more", max_tokens=N, draft_length=3)
+    fresh = make_llm(tiny["target"], tiny["draft"]).generate(PROMPT + " more", max_tokens=N, draft_length=3)
+    assert again.tokens == fresh.tokens
+    check_kv(llm, llm.tokenize(PROMPT + " more"), again)
+
+
+def test_cancel_while_running_a_step_ends_after_that_step(llm):
+    stream = llm.stream(PROMPT, max_tokens=N, draft_length=3)
+    next(stream)
+    llm._engine.interrupt()  # as stream.cancel() does while a step runs: the engine ends at the next step
+    last = next(stream)
+    assert last.finish_reason == "cancelled" and last.tokens == []
+    with pytest.raises(StopIteration):
+        next(stream)
+    assert not llm._engine.interrupted  # cleared for the next generation
+    assert llm.generate(PROMPT, max_tokens=8).finish_reason == "length"
+
+
+def test_cancel_before_the_first_next(llm):
+    stream = llm.stream(PROMPT, max_tokens=N)
+    stream.cancel()
+    chunks = list(stream)
+    assert [c.finish_reason for c in chunks] == ["cancelled"] and chunks[0].stats.n_generated == 0
+    assert llm.generate(PROMPT, max_tokens=4).finish_reason == "length"
+
+
+def test_an_interrupt_stops_the_prefill_between_prompt_batches(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["draft"], n_ctx=2048)
+    prompt = llm.tokenize(" ".join(["lorem ipsum dolor sit amet"] * 40))
+    assert len(prompt) > 600  # at least three prompt batches of 256
+    opts = specllm.options.make_options(max_tokens=4, draft_length=3)
+    llm._engine.interrupt()
+    with pytest.raises(specllm.errors.Cancelled, match="cancelled during prompt processing"):
+        llm._engine.start(prompt, opts)
+    cached = list(llm._engine.target.cached)
+    assert len(cached) == 256 and cached == prompt[:256]  # the first batch ran, and stays cached
+    llm._engine.clear_interrupt()
+    c = llm.generate(prompt, max_tokens=4)
+    assert c.stats.n_cached == 256
+    check_kv(llm, prompt, c)
+
+
+def test_a_dropped_stream_frees_the_llm(llm):
+    stream = llm.stream(PROMPT, max_tokens=N)
+    next(stream)
+    del stream  # collected: closed at once, no idle wait
+    t0 = time.monotonic()
+    llm.generate(PROMPT, max_tokens=4)
+    assert time.monotonic() - t0 < 0.4
