@@ -77,6 +77,9 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="context window (default: 4096)")
     g.add_argument("--threads", "-t", type=_positive_int, default=None, metavar="N",
                    help="CPU threads (default: llama.cpp's choice)")
+
+
+def _generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("generation")
     g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
                    help="sampling temperature (default: 0 = greedy)")

@@ -7,6 +7,8 @@ import hmac
 import ipaddress
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Callable, Optional, Sequence, Union
 
@@ -161,6 +163,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _uvicorn_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but Ctrl-C and SIGTERM end serve() normally (uvicorn re-raises the signal after
+        its graceful shutdown, which would turn a requested stop into exit status 130 or a kill by SIGTERM)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
 def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int = 8000, *,
           api_key: Optional[str] = None, log_level: str = "info", **app_options) -> None:
     """Serve llm on host:port until Ctrl-C or SIGTERM (running requests are cancelled, then it returns).
@@ -168,12 +192,12 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
     loading fails it stops and serve() raises that error."""
     import uvicorn
 
+    _Server = _uvicorn_server()
     if not is_loopback(host) and api_key is None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(pass api_key / --api-key)", host)
     app = create_app(llm, api_key=api_key, **app_options)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     worker = app.state.specllm.worker
     worker.on_load_error = lambda e: setattr(server, "should_exit", True)
     server.run()

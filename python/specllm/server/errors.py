@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Dict, Optional
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("specllm.server")
+
+
+_UNION_TAG = re.compile(r"^(int|str|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$")
 
 
 class APIError(Exception):
@@ -31,7 +35,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not errors:
         return APIError(400, "the request body is not valid")
     e = errors[0]
-    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    # without "body" and the union members pydantic names (stop.str, content.list[ContentPart], ...)
+    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _UNION_TAG.match(str(x))]
     if e.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {e.get('msg', '')}", param=None,
                         code="invalid_json")

@@ -102,7 +102,7 @@ def _submit(request: Request, tokens, opts) -> Job:
     if not state.worker.ready:
         raise APIError(503, "the model is still loading; retry shortly (GET /health says when it is ready)",
                        "server_error", None, "model_loading", headers={"Retry-After": "5"})
-    job = Job(tokens, opts, asyncio.get_running_loop())
+    job = Job(tokens, opts, asyncio.get_running_loop(), state.metrics)
     try:
         state.worker.submit(job)
     except QueueFull:

@@ -24,21 +24,27 @@ class QueueFull(Exception):
 
 
 class Job:
-    def __init__(self, tokens: List[int], options: dict, loop: asyncio.AbstractEventLoop):
+    def __init__(self, tokens: List[int], options: dict, loop: asyncio.AbstractEventLoop, metrics: Metrics):
         self.tokens = tokens
         self.options = options
         self.events: asyncio.Queue = asyncio.Queue()
         self.t_submit = time.monotonic()
         self.t_start: Optional[float] = None
         self._loop = loop
+        self._metrics = metrics
         self._lock = threading.Lock()
         self._stream = None
         self.cancelled = False
 
     def cancel(self) -> None:
+        """From any thread: a queued job will be skipped, a running one stops within one step."""
         with self._lock:
+            if self.cancelled:
+                return
             self.cancelled = True
-            if self._stream is not None:
+            if self.t_start is None:
+                self._metrics.cancelled.labels(stage="queued").inc()
+            elif self._stream is not None:
                 self._stream.cancel()
 
     @property
@@ -52,7 +58,11 @@ class Job:
             pass
 
     def run(self, llm: LLM, metrics: Metrics) -> None:
-        self.t_start = time.monotonic()
+        with self._lock:
+            if self.cancelled:  # while queued
+                self.post("end")
+                return
+            self.t_start = time.monotonic()
         metrics.queue_seconds.observe(self.t_start - self.t_submit)
         try:
             stream = llm.stream(self.tokens, **self.options)
@@ -141,10 +151,6 @@ class Worker:
             self.metrics.queue_depth.set(self._queue.qsize())
             if job is None:
                 return
-            if job.cancelled:
-                self.metrics.cancelled.labels(stage="queued").inc()
-                job.post("end")
-                continue
             if self.llm is None:
                 job.post("error", self.load_error or RuntimeError("no model loaded"))
                 job.post("end")
