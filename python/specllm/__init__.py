@@ -19,9 +19,19 @@ from .errors import (  # noqa: E402
     SpecLLMError)
 from .llm import LLM  # noqa: E402
 from .results import Chunk, Completion, Stats  # noqa: E402
+from .stream import Stream  # noqa: E402
+
+
+
+def serve(llm, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
+    """Serve llm (an LLM, or a function that loads one) over the OpenAI HTTP API until Ctrl-C or SIGTERM.
+    Needs the server extra (pip install "specllm[server]"); options: see specllm.server.serve / create_app."""
+    from .server import serve as _serve
+    _serve(llm, host=host, port=port, **options)
+
 
 __version__ = "0.1.0"
 __all__ = [
-    "LLM", "generate", "Completion", "Chunk", "Stats", "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
+    "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
     "ContextOverflowError", "InvalidOptionError", "RegistryError", "PullError",
 ]
