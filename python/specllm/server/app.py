@@ -72,6 +72,8 @@ class BodyLimit:
         path = scope.get("path", "")
         endpoint = path if path in KNOWN_PATHS else "other"
         status = {}
+        too_big = APIError(413, f"the request body is larger than {self.max_body} bytes", "invalid_request_error",
+                           None, "request_too_large").response()
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
@@ -79,12 +81,10 @@ class BodyLimit:
                 self.metrics.requests.labels(endpoint=endpoint, status=str(message["status"])).inc()
             await send(message)
 
-        too_big = APIError(413, f"the request body is larger than {self.max_body} bytes", "invalid_request_error",
-                           None, "request_too_large").response()
         length = dict(scope.get("headers") or {}).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await too_big(scope, receive, counting_send)
-        seen = 0
+        seen, over = 0, []
 
         async def counting_receive():
             nonlocal seen
@@ -92,18 +92,17 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooBig
+                    over.append(True)
+                    return {"type": "http.disconnect"}  # the app stops reading; its answer is replaced below
             return message
 
-        try:
-            await self.app(scope, counting_receive, counting_send)
-        except _TooBig:
-            if "code" not in status:
+        async def replacing_send(message):
+            if not over:
+                return await counting_send(message)
+            if message["type"] == "http.response.start" and "code" not in status:
                 await too_big(scope, receive, counting_send)
 
-
-class _TooBig(Exception):
-    pass
+        await self.app(scope, counting_receive, replacing_send)
 
 
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}

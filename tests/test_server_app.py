@@ -1,0 +1,118 @@
+"""create_app in-process (starlette's TestClient runs the ASGI app and its lifespan): what a subprocess cannot
+easily provoke — a decode error in the middle of a generation, a model still loading, a body without a length."""
+
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+import specllm
+from specllm.server import create_app
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def llm(tiny, make_llm):
+    return make_llm(tiny["target"], tiny["draft"])
+
+
+def failing_stream(llm, after):
+    """llm.stream, but the engine's step raises a SpecLLMError after `after` steps (as a failed llama_decode does)."""
+    real_step, n = llm._engine.step, [0]
+
+    class Engine:  # the engine with a step that fails; everything else passes through
+        def __getattr__(self, name):
+            return getattr(real_engine, name)
+
+        def step(self):
+            n[0] += 1
+            if n[0] > after:
+                raise specllm.SpecLLMError("llama_decode failed (test)")
+            return real_step()
+
+    real_engine = llm._engine
+    llm._engine = Engine()
+    return lambda: setattr(llm, "_engine", real_engine)
+
+
+def test_a_decode_error_is_a_500_and_the_server_goes_on(llm):
+    with TestClient(create_app(llm)) as c:
+        restore = failing_stream(llm, after=2)
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 20})
+        assert r.status_code == 500, r.text
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "llama_decode failed" in err["message"]
+        assert "Traceback" not in r.text
+        # streaming: the headers are out, so the error arrives as an event
+        with c.stream("POST", "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 20,
+                                                              "stream": True}) as s:
+            lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert any('"error"' in line for line in lines) and lines[-1] == "data: [DONE]"
+        restore()
+        assert not llm._engine.active  # the failed generation was ended, the KV cache kept consistent
+        ok = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 20})
+        assert ok.status_code == 200
+        assert ok.json()["choices"][0]["message"]["content"] == llm.chat(MESSAGES, max_tokens=20).text
+
+
+def test_health_is_503_while_the_model_loads(tiny, make_llm):
+    go = threading.Event()
+
+    def load():
+        assert go.wait(30)
+        return make_llm(tiny["target"], None)
+
+    with TestClient(create_app(load)) as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading" and r.headers["retry-after"]
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
+        go.set()
+        for _ in range(300):
+            if c.get("/health").status_code == 200:
+                break
+            threading.Event().wait(0.05)
+        assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/v1/models").json()["data"][0]["id"] == "target"
+
+
+def test_a_failed_load_is_reported(tmp_path):
+    def load():
+        return specllm.LLM(str(tmp_path / "missing.gguf"), None)
+
+    with TestClient(create_app(load)) as c:
+        for _ in range(300):
+            r = c.get("/health")
+            if r.json()["status"] != "loading":
+                break
+            threading.Event().wait(0.05)
+        assert r.status_code == 503 and r.json()["status"] == "error" and "missing.gguf" in r.json()["error"]
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+
+
+def test_a_body_without_a_length_is_capped(llm):
+    with TestClient(create_app(llm, max_body=1000)) as c:
+        def body():
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(20):
+                yield b"x" * 100
+            yield b'"}]}'
+        r = c.post("/v1/chat/completions", content=body(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2}).status_code == 200
+
+
+def test_cors_only_when_asked(llm):
+    with TestClient(create_app(llm)) as c:
+        r = c.options("/v1/models", headers={"Origin": "http://x.test", "Access-Control-Request-Method": "GET"})
+        assert "access-control-allow-origin" not in r.headers
+    with TestClient(create_app(llm, cors_origins=["http://x.test"])) as c:
+        r = c.get("/v1/models", headers={"Origin": "http://x.test"})
+        assert r.headers["access-control-allow-origin"] == "http://x.test"
+
+
+def test_bad_arguments(llm):
+    with pytest.raises(ValueError, match="max_queue"):
+        create_app(llm, max_queue=0)
