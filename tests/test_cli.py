@@ -4,6 +4,7 @@ the chat's conversation state (ChatSession) directly. Tiny random models: gibber
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -140,48 +141,165 @@ def test_a_bad_model_prints_one_error_line_and_exits_1(tiny, env, tmp_path, bad)
 
 # --- generate, models, pull
 
-def test_generate_prints_the_completion_and_stats_json_on_stderr(tiny, env):
-    r = run(tiny, env, "generate", "Hello world", "--max-tokens", "24", "--stats")
+# generate --stats: tokens, speed, drafts accepted (with a drafter), speed-up over the profile's plain rate (with a
+# profile), why it ended early
+STATS_LINE = re.compile(r"(?P<n>\d+) tokens? · (?P<tps>\d+\.\d) tok/s"
+                        r"(?: · (?P<accepted>\d+)% of drafted tokens accepted| · (?P<none>nothing drafted))?"
+                        r"(?: · (?P<ratio>\d+\.\d)x the plain rate measured at load)?(?P<cut> · cut at --max-tokens)?")
+
+
+@pytest.fixture(scope="module")
+def ref(tiny):
+    """The same target and draft in this process: what generate should print (greedy)."""
+    return specllm.LLM(tiny["target"], tiny["draft"], n_threads=1, profile_costs=False)
+
+
+def user(text, system=None):
+    return ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+
+
+def test_generate_replies_in_the_chat_template_by_default(tiny, env, ref):
+    r = run(tiny, env, "generate", "Hello world", "--max-tokens", "24")
     assert r.returncode == 0, r.stderr
-    stats = json.loads(r.stderr.strip().splitlines()[-1])
-    assert stats["n_generated"] <= 24 and stats["finish_reason"] in ("stop", "length")
-    assert stats["tokens_per_second"] > 0 and 0 <= stats["acceptance_rate"] <= 1
-    llm = specllm.LLM(tiny["target"], tiny["draft"], n_threads=1, profile_costs=False)
-    assert r.stdout == llm.generate("Hello world", max_tokens=24).text  # exactly the completion (greedy)
+    reply = ref.chat(user("Hello world"), max_tokens=24).text
+    assert r.stdout == reply  # exactly the reply: not a terminal, nothing added
+    assert reply != ref.generate("Hello world", max_tokens=24).text  # the template makes a difference here
     assert "\033[" not in r.stdout  # not a terminal: no colors
+    assert run(tiny, env, "generate", "Hello world", "--max-tokens", "24", "--chat").stdout == reply  # old flag
+
+
+def test_generate_raw_completes_the_text_as_given(tiny, env, ref):
+    r = run(tiny, env, "generate", "Hello world", "--raw", "--max-tokens", "24")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ref.generate("Hello world", max_tokens=24).text
+
+
+def test_generate_puts_the_system_prompt_in_the_template(tiny, env, ref):
+    r = run(tiny, env, "generate", "hi there", "--system", "be brief", "--max-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ref.chat(user("hi there", system="be brief"), max_tokens=16).text
+    assert r.stdout != ref.chat(user("hi there"), max_tokens=16).text
+
+
+@pytest.mark.parametrize("flag", [["--system", "be brief"], ["--chat"]])
+def test_generate_refuses_the_template_options_with_raw(tiny, env, flag):
+    r = run(tiny, env, "generate", "hi there", "--raw", *flag)
+    assert r.returncode == 2 and r.stdout == ""
+    assert f"error: {flag[0]}" in r.stderr and "--raw" in r.stderr, r.stderr
+
+
+def test_a_model_without_a_chat_template_is_completed_raw(env, tmp_path, tiny, ref):
+    data = pathlib.Path(tiny["target"]).read_bytes()
+    key = b"tokenizer.chat_template"
+    assert data.count(key) == 1
+    plain = tmp_path / "no_template.gguf"
+    plain.write_bytes(data.replace(key, b"tokenizer.chat_templatX"))  # same length: the GGUF stays valid
+
+    def gen(*extra):
+        return subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "Hello world", "--model", str(plain),
+                               "--draft", "none", "--threads", "1", "--max-tokens", "24", *extra], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    r = gen()
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # silently raw
+    assert r.stdout == ref.generate("Hello world", max_tokens=24).text
+    r = gen("--system", "be brief")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("specllm-cli: error: this model has no chat template") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("drafter", [["--draft-length", "3"], ["--draft-length", "0"], ["--draft", "none"]],
+                         ids=["drafts", "nothing-drafted", "no-drafter"])
+def test_generate_stats_is_a_line_for_a_person_and_stats_json_all_of_them(tiny, tmp_path, monkeypatch, capsys,
+                                                                           drafter):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+    made = []
+
+    class Recording(specllm.LLM):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(cli, "LLM", Recording)
+    assert cli.main(cli_args(tiny, "generate", "Hello world", "--max-tokens", "24", "--stats", "--stats-json")[2:]
+                    + drafter) == 0
+    out, err = capsys.readouterr()
+    *_, human, last = err.splitlines()
+    stats = json.loads(last)  # one JSON object on the last line
+    llm = made[0]
+    assert out == llm.chat(user("Hello world"), max_tokens=24).text  # stdout: the reply alone
+    m = STATS_LINE.fullmatch(human)
+    assert m, human
+    assert int(m["n"]) == stats["n_generated"] and stats["n_generated"] <= 24
+    assert float(m["tps"]) == pytest.approx(stats["tokens_per_second"], abs=0.051)
+    assert bool(m["cut"]) == (stats["finish_reason"] == "length")
+    if llm.draft is None:  # plain decoding: no drafts to speak of, no profile to compare with
+        assert m["accepted"] is m["none"] is m["ratio"] is None and llm.profile is None
+        return
+    if drafter == ["--draft-length", "3"]:
+        assert stats["n_drafted"] > 0 and int(m["accepted"]) == round(100 * stats["acceptance_rate"])
+    else:
+        assert stats["n_drafted"] == 0 and m["none"] and m["accepted"] is None
+    plain_rate = 1000 / llm.profile["verify_ms"][llm.profile["sizes"].index(1)]
+    assert float(m["ratio"]) == pytest.approx(stats["tokens_per_second"] / plain_rate, abs=0.051)
+
+
+def test_piped_stdout_is_exactly_the_completion_and_the_stats_start_their_own_line(tiny, env, ref):
+    args = ["generate", "Hello world", "--raw", "--max-tokens", "24", "--stats", "--stats-json"]
+    apart = run(tiny, env, *args)  # stdout and stderr in two pipes
+    completion = ref.generate("Hello world", max_tokens=24).text
+    assert apart.stdout == completion and not completion.endswith("\n")  # a line the stats could land on
+    *_, human, last = apart.stderr.split("\n")[:-1]
+    assert STATS_LINE.fullmatch(human) and json.loads(last)["n_generated"] > 0
+    assert "\n\n" not in apart.stderr  # stderr on its own: no blank line before the stats
+    together = subprocess.run([sys.executable, *cli_args(tiny, *args)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=120)  # 2>&1
+    assert together.returncode == 0, together.stdout
+    assert together.stdout.startswith(completion)
+    rest = together.stdout[len(completion):].split("\n")
+    assert rest[0] == "" and STATS_LINE.fullmatch(rest[1]) and json.loads(rest[2]) and rest[3:] == [""], rest
+
+
+def test_generate_on_a_terminal_ends_the_completion_line_before_the_stats(tiny, env, ref):
+    child = pexpect.spawn(sys.executable, cli_args(tiny, "generate", "Hello world", "--raw", "--max-tokens", "24",
+                                                   "--stats"), env=env, encoding="utf-8", timeout=TIMEOUT,
+                          dimensions=(24, 200))
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    completion = ref.generate("Hello world", max_tokens=24).text.replace("\n", "\r\n")
+    *_, human, end = child.before.split("\r\n")
+    assert STATS_LINE.fullmatch(human) and end == "", child.before
+    assert child.before.endswith(completion + "\r\n" + human + "\r\n")  # the terminal got a newline after the text
 
 
 def test_a_draft_model_is_hybrid_unless_no_ngram(tiny, env):
     text = "one two three four five six seven eight. one two three four five six seven eight. one two"
-    runs = {flag: run(tiny, env, "generate", text, "--max-tokens", "24", "--draft-length", "3", "--stats", *flag)
+    runs = {flag: run(tiny, env, "generate", text, "--raw", "--max-tokens", "24", "--draft-length", "3",
+                      "--stats-json", *flag)
             for flag in ((), ("--no-ngram",))}
     stats = {flag: json.loads(r.stderr.strip().splitlines()[-1]) for flag, r in runs.items()}
     assert stats[()]["n_ngram_steps"] > 0 and stats[("--no-ngram",)]["n_ngram_steps"] == 0
     assert runs[()].stdout == runs[("--no-ngram",)].stdout  # greedy: the same text either way
 
 
-def test_the_first_load_on_a_machine_says_it_measures_costs(tiny, env):
+def test_the_first_load_on_a_machine_says_it_measures_costs_and_why(tiny, env):
     first = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
     again = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
     assert first.returncode == again.returncode == 0, first.stderr + again.stderr
     assert "measuring this machine's verify costs" in first.stderr
+    assert "to decide how many tokens to draft (once per model, machine and thread count" in first.stderr
     assert "measuring" not in again.stderr  # the profile is cached in the (test's) home
     assert first.stdout == again.stdout
 
 
 @pytest.mark.parametrize("arg", [[], ["-"]])
 def test_generate_reads_the_prompt_from_stdin(tiny, env, arg):
-    r = run(tiny, env, "generate", *arg, "--max-tokens", "12", stdin="Hello world")
+    r = run(tiny, env, "generate", *arg, "--max-tokens", "12", stdin="Hello world\n")  # as `echo ... |` gives it
     assert r.returncode == 0, r.stderr
-    assert r.stdout == run(tiny, env, "generate", "Hello world", "--max-tokens", "12").stdout
-
-
-def test_generate_chat_applies_the_chat_template(tiny, env):
-    r = run(tiny, env, "generate", "hi there", "--chat", "--system", "be brief", "--max-tokens", "16")
-    assert r.returncode == 0, r.stderr
-    llm = specllm.LLM(tiny["target"], tiny["draft"], n_threads=1, profile_costs=False)
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
-    assert r.stdout == llm.chat(messages, max_tokens=16).text
+    assert r.stdout == run(tiny, env, "generate", "Hello world", "--max-tokens", "12").stdout  # the message, stripped
+    raw = run(tiny, env, "generate", *arg, "--raw", "--max-tokens", "12", stdin="Hello world")
+    assert raw.stdout == run(tiny, env, "generate", "Hello world", "--raw", "--max-tokens", "12").stdout
 
 
 def test_models_lists_known_models_and_what_is_cached(env):
@@ -275,3 +393,18 @@ def test_the_status_line_says_when_nothing_was_drafted():
     assert status_line(busy, style, plain=False) == \
         "25.0 tok/s · 75% accepted · draft 1.6 · 10 tokens · cut at --max-tokens"
     assert "drafted" not in status_line(idle, style, plain=True)
+
+
+def test_the_stats_line_of_generate():
+    from specllm.results import Stats
+
+    prof = {"sizes": [1, 2, 3], "verify_ms": [20.0, 24.0, 27.0]}  # T(1) = 20 ms: plain decoding at 50 tok/s
+    busy = Stats(n_generated=10, n_steps=5, n_drafted=8, n_accepted=6, generate_ms=125.0)
+    assert cli.stats_line(busy, "length", drafter=True, profile=prof) == \
+        "10 tokens · 80.0 tok/s · 75% of drafted tokens accepted · 1.6x the plain rate measured at load · " \
+        "cut at --max-tokens"
+    idle = Stats(n_generated=1, n_steps=1, generate_ms=50.0)
+    assert cli.stats_line(idle, "stop", drafter=True, profile=prof) == \
+        "1 token · 20.0 tok/s · nothing drafted · 0.4x the plain rate measured at load"
+    assert cli.stats_line(idle, "stop", drafter=True, profile=None) == "1 token · 20.0 tok/s · nothing drafted"
+    assert cli.stats_line(idle, "stop", drafter=False, profile=None) == "1 token · 20.0 tok/s"

@@ -14,7 +14,9 @@ _cached: Optional[tuple] = None  # (key, LLM): one pair of models, they are larg
 
 def generate(prompt, model: str, draft=DEFAULT, **options) -> Completion:
     """Generate with model (path or registry name) and draft; keyword options go to LLM(...) (n_ctx,
-    n_threads, n_gpu_layers, ...) or to LLM.generate (max_tokens, temperature, stop, draft_length, ...)."""
+    n_threads, n_gpu_layers, ...) or to LLM.generate (max_tokens, temperature, stop, draft_length, ...).
+    Like LLM.generate, a plain text completion of prompt as given: no chat template is applied (as in
+    llama-cpp-python). For a reply to a conversation use LLM(model, draft).chat(messages)."""
     global _cached
     gen_opts, load_opts = split_kwargs(options, GENERATE_KEYS)
     key = (str(model), str(draft), tuple(sorted(load_opts.items())))

@@ -2,7 +2,10 @@
 
     specllm-cli                                  chat with the default pair (qwen2.5-coder-1.5b + its draft)
     specllm-cli chat --model X --draft Y         Y: none, ngram, a registry name or a .gguf path
-    specllm-cli generate "PROMPT" [--stats]      prompt from stdin when absent or "-"; --stats: JSON on stderr
+    specllm-cli generate "PROMPT" [--system S]   a reply to PROMPT in the model's chat template, streamed to stdout
+    specllm-cli generate "PROMPT" --raw          plain completion of the text as given (also: a model without a
+                                                 template); PROMPT from stdin when absent or "-"; --stats: a summary
+                                                 line on stderr; --stats-json: all the stats, one JSON line on stderr
     specllm-cli serve [--port 8000] [--api-key K]   an OpenAI-compatible server on 127.0.0.1 (needs specllm[server])
     specllm-cli pull NAME ... / specllm-cli models
 
@@ -20,7 +23,7 @@ import sys
 
 from . import registry
 from .chat_screen import HELP, Style, run_chat  # noqa: F401  (Style re-exported: specllm.cli.Style)
-from .errors import SpecLLMError
+from .errors import InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM
 
 PROG = "specllm-cli"
@@ -105,12 +108,18 @@ def make_parser() -> argparse.ArgumentParser:
     _model_args(p, max_tokens=1024)
     p.set_defaults(func=_run_chat)
 
-    p = sub.add_parser("generate", help="complete a prompt, streamed to stdout",
-                       description="Complete PROMPT, streamed to stdout (nothing else goes to stdout).")
+    p = sub.add_parser("generate", help="reply to a prompt, streamed to stdout",
+                       description="Reply to PROMPT, streamed to stdout (nothing else goes to stdout). PROMPT is "
+                                   "the user's message in the model's chat template, as in 'chat'; with --raw, or "
+                                   "when the model has no chat template, the text is completed as given.")
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; absent or '-': read it from stdin")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--raw", action="store_true",
+                   help="complete the prompt as given, without the chat template (plain text completion)")
+    p.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     p.add_argument("--stats", action="store_true",
-                   help="after the completion, print its stats as one JSON object on one line to stderr")
+                   help="after the completion, print a summary on stderr: tokens, speed, drafts accepted, speed-up")
+    p.add_argument("--stats-json", action="store_true",
+                   help="after the completion, print all its stats as one JSON object on one line to stderr")
     _model_args(p, max_tokens=256)
     p.set_defaults(func=run_generate)
 
@@ -143,8 +152,11 @@ def make_parser() -> argparse.ArgumentParser:
 def _check(parser, args) -> None:
     if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
-    if args.command == "generate" and args.system and not args.chat:
-        parser.error("--system needs --chat")
+    if args.command == "generate" and args.raw:
+        if args.system is not None:
+            parser.error("--system goes into the chat template; --raw completes the prompt as given, without it")
+        if args.chat:
+            parser.error("--chat (the chat template, the default) and --raw contradict each other")
 
 
 def _llm_options(args) -> dict:
@@ -161,31 +173,80 @@ def _run_chat(args) -> int:
     return run_chat(args, _llm_options(args), _gen_options(args))
 
 
-
 def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.chat:
-        prompt = prompt.strip()
-    if not prompt:
+    if not (prompt if args.raw else prompt.strip()):
         raise SpecLLMError("the prompt is empty")
     llm = LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))  # hybrid unless --no-ngram
-    if args.chat:
-        system = [{"role": "system", "content": args.system}] if args.system else []
-        stream = llm.chat(system + [{"role": "user", "content": prompt}], stream=True, **_gen_options(args))
-    else:
-        stream = llm.stream(prompt, **_gen_options(args))
+    if not args.raw and llm._engine.target.chat_template:
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        try:
+            prompt = llm.apply_chat_template(system + [{"role": "user", "content": prompt.strip()}])
+        except InvalidOptionError:
+            raise SpecLLMError("llama.cpp does not know this model's chat template; --raw completes the prompt "
+                               "as given") from None
+    elif args.system is not None:
+        raise SpecLLMError("this model has no chat template to put --system in; without --system, generate "
+                           "completes the prompt as given")
+    # else: --raw, or a model without a chat template: plain completion of the text as given
     last, ends_line = None, True
-    for chunk in stream:
+    for chunk in llm.stream(prompt, **_gen_options(args)):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         ends_line = chunk.text.endswith("\n") if chunk.text else ends_line
         last = chunk
     if sys.stdout.isatty() and not ends_line:
         sys.stdout.write("\n")  # only on a terminal: piped, stdout is exactly the completion
+        ends_line = True
     sys.stdout.flush()
+    lines = []
     if args.stats:
-        print(json.dumps({"finish_reason": last.finish_reason, **last.stats.as_dict()}), file=sys.stderr)
+        lines.append(stats_line(last.stats, last.finish_reason, drafter=llm.draft is not None, profile=llm.profile))
+    if args.stats_json:
+        lines.append(json.dumps({"finish_reason": last.finish_reason, **last.stats.as_dict()}))
+    if lines:
+        # the completion's last line is unfinished and the stats would land on it: on a terminal, or in the same
+        # file or pipe as stdout (2>&1); stdout itself gets nothing but the completion
+        start = "\n" if not ends_line and _beside_stdout(sys.stderr) else ""
+        sys.stderr.write(start + "\n".join(lines) + "\n")
+        sys.stderr.flush()
     return 0
+
+
+def stats_line(stats, finish_reason: str, drafter: bool, profile) -> str:
+    """generate --stats: e.g. "256 tokens · 24.1 tok/s · 61% of drafted tokens accepted · 1.4x the plain rate
+    measured at load". The last part compares with 1000 / T(1), the cost of a plain decoding step measured when
+    the drafter was loaded (the cost profile): none without a profile (no drafter, or profile_costs off)."""
+    s = stats
+    parts = [f"{s.n_generated} token{'' if s.n_generated == 1 else 's'}", f"{s.tokens_per_second:.1f} tok/s"]
+    if drafter:
+        parts.append(f"{s.acceptance_rate:.0%} of drafted tokens accepted" if s.n_drafted else "nothing drafted")
+    plain = _plain_rate(profile)
+    if plain and s.tokens_per_second > 0:
+        parts.append(f"{s.tokens_per_second / plain:.1f}x the plain rate measured at load")
+    if finish_reason == "length":
+        parts.append("cut at --max-tokens")
+    return " · ".join(parts)
+
+
+def _plain_rate(profile) -> float:
+    """Tokens per second of plain decoding by the cost profile, 1000 / T(1); 0 when unknown."""
+    try:
+        t1 = profile["verify_ms"][profile["sizes"].index(1)]
+    except (TypeError, KeyError, ValueError, IndexError):
+        return 0.0
+    return 1000.0 / t1 if isinstance(t1, (int, float)) and t1 > 0 else 0.0
+
+
+def _beside_stdout(stream) -> bool:
+    """Whether text written to stream shows up beside stdout's: a terminal, or the same file or pipe as stdout."""
+    try:
+        if stream.isatty():
+            return True
+        a, b = os.fstat(sys.stdout.fileno()), os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: a stream with no file (a test's)
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def run_serve(args) -> int:

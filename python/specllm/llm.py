@@ -248,8 +248,10 @@ class LLM:
 
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:
-        """Generate a completion of prompt (text or token ids). Options: max_tokens=256, temperature=0.0
-        (greedy), top_k, top_p, min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0)."""
+        """Generate a completion of prompt (text or token ids): plain text completion of the prompt as given, no
+        chat template applied (as in llama-cpp-python; chat() is the conversation API, and `specllm-cli generate`
+        uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
+        min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0)."""
         text, tokens, last = [], [], None
         with self.stream(prompt, **options) as stream:
             for chunk in stream:
@@ -269,8 +271,10 @@ class LLM:
         self.last_stats = stats
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
-        """Reply to a conversation formatted with the model's chat template. The KV cache of the previous
-        turns is reused when the new conversation extends the previous one."""
+        """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])
+        formatted with the model's chat template (apply_chat_template), then completed; this is the conversation
+        API, generate() and stream() complete raw text (as in llama-cpp-python). stream=True returns a Stream.
+        The KV cache of the previous turns is reused when the new conversation extends the previous one."""
         prompt = self.apply_chat_template(messages, add_generation_prompt=True)
         return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
 

@@ -68,8 +68,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         if known is not None and known.get("sizes") == sizes:
             verify_ms = known["verify_ms"]
         else:
-            log.info("measuring this machine's verify costs for batch sizes %s (once per model, machine and "
-                     "thread count; a few seconds)", ", ".join(map(str, sizes)))
+            log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
+                     "draft (once per model, machine and thread count; a few seconds)", ", ".join(map(str, sizes)))
             verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
         tmp = None
