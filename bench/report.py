@@ -53,10 +53,20 @@ def paired_speedups(paired: list) -> list:
     return [median(v) for v in by_prompt.values()]
 
 
+def round_speedups(paired: list) -> list:
+    """Per round (--repeat), the median over prompt turns of that round's ratios: the spread of the speedup."""
+    by_round: dict = {}
+    for r, ref in paired:
+        if r["gen_tps"] and ref["gen_tps"]:
+            by_round.setdefault(r.get("rep", 0), []).append(r["gen_tps"] / ref["gen_tps"])
+    return [median(by_round[k]) for k in sorted(by_round)]
+
+
 def summarize_group(recs: list, refs: dict, max_tokens: int) -> dict:
     """Stats of one system's records (one task or all); refs maps prompt key -> reference record."""
     paired = [(r, refs[_key(r)]) for r in recs if _key(r) in refs]
     ratios = paired_speedups(paired)
+    rounds = round_speedups(paired)
     n_drafted = sum(r["n_drafted"] for r in recs)
     n_accepted = sum(r["n_accepted"] for r in recs)
     n_steps = sum(r["n_steps"] for r in recs)
@@ -64,6 +74,7 @@ def summarize_group(recs: list, refs: dict, max_tokens: int) -> dict:
         "n": len(recs),
         "gen_tps": median(r["gen_tps"] for r in recs),
         "speedup": median(ratios),
+        "speedup_rounds": rounds,  # one figure per round: the error bars of the chart
         "acceptance_rate": n_accepted / n_drafted if n_drafted else None,
         "accepted_per_step": n_accepted / n_steps if n_steps else None,
         "match_rate": sum(outputs_match(ref, r, max_tokens) for r, ref in paired) / len(paired) if paired else None,
@@ -138,7 +149,8 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, path: Path, reference: str = "plain") -> None:
-    """Grouped bars: speedup per task (and overall) for every system but the reference."""
+    """Grouped bars: speedup per task (and overall) for every system but the reference; with several rounds, the
+    error bars span the rounds' speedups (each the median over that round's prompts)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,8 +161,15 @@ def plot(summary: dict, path: Path, reference: str = "plain") -> None:
     width = 0.8 / max(len(systems), 1)
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(tasks)), 4.5))
     for j, system in enumerate(systems):
-        ys = [summary[system].get(t, {}).get("speedup") or 0.0 for t in tasks]
-        ax.bar([i + (j - (len(systems) - 1) / 2) * width for i in range(len(tasks))], ys, width, label=system)
+        stats = [summary[system].get(t, {}) for t in tasks]
+        ys = [st.get("speedup") or 0.0 for st in stats]
+        rounds = [st.get("speedup_rounds") or [] for st in stats]
+        yerr = None
+        if any(len(r) > 1 for r in rounds):
+            yerr = [[max(0.0, y - min(r)) if len(r) > 1 else 0.0 for y, r in zip(ys, rounds)],
+                    [max(0.0, max(r) - y) if len(r) > 1 else 0.0 for y, r in zip(ys, rounds)]]
+        ax.bar([i + (j - (len(systems) - 1) / 2) * width for i in range(len(tasks))], ys, width, label=system,
+               yerr=yerr, capsize=2, error_kw={"linewidth": 0.8})
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(tasks)), tasks, rotation=20)
     ax.set_ylabel(f"speedup over specllm {reference}")

@@ -255,7 +255,8 @@ def main(argv=None) -> int:
                                                                                                         sys.argv[1:]),
                             "args": {k: str(v) for k, v in vars(args).items()}}}
             if "overhead" in parts:
-                llm = specllm.LLM(args.target, args.draft, n_threads=args.threads, n_ctx=args.ctx)
+                draft = None if args.draft.lower() == "none" else args.draft  # as the CLI reads --draft none
+                llm = specllm.LLM(args.target, draft, n_threads=args.threads, n_ctx=args.ctx)
                 assert model_id_of(llm) == args.model_id
                 prompts = tasks.load_tasks(args.tasks.split(","), limit=args.limit)
                 print(f"overhead: {len(prompts)} prompts x {args.repeat} rounds", flush=True)

@@ -335,6 +335,8 @@ def test_repeated_rounds_pair_within_a_round_and_take_the_median_per_prompt():
     s = report.summarize(records, ["plain", "spec"], max_tokens=10)["spec"]["qa"]
     # prompt 1: median(1.2, 1.0, 3.0) = 1.2, not a ratio across rounds; then the median over the prompts
     assert s["speedup"] == pytest.approx((1.2 + 1.1) / 2)
+    # the chart's error bars: each round's median over its prompts (round 0: 1.2 and 1.1)
+    assert s["speedup_rounds"] == pytest.approx([1.15, 1.0, 3.0])
     assert s["n"] == 4 and s["match_rate"] == 1.0
     # records without "rep" (runs before --repeat) are round 0
     old = [_rec("plain", "qa", "1", 10.0), _rec("spec", "qa", "1", 15.0)]

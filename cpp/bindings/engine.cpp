@@ -3,6 +3,9 @@
 
 #include "specllm/engine.h"
 
+#include <cmath>
+#include <string>
+
 using namespace specllm;
 
 namespace {
@@ -88,8 +91,17 @@ void register_engine(py::module_ & m) {
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())
         .def("set_verify_costs", [](Engine & e, const std::vector<double> & c) { e.auto_policy().set_verify_costs(c); })
         .def("verify_costs", [](Engine & e) { return e.auto_policy().verify_costs(); })
-        .def("set_draft_token_cost", [](Engine & e, double ms) { e.auto_policy().set_draft_token_cost(ms); })
+        .def("set_draft_token_cost", [](Engine & e, double ms) {
+            if (!std::isfinite(ms) || ms < 0.0) {
+                throw py::value_error("the draft token cost must be a finite number of ms >= 0");
+            }
+            e.auto_policy().set_draft_token_cost(ms);
+        })
         .def("acceptance_estimate", [](Engine & e, int source) {
+            if (source < 0 || source >= AutoPolicy::n_sources) {
+                throw py::index_error("source must be in [0, " + std::to_string(AutoPolicy::n_sources) + "), got " +
+                                      std::to_string(source));
+            }
             auto a = e.auto_policy().acceptance(source);
             return std::vector<double>(a.begin(), a.end());
         })

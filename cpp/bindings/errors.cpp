@@ -21,6 +21,8 @@ void register_errors(py::module_ & m) {
             raise("IncompatibleDraftError", e);
         } catch (const specllm::ContextOverflowError & e) {
             raise("ContextOverflowError", e);
+        } catch (const specllm::DecodeError & e) {
+            raise("DecodeError", e);
         } catch (const specllm::Cancelled & e) {
             raise("Cancelled", e);
         } catch (const specllm::InvalidArgument & e) {

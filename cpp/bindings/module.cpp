@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
     register_engine(m);
     register_policy(m);
     register_ngram(m);
+    register_sampling(m);
 }

@@ -3,9 +3,32 @@
 
 #include "specllm/auto_policy.h"
 
+#include <cmath>
+#include <string>
+
 using namespace specllm;
 
 namespace {
+
+void check_source(int source) {
+    if (source < 0 || source >= AutoPolicy::n_sources) {
+        throw py::index_error("source must be in [0, " + std::to_string(AutoPolicy::n_sources) + "), got " +
+                              std::to_string(source));
+    }
+}
+
+void check_range(const char * name, long long v, long long lo, long long hi) {
+    if (v < lo || v > hi) {
+        throw py::value_error(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                              "], got " + std::to_string(v));
+    }
+}
+
+void check_ms(const char * name, double v) {
+    if (!std::isfinite(v) || v < 0.0) {
+        throw py::value_error(std::string(name) + " must be a finite number of ms >= 0, got " + std::to_string(v));
+    }
+}
 
 StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful) {
     StepContext c;
@@ -20,6 +43,12 @@ StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, 
 
 StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
                     int n_catchup, int n_verified) {
+    check_range("n_drafted", n_drafted, 0, AutoPolicy::n_max);
+    check_range("n_accepted", n_accepted, 0, n_drafted);
+    check_range("n_catchup", n_catchup, 0, 1 << 24);
+    check_range("n_verified", n_verified, 0, AutoPolicy::n_max + 1);
+    check_ms("draft_ms", draft_ms);
+    check_ms("verify_ms", verify_ms);
     StepOutcome o;
     o.n_verified = n_verified;
     o.n_catchup = n_catchup;
@@ -34,6 +63,9 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 template <class P> void def_policy(py::class_<P> & c) {
     c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag,
                        bool ngram_doubtful) {
+         check_range("k_max", k_max, 0, AutoPolicy::n_max);
+         check_range("ngram_match", ngram_match, 0, 1 << 24);
+         check_range("model_lag", model_lag, 0, 1 << 24);
          Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful));
          return py::make_tuple(ch.k, ch.ngram);
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
@@ -52,27 +84,51 @@ void register_policy(py::module_ & m) {
     a.def(py::init<>())
         .def("set_verify_costs", &AutoPolicy::set_verify_costs)
         .def("verify_costs", &AutoPolicy::verify_costs)
-        .def("set_draft_token_cost", &AutoPolicy::set_draft_token_cost)
-        .def("set_k_limit", &AutoPolicy::set_k_limit)
-        .def("set_verify_rows", &AutoPolicy::set_verify_rows)
+        .def("set_draft_token_cost", [](AutoPolicy & p, double ms) {
+            check_ms("ms", ms);
+            p.set_draft_token_cost(ms);
+        })
+        .def("set_k_limit", [](AutoPolicy & p, int k) {
+            check_range("k", k, 0, AutoPolicy::n_max);
+            p.set_k_limit(k);
+        })
+        .def("set_verify_rows", [](AutoPolicy & p, int n) {
+            check_range("n", n, 0, AutoPolicy::n_max + 1);
+            p.set_verify_rows(n);
+        })
         .def("acceptance", [](const AutoPolicy & p, int source) {
+            check_source(source);
             auto a = p.acceptance(source);
             return std::vector<double>(a.begin(), a.end());
         })
-        .def("viable", &AutoPolicy::viable)
+        .def("viable", [](const AutoPolicy & p, int source) {
+            check_source(source);
+            return p.viable(source);
+        })
         .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry,
              py::arg("keep") = AutoPolicy::default_keep)
-        .def_static("source_of", &AutoPolicy::source_of, py::arg("ngram"), py::arg("match"),
-                    py::arg("doubtful") = false)
-        .def("observe_shadow", &AutoPolicy::observe_shadow, py::arg("ngram_match"), py::arg("doubtful"),
-             py::arg("would_accept"))
+        .def_static("source_of", [](bool ngram, int match, bool doubtful) {
+            check_range("match", match, 0, 1 << 24);
+            return AutoPolicy::source_of(ngram, match, doubtful);
+        }, py::arg("ngram"), py::arg("match"), py::arg("doubtful") = false)
+        .def("observe_shadow", [](AutoPolicy & p, int ngram_match, bool doubtful, bool would_accept) {
+            check_range("ngram_match", ngram_match, 0, 1 << 24);
+            p.observe_shadow(ngram_match, doubtful, would_accept);
+        }, py::arg("ngram_match"), py::arg("doubtful"), py::arg("would_accept"))
         .def_readonly_static("n_max", &AutoPolicy::n_max)
         .def_readonly_static("n_sources", &AutoPolicy::n_sources);
     def_policy(a);
     py::class_<FixedPolicy> f(m, "FixedPolicy");
-    f.def(py::init<int>());
+    f.def(py::init([](int k) {
+        check_range("k", k, 0, AutoPolicy::n_max);
+        return FixedPolicy(k);
+    }));
     def_policy(f);
     py::class_<HeuristicPolicy> h(m, "HeuristicPolicy");
-    h.def(py::init<int, int>());
+    h.def(py::init([](int k_start, int k_max) {
+        check_range("k_max", k_max, 1, AutoPolicy::n_max);
+        check_range("k_start", k_start, 0, k_max);
+        return HeuristicPolicy(k_start, k_max);
+    }));
     def_policy(h);
 }

@@ -1,7 +1,10 @@
 #include "specllm/auto_policy.h"
 
+#include "specllm/errors.h"
+
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace specllm {
 
@@ -81,45 +84,55 @@ int AutoPolicy::source_of(bool ngram, int match, bool doubtful) {
 }
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
-    if (costs.empty()) {
-        return;
+    if (costs.empty() || !std::isfinite(costs[0]) || costs[0] <= 0.0) {
+        throw InvalidArgument("verify costs need T(1) > 0 ms (costs[0]), got " +
+                              (costs.empty() ? std::string("none") : std::to_string(costs[0])));
     }
-    // known points, then linear interpolation / extrapolation with the last slope
-    std::vector<int> known;
+    // the measured points (sizes with a finite cost > 0; 0 = not measured)
+    std::vector<int> n_at;
+    std::vector<double> t_at;
     for (int n = 1; n <= (int) costs.size() && n <= n_max + 1; ++n) {
-        if (costs[n - 1] > 0.0) {
-            t_verify_[n] = costs[n - 1];
-            known.push_back(n);
+        if (std::isfinite(costs[n - 1]) && costs[n - 1] > 0.0) {
+            n_at.push_back(n);
+            t_at.push_back(costs[n - 1]);
         }
     }
-    if (known.empty()) {
-        return;
+    // non-decreasing: timing noise only ever adds time (the profile keeps the fastest of several rounds), so a
+    // point above a larger batch's cost is an outlier measured high and is pulled down to it
+    for (size_t i = t_at.size() - 1; i-- > 0;) {
+        t_at[i] = std::min(t_at[i], t_at[i + 1]);
+    }
+    // beyond the last measured size: a least-squares line through all fitted points, slope >= 0 (one point:
+    // linear in n, the pessimistic guess)
+    double slope = t_at.back() / n_at.back();
+    if (n_at.size() >= 2) {
+        double mn = 0.0, mt = 0.0;
+        for (size_t i = 0; i < n_at.size(); ++i) {
+            mn += n_at[i];
+            mt += t_at[i];
+        }
+        mn /= n_at.size();
+        mt /= n_at.size();
+        double cov = 0.0, var = 0.0;
+        for (size_t i = 0; i < n_at.size(); ++i) {
+            cov += (n_at[i] - mn) * (t_at[i] - mt);
+            var += (n_at[i] - mn) * (n_at[i] - mn);
+        }
+        slope = std::max(0.0, var > 0.0 ? cov / var : 0.0);
     }
     for (int n = 1; n <= n_max + 1; ++n) {
-        auto hi = std::lower_bound(known.begin(), known.end(), n);
-        if (hi != known.end() && *hi == n) {
-            continue;
-        }
-        if (hi == known.begin()) {
-            t_verify_[n] = t_verify_[known.front()];
-        } else if (hi == known.end()) {
-            const int a = known.size() >= 2 ? known[known.size() - 2] : known.back();
-            const int b = known.back();
-            const double slope = b > a ? (t_verify_[b] - t_verify_[a]) / (b - a) : t_verify_[b] / b;
-            t_verify_[n] = t_verify_[b] + slope * (n - b);
+        const auto hi = std::lower_bound(n_at.begin(), n_at.end(), n);
+        const size_t i = (size_t) (hi - n_at.begin());
+        if (hi != n_at.end() && *hi == n) {
+            t_verify_[n] = t_at[i];
+        } else if (i == 0) {
+            t_verify_[n] = t_at.front();
+        } else if (hi == n_at.end()) {
+            t_verify_[n] = t_at.back() + slope * (n - n_at.back());
         } else {
-            const int a = *(hi - 1), b = *hi;
-            t_verify_[n] = t_verify_[a] + (t_verify_[b] - t_verify_[a]) * (n - a) / (double) (b - a);
+            const int a = n_at[i - 1], b = n_at[i];
+            t_verify_[n] = t_at[i - 1] + (t_at[i] - t_at[i - 1]) * (n - a) / (double) (b - a);
         }
-    }
-    make_monotone();
-}
-
-void AutoPolicy::make_monotone() {
-    // a batch of n+1 tokens never costs less than one of n: an outlier measured high (a busy machine) is pulled
-    // down to what a larger batch cost
-    for (int n = n_max; n >= 1; --n) {
-        t_verify_[n] = std::min(t_verify_[n], t_verify_[n + 1]);
     }
 }
 

@@ -4,6 +4,7 @@
 #include "specllm/log.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sys/stat.h>
@@ -215,7 +216,29 @@ void Model::decode(const llama_token * tokens, int n, bool all_logits) {
 }
 
 const float * Model::logits(int i) const {
-    return llama_get_logits_ith(ctx_.get(), i);
+    const float * row = llama_get_logits_ith(ctx_.get(), i);
+    if (row == nullptr) {
+        throw DecodeError("llama.cpp has no logits for row " + std::to_string(i) + " of the last batch");
+    }
+    // degenerate logits would sample or verify garbage (an empty distribution, a silent token 0): refuse them.
+    // -inf is a masked token and fine, as long as one is finite
+    const int n = n_vocab();
+    bool any_finite = false;
+    for (int j = 0; j < n; ++j) {
+        const float v = row[j];
+        if (std::isnan(v) || v == INFINITY) {
+            throw DecodeError("the model computed " + std::string(std::isnan(v) ? "NaN" : "+inf") + " logits (token " +
+                              std::to_string(j) + ", row " + std::to_string(i) + " of the batch ending at position " +
+                              std::to_string(n_past() - 1) + "): its weights or this build's kernels are broken; "
+                              "try another quantization or n_gpu_layers=0");
+        }
+        any_finite = any_finite || v > -INFINITY;
+    }
+    if (!any_finite) {
+        throw DecodeError("every logit is -inf (row " + std::to_string(i) + " of the batch ending at position " +
+                          std::to_string(n_past() - 1) + "): the model gives no token any probability");
+    }
+    return row;
 }
 
 void check_same_vocab(const Model & target, const Model & draft) {

@@ -52,11 +52,9 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     for (int i = 0; i < n_vocab; ++i) {
         vals_[i] = (logits[i] - l_max) / opts.temperature; // the largest is 0
     }
-    // min-p is a threshold on the scaled logits: p_i / p_max >= min_p  <=>  v_i >= log(min_p)
-    const float v_floor = opts.min_p > 0.0f ? std::log(opts.min_p) : -INFINITY;
     ids_.clear();
     for (int i = 0; i < n_vocab; ++i) {
-        if (vals_[i] >= v_floor && vals_[i] > -INFINITY) {
+        if (vals_[i] > -INFINITY) {
             ids_.push_back(i);
         }
     }
@@ -97,6 +95,13 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     } else if (!ids_.empty()) {
         // no top-p: order does not matter for drawing; only put the most likely token first (O(n), no sort)
         std::iter_swap(ids_.begin(), std::min_element(ids_.begin(), ids_.end(), by_value));
+    }
+    // min-p, last: p_i / p_max >= min_p  <=>  v_i >= log(min_p) on the scaled logits (the largest is 0 and is
+    // always kept, so the order of what stays is unchanged)
+    if (opts.min_p > 0.0f) {
+        const float v_floor = std::log(opts.min_p);
+        ids_.erase(std::remove_if(ids_.begin(), ids_.end(), [&](llama_token id) { return vals_[id] < v_floor; }),
+                   ids_.end());
     }
     // softmax over what is left
     out.ids.assign(ids_.begin(), ids_.end());

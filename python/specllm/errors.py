@@ -17,6 +17,10 @@ class ContextOverflowError(SpecLLMError):
     """The prompt plus the requested generation does not fit in the context window (n_ctx)."""
 
 
+class DecodeError(SpecLLMError):
+    """llama.cpp failed to evaluate a batch, or the model computed NaN / +inf logits."""
+
+
 class InvalidOptionError(SpecLLMError, ValueError):
     """An option has a value outside its range."""
 

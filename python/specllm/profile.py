@@ -22,6 +22,16 @@ N_REPS = 2
 N_REPS_EXACT = 4  # exact mode measures 7 small sizes (~1.3 s a round here): more rounds, a steadier T(1)
 
 
+MAX_MEASURES = 3  # a profile that is not increasing is measured again, at most this many times in all
+
+
+def increasing(verify_ms, tolerance: float = 0.9) -> bool:
+    """Whether measured costs grow with the batch size, allowing each to dip to `tolerance` of the one before
+    (timing noise); T(1) must be > 0. A profile taken while the machine was busy fails this."""
+    vals = [v for v in verify_ms if v > 0]
+    return bool(vals) and verify_ms[0] > 0 and all(b >= tolerance * a for a, b in zip(vals, vals[1:]))
+
+
 def sizes_for(verify_rows: int) -> list[int]:
     return [n for n in SIZES if n <= verify_rows] if verify_rows > 0 else SIZES
 
@@ -49,7 +59,8 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     """The cached profile of this pair and settings, or None (none yet, unreadable, or for other batch sizes)."""
     try:
         prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack).read_text())
-        if prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list):
+        if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
+                and increasing(prof["verify_ms"])):
             return prof
     except (OSError, ValueError, AttributeError):
         pass
@@ -70,7 +81,13 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine and thread count; a few seconds)", ", ".join(map(str, sizes)))
-            verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
+            for attempt in range(MAX_MEASURES):
+                verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
+                if increasing(verify_ms):
+                    break
+                log.warning("the measured verify costs do not grow with the batch size (%s ms): the machine was "
+                            "busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms),
+                            "measuring again" if attempt + 1 < MAX_MEASURES else "using them smoothed")
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
         tmp = None
         try:

@@ -28,7 +28,9 @@ class AutoPolicy : public DraftPolicy {
 
     AutoPolicy();
 
-    // verify costs: costs[n-1] = ms for a batch of n tokens (n = 1..size); missing sizes are interpolated
+    // verify costs: costs[n-1] = ms for a batch of n tokens (n = 1..size; 0 = not measured). A measured point
+    // above a larger batch's is pulled down to it, sizes between points are interpolated, sizes beyond the last
+    // follow a least-squares line through all points with slope >= 0. Throws InvalidArgument unless T(1) > 0
     void set_verify_costs(const std::vector<double> & costs);
     std::vector<double> verify_costs() const;
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
@@ -59,7 +61,6 @@ class AutoPolicy : public DraftPolicy {
 
   private:
     double cost_verify(int n) const;
-    void make_monotone();
     double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting

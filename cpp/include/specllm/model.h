@@ -49,7 +49,9 @@ class Model {
     // before every batch but the first; poll may throw to abandon it (what was decoded stays cached)
     void decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll);
     static constexpr int prompt_batch = 256; // ~4 s of prefill on a 2-core CPU between polls
-    const float * logits(int i) const; // row i of the last decode (only rows that requested logits)
+    // row i of the last decode (only rows that requested logits); throws DecodeError on NaN or +inf logits, or
+    // when every logit is -inf
+    const float * logits(int i) const;
 
   private:
     ModelOptions opts_;

@@ -34,7 +34,8 @@ class Rng {
 llama_token argmax(const float * logits, int n_vocab);
 float top_prob(const float * logits, int n_vocab); // softmax probability of the argmax
 
-// Warps logits into a distribution. Order (as in HF transformers and vLLM): temperature, top-k, top-p, min-p.
+// Warps logits into a distribution. Order (as in HF transformers): temperature, top-k, top-p (over the top-k
+// candidates), then min-p (relative to the most likely token, which always stays).
 // Avoids sorting the whole vocabulary: top-k selects with nth_element, top-p sorts growing prefixes.
 class Warper {
   public:

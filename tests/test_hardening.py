@@ -1,0 +1,159 @@
+"""Hardening of the core (issue 14, part): a robust cost curve, checked indices at the bindings, one documented
+warper order, and degenerate logits as a typed error. Each test fails on the code before its fix."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import specllm
+from specllm import _core, profile
+
+
+# --- the cost curve of "auto"
+
+def test_one_noisy_point_does_not_bend_the_cost_curve():
+    # T(7) measured below T(6): the old fit extrapolated from the last two points (a negative slope), made the
+    # curve monotone from the right, and gave every T(n) a negative cost
+    p = _core.AutoPolicy()
+    p.set_verify_costs([100, 105, 110, 115, 120, 130, 125])
+    costs = p.verify_costs()
+    assert all(c > 0 for c in costs), costs
+    assert all(b >= a for a, b in zip(costs, costs[1:])), costs
+    assert costs[0] == pytest.approx(100) and costs[47] > costs[6]
+    assert costs[5] == costs[6] == pytest.approx(125)  # the point above a larger batch's pulled down
+
+
+def test_a_flat_profile_extrapolates_flat_and_auto_drafts_long():
+    # a GPU-like profile (a batch costs about one token): beyond the measured sizes the curve stays flat, and a
+    # reliable copy is drafted long
+    p = _core.AutoPolicy()
+    p.set_verify_costs([10.0, 10.1, 10.2, 10.2, 10.3, 10.3, 10.4, 10.5])
+    costs = p.verify_costs()
+    assert costs[47] < 2 * costs[0]
+    p.set_draft_token_cost(0.0)
+    for _ in range(200):
+        p.update(8, 8, True, 0.0, 10.5, 0, 9)
+    k, from_ngram = p.choose(k_max=48, has_model=False, has_ngram=True, ngram_match=20)
+    assert from_ngram and k >= 16, k
+
+
+@pytest.mark.parametrize("costs", [[], [0.0, 5.0], [-1.0, 2.0], [float("nan"), 2.0], [float("inf")]])
+def test_verify_costs_need_a_positive_t1(costs):
+    with pytest.raises(specllm.InvalidOptionError, match=r"T\(1\) > 0"):
+        _core.AutoPolicy().set_verify_costs(costs)
+
+
+def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    (path,) = tmp_path.glob("*.json")
+    good = json.loads(path.read_text())
+    assert profile.increasing(good["verify_ms"])
+    path.write_text(json.dumps(dict(good, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0])))  # a busy machine
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specllm.profile"):
+        llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert any("measuring" in r.getMessage() for r in caplog.records)
+    assert profile.increasing(llm.profile["verify_ms"])
+    assert not profile.increasing([50.0, 20.0]) and not profile.increasing([0.0, 1.0])
+    assert profile.increasing([10.0, 9.5, 12.0])  # a dip within timing noise
+
+
+# --- checked indices
+
+def test_policy_indices_are_checked():
+    p = _core.AutoPolicy()
+    for bad in (10**8, -1, _core.AutoPolicy.n_sources):
+        with pytest.raises(IndexError):
+            p.acceptance(bad)
+        with pytest.raises(IndexError):
+            p.viable(bad)
+    with pytest.raises(ValueError, match="n_accepted"):
+        p.update(5, -3)
+    with pytest.raises(ValueError, match="n_accepted"):
+        p.update(2, 3)
+    with pytest.raises(ValueError, match="n_drafted"):
+        p.update(100, 0)
+    with pytest.raises(ValueError, match="verify_ms"):
+        p.update(1, 1, verify_ms=float("nan"))
+    with pytest.raises(ValueError, match="k_max"):
+        p.choose(k_max=-1)
+    with pytest.raises(ValueError):
+        _core.FixedPolicy(-1)
+    with pytest.raises(ValueError):
+        _core.HeuristicPolicy(5, 2)
+    p.update(3, 2, verify_ms=10.0)  # valid calls still work, and the cost scale is intact
+    assert all(c > 0 for c in p.verify_costs())
+
+
+def test_engine_indices_are_checked(tiny, make_llm):
+    llm = make_llm(tiny["target"], "ngram")
+    with pytest.raises(IndexError):
+        llm._engine.acceptance_estimate(10**8)
+    with pytest.raises(ValueError):
+        llm._engine.set_draft_token_cost(-1.0)
+
+
+# --- one warper order: temperature, top-k, top-p, min-p
+
+def reference_warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """An independent numpy reference of the documented order."""
+    v = np.asarray(logits, dtype=np.float64) / temperature
+    p = np.exp(v - v.max())
+    p /= p.sum()
+    keep = np.argsort(-p, kind="stable")
+    if top_k:
+        keep = keep[:top_k]
+    if top_p < 1.0:
+        cum = np.cumsum(p[keep]) / p[keep].sum()
+        keep = keep[:int(np.searchsorted(cum, top_p) + 1)]
+    if min_p > 0:
+        keep = keep[p[keep] >= min_p * p.max()]
+    q = p[keep] / p[keep].sum()
+    return dict(zip(keep.tolist(), q.tolist()))
+
+
+def warp(logits, **kw):
+    s = _core.SamplingOptions()
+    s.temperature = kw.get("temperature", 1.0)
+    s.top_k, s.top_p, s.min_p = kw.get("top_k", 0), kw.get("top_p", 1.0), kw.get("min_p", 0.0)
+    ids, probs = _core.warp([float(x) for x in logits], s)
+    return dict(zip(ids, probs))
+
+
+def test_min_p_comes_after_top_p():
+    # p = 0.4, 0.3, 0.2, 0.1. top-p 0.75 over all keeps three (0.4 + 0.3 < 0.75); min-p 0.3 (a floor of 0.12)
+    # then keeps them. min-p first would drop 0.1, renormalize, and top-p would keep two (0.44 + 0.33 > 0.75)
+    logits = np.log([0.4, 0.3, 0.2, 0.1])
+    got = warp(logits, top_p=0.75, min_p=0.3)
+    assert sorted(got) == [0, 1, 2]
+    assert got == pytest.approx(reference_warp(logits, top_p=0.75, min_p=0.3))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(top_k=5), dict(top_p=0.9), dict(min_p=0.05),
+                                dict(temperature=0.5, top_k=20, top_p=0.8, min_p=0.02),
+                                dict(temperature=1.5, top_p=0.95, min_p=0.1)])
+def test_warp_matches_the_reference(kw):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        logits = rng.normal(0, 3, 64)
+        got, want = warp(logits, **kw), reference_warp(logits, **kw)
+        assert set(got) == set(want)
+        assert [got[i] for i in want] == pytest.approx(list(want.values()), rel=1e-4, abs=1e-6)
+
+
+# --- degenerate logits
+
+def test_nan_logits_are_a_typed_error(tiny, tmp_path, make_llm):
+    from helpers import write_variant
+
+    bad = write_variant(tiny["target"], tmp_path / "nan.gguf", lambda w: np.where(np.arange(w.size).reshape(w.shape)
+                                                                                  % 7 == 0, np.nan, w))
+    llm = make_llm(bad, None)
+    with pytest.raises(specllm.DecodeError, match="NaN logits"):
+        llm.generate("hello", max_tokens=4)
+    with pytest.raises(specllm.DecodeError):
+        llm.generate("hello", max_tokens=4, temperature=0.8)
+    assert not llm._engine.active and math.isfinite(0.0)
