@@ -116,3 +116,35 @@ def test_cors_only_when_asked(llm):
 def test_bad_arguments(llm):
     with pytest.raises(ValueError, match="max_queue"):
         create_app(llm, max_queue=0)
+
+
+def test_unknown_fields_are_ignored(llm):
+    with TestClient(create_app(llm)) as c:
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "user": "me",
+                                                 "store": False, "metadata": {"a": "b"}, "frequency_penalty": 0,
+                                                 "presence_penalty": 0, "parallel_tool_calls": True,
+                                                 "response_format": {"type": "text"}})
+        assert r.status_code == 200, r.text
+
+
+def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
+    from specllm.server import app as server_app
+
+    class NoServer:  # stands in for uvicorn's server: returns at once
+        def __init__(self, config):
+            self.config = config
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(server_app, "_uvicorn_server", lambda: NoServer)
+    with caplog.at_level("WARNING", logger="specllm.server"):
+        specllm.serve(llm, host="0.0.0.0", port=0)
+    assert any("without an API key" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specllm.server"):
+        specllm.serve(llm, host="127.0.0.1", port=0)
+        specllm.serve(llm, host="0.0.0.0", port=0, api_key="k")
+    assert not caplog.records
+    assert server_app.is_loopback("::1") and server_app.is_loopback("localhost")
+    assert not server_app.is_loopback("192.168.1.5")
