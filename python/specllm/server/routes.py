@@ -28,6 +28,15 @@ def _state(request: Request):
     return request.app.state.specllm
 
 
+def _begin(request: Request, req: p.SamplingFields):
+    """(state, start time) of a generation request whose model and fields were checked."""
+    state = _state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    _check_model(state, req)
+    return state, t0
+
+
 def _check_model(state, req: p.SamplingFields) -> None:
     if req.model and req.model != state.model_id:
         raise APIError(404, f"the model '{req.model}' does not exist here; this server serves '{state.model_id}' "
@@ -192,10 +201,7 @@ def _respond_stream(request, job, make_chunk, first, req: p.SamplingFields):
 
 @router.post("/v1/chat/completions", response_model=p.ChatCompletion)
 async def chat_completions(request: Request, req: p.ChatRequest):
-    state = _state(request)
-    t0 = time.monotonic()
-    state.require_ready()
-    _check_model(state, req)
+    state, t0 = _begin(request, req)
     if not req.messages:
         raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
                        "invalid_value")
@@ -227,10 +233,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
 
 @router.post("/v1/completions", response_model=p.TextCompletion)
 async def completions(request: Request, req: p.CompletionRequest):
-    state = _state(request)
-    t0 = time.monotonic()
-    state.require_ready()
-    _check_model(state, req)
+    state, t0 = _begin(request, req)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
