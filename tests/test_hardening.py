@@ -157,3 +157,18 @@ def test_nan_logits_are_a_typed_error(tiny, tmp_path, make_llm):
     with pytest.raises(specllm.DecodeError):
         llm.generate("hello", max_tokens=4, temperature=0.8)
     assert not llm._engine.active and math.isfinite(0.0)
+
+
+def test_an_error_inside_a_step_leaves_the_core_consistent(tiny, tmp_path, make_llm):
+    # the target decodes the verify rows, then reading their logits fails: without Python's cancel() the engine
+    # itself must cut the rows past the committed history and end the generation
+    from helpers import write_variant
+
+    bad = write_variant(tiny["target"], tmp_path / "nan2.gguf", lambda w: np.full_like(w, np.nan))
+    llm = make_llm(bad, None)
+    prompt = llm.tokenize("hello world")
+    llm._engine.start(prompt, specllm.options.make_options(max_tokens=4, draft_length=0))
+    with pytest.raises(specllm.DecodeError):
+        llm._engine.step()
+    assert not llm._engine.active
+    assert list(llm._engine.target.cached) == prompt[:-1]

@@ -141,6 +141,20 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
 
 StepResult Engine::step() {
     std::lock_guard<std::mutex> lock(mutex_);
+    try {
+        return step_locked();
+    } catch (...) {
+        // a decode or verify error in the middle of a step: the target's KV cache may hold rows past the committed
+        // history; cut them and end the generation, so the engine is consistent whoever catches the error
+        if (active_) {
+            target_->keep_common_prefix(history_);
+            active_ = false;
+        }
+        throw;
+    }
+}
+
+StepResult Engine::step_locked() {
     StepResult out;
     if (!active_) {
         out.done = true;

@@ -76,7 +76,7 @@ class Engine {
     // interrupts it); the part already decoded stays cached and the next start reuses it
     void start(const std::vector<llama_token> & prompt, const GenerateOptions & opts,
                const std::function<void()> & poll = {});
-    StepResult step();
+    StepResult step(); // on an error (DecodeError, ...) the generation ends with the KV cache cut to the history
     bool active() const { return active_; }
     // from any thread, without waiting: a prefill in progress throws Cancelled before its next prompt batch
     // (target or draft), and the next step() ends the generation with finish_reason "cancelled". The request
@@ -102,6 +102,7 @@ class Engine {
     void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_resample_from_p = on; }
 
   private:
+    StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws
     void finish(const std::string & reason, StepResult & out);
     DraftPolicy & policy();
 
