@@ -172,3 +172,26 @@ def test_an_error_inside_a_step_leaves_the_core_consistent(tiny, tmp_path, make_
         llm._engine.step()
     assert not llm._engine.active
     assert list(llm._engine.target.cached) == prompt[:-1]
+
+
+# --- lifetime
+
+def test_close_frees_the_models_and_later_calls_say_so(tiny):
+    with specllm.LLM(tiny["target"], tiny["draft"], n_threads=1, n_ctx=256, profile_costs=False) as llm:
+        assert llm.generate("hello", max_tokens=4).finish_reason == "length"
+        assert not llm.closed
+    assert llm.closed and "closed" in repr(llm)
+    with pytest.raises(specllm.SpecLLMError, match="closed"):
+        llm.generate("hello", max_tokens=4)
+    with pytest.raises(specllm.SpecLLMError, match="closed"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    llm.close()  # twice: harmless
+
+
+def test_close_waits_for_a_running_stream(tiny):
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256, profile_costs=False, stream_idle_timeout=0.2)
+    stream = llm.stream("hello", max_tokens=50)
+    next(stream)
+    llm.close()  # the idle stream is closed after 0.2 s, then the models are freed
+    assert [c.finish_reason for c in stream] == ["cancelled"]
+    assert llm.closed

@@ -15,7 +15,7 @@ import threading
 from typing import Iterable, List, Optional, Sequence, Union
 
 from . import _core, logs, profile
-from .errors import InvalidOptionError
+from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, make_options
 from .options import text as _text
 from .results import Completion, Stats
@@ -314,5 +314,33 @@ class LLM:
             raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
         return [int(t) for t in tokens]
 
+    # --- lifetime
+    def close(self) -> None:
+        """Free the target and the draft model now (both llama.cpp models and contexts), after the running
+        generation; later calls raise SpecLLMError. Closing twice is harmless. `with LLM(...) as llm:` closes."""
+        if isinstance(self._engine, _Closed):
+            return
+        with Call(self._gate):
+            engine, self._engine = self._engine, _Closed()
+            del engine  # the last reference: the C++ engine frees both models (without the GIL)
+            logs.drain()
+
+    @property
+    def closed(self) -> bool:
+        return isinstance(self._engine, _Closed)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __repr__(self) -> str:
-        return f"LLM(model={self.model_path!r}, draft={self.draft!r})"
+        return f"LLM(model={self.model_path!r}, draft={self.draft!r}{', closed' if self.closed else ''})"
+
+
+class _Closed:
+    """Stands in for the engine of a closed LLM: any use says so."""
+
+    def __getattr__(self, name):
+        raise SpecLLMError("this LLM was closed (close() or the end of its with block); create a new one")
