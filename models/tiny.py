@@ -50,17 +50,22 @@ def _params(**kw):
 
 
 def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128, n_ctx_train=2048,
-                     vocab="byte", eos_token_id=None, name="tiny"):
+                     vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True):
     """Write a tiny llama GGUF model to `path` atomically (tmp file + os.replace) and return the path."""
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be divisible by n_head, and n_head by n_head_kv")
     tokens, scores, types = _vocab(vocab)
+    if n_pad:  # padding at the end of the vocabulary, as Qwen2.5-7B+ has: ids no text maps to
+        tokens = tokens + [f"<pad_{i}>" for i in range(n_pad)]
+        scores = scores + [0.0] * n_pad
+        types = types + [gguf.TokenType.UNUSED] * n_pad
     n_vocab = len(tokens)
     eos = 2 if eos_token_id is None else int(eos_token_id)
     if not 0 <= eos < n_vocab:
         raise ValueError(f"eos_token_id {eos} out of range [0, {n_vocab})")
     params = _params(seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
-                     n_ctx_train=n_ctx_train, vocab=vocab, eos_token_id=eos, name=name)
+                     n_ctx_train=n_ctx_train, vocab=vocab, eos_token_id=eos, name=name, n_pad=n_pad,
+                     add_bos=add_bos)
     head_dim = n_embd // n_head
     n_embd_kv = head_dim * n_head_kv
 
@@ -90,7 +95,7 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(eos)
-    w.add_add_bos_token(True)
+    w.add_add_bos_token(bool(add_bos))
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
@@ -123,6 +128,8 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     out[:n_special] *= 0.1
     damped = [b for b in range(256) if (b < 0x20 and b != 0x0A) or b >= 0x7F]
     out[[n_special + b for b in damped]] *= 0.5
+    if n_pad:
+        out[n_vocab - n_pad:] *= 3.0  # padding the model often prefers: a drafter must not propose it
     w.add_tensor("output.weight", out)
 
     try:

@@ -4,9 +4,22 @@
 
 namespace specllm {
 
+void ModelDrafter::to_draft_ids(std::vector<llama_token> & seq) const {
+    // a padded target vocabulary has ids the draft lacks: the draft reads them as id 0 (llama.h has no unknown
+    // token query; what it drafts after them is a guess like any other, verification keeps the target's output)
+    const int n_draft = model_->n_vocab();
+    for (llama_token & t : seq) {
+        if (t >= n_draft) {
+            t = 0;
+        }
+    }
+}
+
 void ModelDrafter::prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) {
-    const int n_keep = model_->keep_common_prefix(history);
-    model_->decode_polled(history.data() + n_keep, (int) history.size() - n_keep, poll);
+    seq_.assign(history.begin(), history.end());
+    to_draft_ids(seq_);
+    const int n_keep = model_->keep_common_prefix(seq_);
+    model_->decode_polled(seq_.data() + n_keep, (int) seq_.size() - n_keep, poll);
 }
 
 void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
@@ -20,6 +33,7 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     // bring the draft cache to history + id_last: keep the shared prefix, decode the rest in one batch
     seq_.assign(req.history->begin(), req.history->end());
     seq_.push_back(req.id_last);
+    to_draft_ids(seq_);
     int n_keep = model_->keep_common_prefix(seq_);
     if (n_keep == (int) seq_.size()) { // everything cached: re-decode the last token to get its logits
         model_->truncate(--n_keep);
@@ -32,7 +46,7 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     model_->decode(seq_.data() + n_keep, (int) seq_.size() - n_keep, false);
 
     const bool greedy = req.sampling->temperature <= 0.0f;
-    const int n_vocab = model_->n_vocab();
+    const int n_vocab = n_shared_; // the logits of ids the target lacks (a padded draft vocabulary) are ignored
     for (int i = 0; i < req.n_max; ++i) {
         const float * logits = model_->logits(-1);
         llama_token tok;

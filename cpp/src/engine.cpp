@@ -30,9 +30,9 @@ std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft
     check_same_vocab(target, *dm);
     draft_model = dm.get();
     if (kind == DraftKind::model) {
-        return std::make_unique<ModelDrafter>(std::move(dm));
+        return std::make_unique<ModelDrafter>(std::move(dm), target.n_vocab());
     }
-    return std::make_unique<HybridDrafter>(std::move(dm), ngram);
+    return std::make_unique<HybridDrafter>(std::move(dm), target.n_vocab(), ngram);
 }
 
 } // namespace

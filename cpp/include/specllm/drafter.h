@@ -5,6 +5,7 @@
 #include "specllm/ngram.h"
 #include "specllm/sampling.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,7 +49,9 @@ class Drafter {
 // a small model of the same family, drafting token by token on its own context
 class ModelDrafter : public Drafter {
   public:
-    explicit ModelDrafter(std::unique_ptr<Model> model) : model_(std::move(model)) {}
+    // n_target_vocab: the target's vocabulary size; a padded vocabulary (either side) only drafts ids both have
+    ModelDrafter(std::unique_ptr<Model> model, int n_target_vocab)
+        : model_(std::move(model)), n_shared_(std::min(model_->n_vocab(), n_target_vocab)) {}
     void propose(const DraftRequest & req, Draft & out) override;
     void prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) override;
     bool has_model() const override { return true; }
@@ -56,6 +59,8 @@ class ModelDrafter : public Drafter {
 
   private:
     std::unique_ptr<Model> model_;
+    void to_draft_ids(std::vector<llama_token> & seq) const; // ids the draft lacks -> id 0
+    int n_shared_; // ids below this exist in both vocabularies: the draft samples among them only
     Warper warper_;
     std::vector<llama_token> seq_; // scratch: history + id_last
 };
@@ -79,8 +84,8 @@ class NgramDrafter : public Drafter {
 // the n-gram drafter or the draft model, as the policy chooses each step
 class HybridDrafter : public Drafter {
   public:
-    HybridDrafter(std::unique_ptr<Model> model, const NgramOptions & opts)
-        : model_(std::move(model)), ngram_(opts) {}
+    HybridDrafter(std::unique_ptr<Model> model, int n_target_vocab, const NgramOptions & opts)
+        : model_(std::move(model), n_target_vocab), ngram_(opts) {}
     void propose(const DraftRequest & req, Draft & out) override;
     void prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) override {
         model_.prefill(history, poll);

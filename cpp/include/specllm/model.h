@@ -64,7 +64,11 @@ class Model {
     std::vector<llama_token> cached_;
 };
 
-// throws IncompatibleDraftError naming the first difference (type, size, special tokens, token texts)
+// the most entries two vocabularies may differ by (padding at the end), as llama.cpp's speculative tools allow
+constexpr int max_vocab_size_difference = 128;
+
+// throws IncompatibleDraftError naming the first difference (type, sizes more than max_vocab_size_difference
+// apart, special tokens, add_bos, token texts on the shared range)
 void check_same_vocab(const Model & target, const Model & draft);
 
 } // namespace specllm
