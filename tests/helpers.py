@@ -67,12 +67,23 @@ def check_stats(c, k_max=None, exact_steps=True):
     assert 0 <= s.n_cached < s.n_prompt
 
 
+def check_memory(model):
+    """llama.cpp's own memory holds exactly the positions specllm's list of cached tokens says: 0..len-1."""
+    n = len(model.cached)
+    assert (model.memory_pos_min, model.memory_pos_max) == ((0, n - 1) if n else (-1, -1)), \
+        (model.memory_pos_min, model.memory_pos_max, n)
+
+
 def check_kv(llm, prompt_tokens, completion):
-    """After a generation the target's KV cache holds a prefix of prompt + generated tokens (+ the EOG token)."""
+    """After a generation the target's KV cache holds a prefix of prompt + generated tokens (+ the EOG token), and
+    llama.cpp's memory of the target and of the draft model agrees with what specllm believes they hold."""
     cached = list(llm._engine.target.cached)
     seq = list(prompt_tokens) + list(completion.tokens)
     assert len(cached) <= len(seq) + 1, (cached, seq)
     assert cached[:len(seq)] == seq[:len(cached)], f"KV cache diverges at {first_divergence(cached, seq)}"
+    check_memory(llm._engine.target)
+    if llm._engine.draft is not None:
+        check_memory(llm._engine.draft)
 
 
 # --- statistics

@@ -195,3 +195,26 @@ def test_close_waits_for_a_running_stream(tiny):
     llm.close()  # the idle stream is closed after 0.2 s, then the models are freed
     assert [c.finish_reason for c in stream] == ["cancelled"]
     assert llm.closed
+
+
+# --- llama.cpp's memory agrees with what specllm believes, after every step
+
+@pytest.mark.parametrize("draft, ngram, k", [("near_draft", False, 4), ("near_draft", True, 4),
+                                             ("near_draft", True, "auto"), ("draft", False, "heuristic"),
+                                             ("ngram", False, 6)])
+def test_llama_memory_agrees_after_every_step(tiny, make_llm, draft, ngram, k):
+    from helpers import check_memory
+
+    llm = make_llm(tiny["target"], tiny.get(draft, draft), ngram=ngram)
+    if k == "auto":  # drafting pays under this profile, so both drafters and the catch-up get exercised
+        llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
+        llm._engine.set_draft_token_cost(0.5)
+    steps = rejected = 0
+    for prompt in ["the quick brown fox jumps", "hello hello hello hello hello", "naïve café"]:
+        for chunk in llm.stream(prompt, max_tokens=40, draft_length=k):
+            check_memory(llm._engine.target)
+            if llm._engine.draft is not None:
+                check_memory(llm._engine.draft)
+            steps += 1
+            rejected += chunk.n_accepted < chunk.n_drafted
+    assert steps > 20 and rejected > 0

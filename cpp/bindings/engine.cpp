@@ -59,6 +59,8 @@ void register_engine(py::module_ & m) {
     py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
         .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("target", &Engine::target, py::return_value_policy::reference_internal)
+        .def_property_readonly("draft", &Engine::draft_model, py::return_value_policy::reference_internal,
+                               "the draft model (None without one)")
         .def_property_readonly("draft_kind", &Engine::draft_kind)
         .def_property_readonly("active", &Engine::active)
         .def_property_readonly("stats", &Engine::stats, py::return_value_policy::copy)

@@ -14,6 +14,8 @@ void register_model(py::module_ & m) {
         .def_property_readonly("chat_template", &Model::chat_template)
         .def_property_readonly("n_past", &Model::n_past)
         .def_property_readonly("cached", &Model::cached)
+        .def_property_readonly("memory_pos_min", &Model::memory_pos_min)
+        .def_property_readonly("memory_pos_max", &Model::memory_pos_max)
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = true)
         .def("piece", [](const Model & self, llama_token t) { return py::bytes(self.piece(t)); })

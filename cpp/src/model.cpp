@@ -173,6 +173,14 @@ void Model::decode_polled(const llama_token * tokens, int n, const std::function
     }
 }
 
+int Model::memory_pos_min() const {
+    return (int) llama_memory_seq_pos_min(llama_get_memory(ctx_.get()), 0);
+}
+
+int Model::memory_pos_max() const {
+    return (int) llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0);
+}
+
 int Model::n_batch() const {
     return (int) llama_n_batch(ctx_.get());
 }

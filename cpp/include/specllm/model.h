@@ -37,6 +37,9 @@ class Model {
 
     // KV cache of sequence 0
     const std::vector<llama_token> & cached() const { return cached_; }
+    // positions llama.cpp's memory holds for the sequence (-1 when empty): the truth cached() must agree with
+    int memory_pos_min() const;
+    int memory_pos_max() const;
     int n_past() const { return (int) cached_.size(); }
     void truncate(int n);                                   // keep positions [0, n)
     int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq
