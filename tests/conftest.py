@@ -1,5 +1,6 @@
 """Shared fixtures: the tiny GGUF models (built once per session), a tiny-LLM factory, and the real models."""
 
+import os
 import pathlib
 import sys
 
@@ -58,3 +59,24 @@ def real_models():
         return {"target": registry.resolve(REAL_TARGET), "draft": registry.resolve(REAL_DRAFT)}
     except registry.PullError as e:  # offline and not cached: nothing to test against
         pytest.skip(f"real models unavailable: {e}")
+
+
+# CI (.ci/run sets SPECLLM_CI=1) must not go green on proof that did not run: a skip there is a failure, except
+# for these tests, each with the reason it may skip on a CI machine.
+ALLOWED_CI_SKIPS = {
+    "tests/test_bench.py::test_specbench_tasks":
+        "the Spec-Bench questions live in the workplace's shared/ folder beside the repository, not in it",
+    "tests/test_bench.py::test_anchor_tools_run_and_parse_on_tiny_models":
+        "needs llama.cpp's tools built from the llama-cpp-python sdist (~12 min on 2 cores); a benchmark tool, "
+        "not part of specllm: python -c 'from bench.anchors import build_anchors; build_anchors()'",
+}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("SPECLLM_CI") and item.nodeid not in ALLOWED_CI_SKIPS:
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"skipped in CI, where every proof must run: {reason}"
