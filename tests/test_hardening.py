@@ -188,6 +188,14 @@ def test_close_frees_the_models_and_later_calls_say_so(tiny):
     llm.close()  # twice: harmless
 
 
+def test_a_stream_made_before_close_does_not_run_after_it(tiny):
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256, profile_costs=False)
+    stream = llm.stream("hello", max_tokens=5)
+    llm.close()
+    with pytest.raises(specllm.SpecLLMError, match="closed"):
+        next(stream)
+
+
 def test_close_waits_for_a_running_stream(tiny):
     llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256, profile_costs=False, stream_idle_timeout=0.2)
     stream = llm.stream("hello", max_tokens=50)

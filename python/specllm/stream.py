@@ -107,7 +107,7 @@ class Stream:
 
     def __init__(self, llm, tokens: List[int], opts, on_finish: Callable[[Stats], None]):
         self._llm = llm
-        self._engine = llm._engine
+        self._engine = None  # the LLM's engine, taken once the gate admits the stream (the LLM may be closed)
         self._gate: Gate = llm._gate
         self._tokens = tokens
         self._opts = opts
@@ -163,6 +163,7 @@ class Stream:
             if not self._entered:
                 self._gate.enter(self._ticket)
                 self._entered = True
+                self._engine = self._llm._engine
             elif not self._gate.busy(self._ticket):  # preempted while idle
                 self._done = True
                 return self._last_chunk("cancelled", self._preempted_stats or Stats())
