@@ -107,10 +107,7 @@ def _speculative(stats, job: Job, draft_length) -> p.Speculative:
 
 
 def _submit(request: Request, tokens, opts) -> Job:
-    state = _state(request)
-    if not state.worker.ready:
-        raise APIError(503, "the model is still loading; retry shortly (GET /health says when it is ready)",
-                       "server_error", None, "model_loading", headers={"Retry-After": "5"})
+    state = _state(request)  # ready: _begin checked it
     job = Job(tokens, opts, asyncio.get_running_loop(), state.metrics)
     try:
         state.worker.submit(job)
