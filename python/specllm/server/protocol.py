@@ -117,23 +117,30 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class _Response(BaseModel):
+    """What every completion body and chunk starts with."""
+    id: str
+    created: int
+    model: str
+
+
+class _Choice(BaseModel):
+    index: int = 0
+    logprobs: None = None
+
+
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int = 0
+class ChatChoice(_Choice):
     message: ChatMessage
     finish_reason: str
-    logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(_Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: List[ChatChoice]
     usage: Usage
     speculative: Speculative
@@ -144,35 +151,25 @@ class Delta(BaseModel):
     content: Optional[str] = None
 
 
-class ChunkChoice(BaseModel):
-    index: int = 0
+class ChunkChoice(_Choice):
     delta: Delta
     finish_reason: Optional[str] = None
-    logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: List[ChunkChoice]
     usage: Optional[Usage] = None
     speculative: Optional[Speculative] = None
 
 
-class TextChoice(BaseModel):
-    index: int = 0
+class TextChoice(_Choice):
     text: str
     finish_reason: Optional[str] = None
-    logprobs: None = None
 
 
-class TextCompletion(BaseModel):
-    id: str
+class TextCompletion(_Response):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: List[TextChoice]
     usage: Optional[Usage] = None
     speculative: Optional[Speculative] = None

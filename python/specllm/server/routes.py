@@ -156,7 +156,7 @@ async def _collect(request: Request, job: Job):
     return "".join(texts), last
 
 
-async def _events(request: Request, job: Job, make_chunk, first: Optional[dict], include_usage: bool,
+async def _events(request: Request, job: Job, make_chunk, first, include_usage: bool,
                   draft_length) -> AsyncIterator[str]:
     """The SSE data lines of a streaming job; leaving early (the client went away) cancels the job."""
     state = _state(request)
@@ -164,7 +164,7 @@ async def _events(request: Request, job: Job, make_chunk, first: Optional[dict],
     first_text = True
     try:
         if first is not None:
-            yield json.dumps(first)
+            yield first.model_dump_json(exclude_none=True)
         while True:
             kind, value = await job.events.get()
             if kind == "error":
@@ -219,7 +219,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
                                          choices=[p.ChunkChoice(delta=delta, finish_reason=finish_reason)])
         first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
                                       choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
-        return _respond_stream(request, job, make_chunk, first.model_dump(exclude_none=True), req)
+        return _respond_stream(request, job, make_chunk, first, req)
     text, last = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,
