@@ -46,12 +46,19 @@ def _vocab(kind):
 
 
 def _params(**kw):
+    if kw.get("arch") == "llama":  # the default, not stored: models written before arch existed stay valid
+        del kw["arch"]
     return dict(kw, generator_version=GENERATOR_VERSION)
 
 
 def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128, n_ctx_train=2048,
-                     vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True):
-    """Write a tiny llama GGUF model to `path` atomically (tmp file + os.replace) and return the path."""
+                     vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True, arch="llama"):
+    """Write a tiny GGUF model to `path` atomically (tmp file + os.replace) and return the path.
+
+    arch "llama" is a transformer (a KV cache that can be cut anywhere); "mamba" is a recurrent state-space model
+    (one state per sequence that llama.cpp cannot roll back), for the engine's no-rollback path."""
+    if arch not in ("llama", "mamba"):
+        raise ValueError(f"unknown arch {arch!r}: expected 'llama' or 'mamba'")
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be divisible by n_head, and n_head by n_head_kv")
     tokens, scores, types = _vocab(vocab)
@@ -65,14 +72,14 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
         raise ValueError(f"eos_token_id {eos} out of range [0, {n_vocab})")
     params = _params(seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                      n_ctx_train=n_ctx_train, vocab=vocab, eos_token_id=eos, name=name, n_pad=n_pad,
-                     add_bos=add_bos)
+                     add_bos=add_bos, arch=arch)
     head_dim = n_embd // n_head
     n_embd_kv = head_dim * n_head_kv
 
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, arch="llama")
+    w = gguf.GGUFWriter(tmp, arch=arch)
     w.add_name(name)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_string("specllm.tiny_params", json.dumps(params, sort_keys=True))
@@ -80,12 +87,22 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, 8, 4, max(1, n_embd // 16)
+    if arch == "llama":
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_rope_dimension_count(head_dim)
+        w.add_rope_freq_base(10000.0)
+    else:
+        w.add_feed_forward_length(0)
+        w.add_head_count(0)
+        w.add_head_count_kv(0)
+        w.add_ssm_conv_kernel(d_conv)
+        w.add_ssm_inner_size(d_inner)
+        w.add_ssm_state_size(d_state)
+        w.add_ssm_time_step_rank(dt_rank)
 
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -112,6 +129,18 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     w.add_tensor("token_embd.weight", (0.5 * rng.standard_normal((n_vocab, n_embd))).astype(np.float32))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", norm(n_embd))
+        if arch == "mamba":
+            w.add_tensor(f"blk.{i}.ssm_in.weight", mat(2 * d_inner, n_embd))
+            w.add_tensor(f"blk.{i}.ssm_conv1d.weight", mat(d_inner, d_conv))
+            w.add_tensor(f"blk.{i}.ssm_conv1d.bias", (0.1 * rng.standard_normal(d_inner)).astype(np.float32))
+            w.add_tensor(f"blk.{i}.ssm_x.weight", mat(dt_rank + 2 * d_state, d_inner))
+            w.add_tensor(f"blk.{i}.ssm_dt.weight", mat(d_inner, dt_rank))
+            w.add_tensor(f"blk.{i}.ssm_dt.bias", (0.1 * rng.standard_normal(d_inner)).astype(np.float32))
+            # A = -exp(A_log) < 0: a decaying state
+            w.add_tensor(f"blk.{i}.ssm_a", -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1)))
+            w.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.ssm_out.weight", mat(n_embd, d_inner, 2.0))
+            continue
         w.add_tensor(f"blk.{i}.attn_q.weight", mat(n_embd, n_embd, 2.0))
         w.add_tensor(f"blk.{i}.attn_k.weight", mat(n_embd_kv, n_embd, 2.0))
         w.add_tensor(f"blk.{i}.attn_v.weight", mat(n_embd_kv, n_embd, 2.0))
@@ -161,6 +190,8 @@ STANDARD_SET = {
     "draft_other_vocab": dict(seed=3, n_layer=1, n_embd=32, n_ff=64, vocab="byte-alt", name="tiny-other-vocab"),
     # ~135 tokens/s on one thread here (83 MB): long enough generations to disconnect from, queue behind, cancel
     "slow": dict(seed=11, n_layer=6, n_embd=512, n_head=8, n_head_kv=8, n_ff=1536, name="tiny-slow"),
+    # a recurrent (Mamba) model: llama.cpp cannot cut its state back to an earlier position
+    "recurrent": dict(seed=5, n_embd=64, name="tiny-mamba", arch="mamba"),
 }
 
 

@@ -47,9 +47,9 @@ def test_draft_equal_to_target_accepts_everything_when_sampling(tiny, make_llm, 
         check_stats(c, k_max=k)
 
 
-def joint_first_two(llm, n, **kw):
-    """Counts of (token 1, token 2) over seeds 0..n-1."""
-    return Counter(tuple(llm.generate(PROMPT, seed=s, **kw).tokens[:2]) for s in range(n))
+def joint_first_two(llm, n, first_seed=0, **kw):
+    """Counts of (token 1, token 2) over seeds first_seed .. first_seed + n - 1."""
+    return Counter(tuple(llm.generate(PROMPT, seed=s, **kw).tokens[:2]) for s in range(first_seed, first_seed + n))
 
 
 @pytest.fixture(scope="module")
@@ -67,43 +67,70 @@ def plain_joint(tiny, make_llm):
 # that mistake: its top-8 tokens barely overlap the target's, and where q(x) ~ 0 the residual equals p.
 # k + 1 = max_tokens: the first step drafts k tokens (the budget caps a draft at max_tokens - 1), so positions 1 and 2
 # of the joint go through acceptance at draft positions 0 and 1.
+# With coupled acceptance (the default) a seed gives exactly plain sampling's text (test_seed.py), so a sample over
+# the plain sample's own seeds would match it trivially: the speculative samples use other seeds (N_SAMPLES..).
+@pytest.mark.parametrize("acceptance", ["coupled", "rejection"])
 @pytest.mark.parametrize("draft,k", [("near_draft", 3), ("draft", 2)])
-def test_speculative_sampling_follows_the_target_distribution(tiny, make_llm, plain_joint, draft, k):
+def test_speculative_sampling_follows_the_target_distribution(tiny, make_llm, plain_joint, draft, k, acceptance):
     llm = make_llm(tiny["target"], tiny[draft])
-    spec = joint_first_two(llm, N_SAMPLES, max_tokens=k + 1, draft_length=k, **SAMPLING)
+    spec = joint_first_two(llm, N_SAMPLES, N_SAMPLES, max_tokens=k + 1, draft_length=k, acceptance=acceptance,
+                           **SAMPLING)
     stat, df = chi2_two_sample(spec, plain_joint)
     bound = chi2_critical(df)
     assert stat < bound, (f"speculative sampling does not follow the target's distribution: chi2={stat:.1f} >= "
                           f"{bound:.1f} (df={df}), total variation {total_variation(spec, plain_joint):.3f}")
 
 
-def test_a_wrong_verifier_fails_the_distribution_test(tiny, make_llm, plain_joint):
+# the wrong variants: rejection resamples a rejected position from p instead of the residual; coupled accepts a
+# draft token unequal to the target's draw with probability min(1, p/q)
+@pytest.mark.parametrize("acceptance", ["coupled", "rejection"])
+def test_a_wrong_verifier_fails_the_distribution_test(tiny, make_llm, plain_joint, acceptance):
     llm = make_llm(tiny["target"], tiny["near_draft"])
     llm._engine.set_wrong_sampling_for_tests(True)
-    wrong = joint_first_two(llm, N_SAMPLES, max_tokens=4, draft_length=3, **SAMPLING)
+    wrong = joint_first_two(llm, N_SAMPLES, N_SAMPLES, max_tokens=4, draft_length=3, acceptance=acceptance,
+                            **SAMPLING)
     stat, df = chi2_two_sample(wrong, plain_joint)
     assert stat > 2 * chi2_critical(df), (
         f"the distribution test cannot tell a wrong verifier (chi2={stat:.1f}, bound {chi2_critical(df):.1f}, "
         f"total variation {total_variation(wrong, plain_joint):.3f}): it would not catch a real mistake either")
 
 
-def test_rejection_sampling_accepts_as_often_as_theory_says(tiny, make_llm, plain_joint):
-    # One drafted token (max_tokens=2 caps the draft at 1): it is accepted with probability sum_x min(p(x), q(x)).
-    # "Sample from p and accept iff equal to the draft" would accept with sum_x p(x) q(x), which is never more.
-    # p and q (first-token distributions) are estimated from plain sampling of the target and of the draft.
+@pytest.fixture(scope="module")
+def first_token_p_q(tiny, make_llm, plain_joint):
+    """Estimates of the target's (p) and the near draft's (q) first-token distributions, from plain sampling."""
     p = Counter(first for first, _ in plain_joint.elements())
     draft_alone = make_llm(tiny["near_draft"])
     q = Counter(draft_alone.generate(PROMPT, seed=s, max_tokens=1, **SAMPLING).tokens[0] for s in range(N_SAMPLES))
-    p = {x: n / N_SAMPLES for x, n in p.items()}
-    q = {x: n / N_SAMPLES for x, n in q.items()}
+    return {x: n / N_SAMPLES for x, n in p.items()}, {x: n / N_SAMPLES for x, n in q.items()}
+
+
+def acceptance_rate(llm, **kw):
+    """How often one drafted token (max_tokens=2 caps the draft at 1) is accepted, over N_SAMPLES seeds."""
+    return sum(llm.generate(PROMPT, seed=s, max_tokens=2, draft_length=1, **kw, **SAMPLING).stats.n_accepted
+               for s in range(N_SAMPLES)) / N_SAMPLES
+
+
+def test_rejection_sampling_accepts_as_often_as_theory_says(tiny, make_llm, first_token_p_q):
+    # One drafted token is accepted with probability sum_x min(p(x), q(x)) = 1 - tv(p, q). "Sample from p and
+    # accept iff equal to the draft" would accept with sum_x p(x) q(x), which is never more.
+    p, q = first_token_p_q
     overlap = sum(min(p.get(x, 0), q[x]) for x in q)
     match = sum(p.get(x, 0) * q[x] for x in q)
-    llm = make_llm(tiny["target"], tiny["near_draft"])
-    accepted = sum(llm.generate(PROMPT, seed=s, max_tokens=2, draft_length=1, **SAMPLING).stats.n_accepted
-                   for s in range(N_SAMPLES))
-    rate = accepted / N_SAMPLES
+    rate = acceptance_rate(make_llm(tiny["target"], tiny["near_draft"]), acceptance="rejection")
     # standard error of each estimate is below sqrt(0.25 / 3000) ~ 0.01; 0.05 is about 4 of them for the difference
     assert abs(rate - overlap) < 0.05, (rate, overlap)
+    assert rate > match + 0.05, (rate, match)
+
+
+def test_coupled_acceptance_is_between_the_coupling_bounds(tiny, make_llm, first_token_p_q):
+    # Draft and target drawn with one key agree with probability between (1 - tv) / (1 + tv) (the Gumbel-max
+    # coupling's guarantee) and 1 - tv (no coupling does better), and far more often than independent draws do
+    p, q = first_token_p_q
+    overlap = sum(min(p.get(x, 0), q[x]) for x in q)
+    tv = 1 - overlap
+    match = sum(p.get(x, 0) * q[x] for x in q)
+    rate = acceptance_rate(make_llm(tiny["target"], tiny["near_draft"]), acceptance="coupled")
+    assert (1 - tv) / (1 + tv) - 0.05 < rate < overlap + 0.05, (rate, tv)
     assert rate > match + 0.05, (rate, match)
 
 
@@ -116,6 +143,7 @@ def test_rejection_sampling_accepts_as_often_as_theory_says(tiny, make_llm, plai
     (dict(top_k=-1), specllm.InvalidOptionError, r"top_k must be >= 0"),
     (dict(min_p=1.5), specllm.InvalidOptionError, r"min_p must be in \[0, 1\]"),
     (dict(min_p=-0.1), specllm.InvalidOptionError, r"min_p must be in \[0, 1\]"),
+    (dict(acceptance="gumbel"), specllm.InvalidOptionError, r"acceptance must be 'coupled'.* or 'rejection'"),
     (dict(max_tokens=0), specllm.InvalidOptionError, r"max_tokens must be >= 1, got 0"),
     (dict(max_tokens=-1), specllm.InvalidOptionError, r"max_tokens must be >= 1, got -1"),
     (dict(draft_length=-1), specllm.InvalidOptionError, r"draft_length must be >= 0"),

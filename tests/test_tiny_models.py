@@ -39,7 +39,7 @@ def pieces(model):
 
 
 def test_set_is_small_and_complete(tiny):
-    assert set(tiny) == {"target", "draft", "draft_other_vocab", "slow"}
+    assert set(tiny) == {"target", "draft", "draft_other_vocab", "slow", "recurrent"}
     for role, path in tiny.items():
         assert 0 < os.path.getsize(path) < (100_000_000 if role == "slow" else 5_000_000)
     assert os.path.getsize(tiny["draft"]) < os.path.getsize(tiny["target"])

@@ -13,6 +13,7 @@ void register_model(py::module_ & m) {
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("chat_template", &Model::chat_template)
         .def_property_readonly("n_past", &Model::n_past)
+        .def_property_readonly("can_rollback", &Model::can_rollback)
         .def_property_readonly("cached", &Model::cached)
         .def_property_readonly("memory_pos_min", &Model::memory_pos_min)
         .def_property_readonly("memory_pos_max", &Model::memory_pos_max)

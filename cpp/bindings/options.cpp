@@ -31,7 +31,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("top_k", &SamplingOptions::top_k)
         .def_readwrite("top_p", &SamplingOptions::top_p)
         .def_readwrite("min_p", &SamplingOptions::min_p)
-        .def_readwrite("seed", &SamplingOptions::seed);
+        .def_readwrite("seed", &SamplingOptions::seed)
+        .def_readwrite("rejection", &SamplingOptions::rejection);
 
     py::class_<GenerateOptions>(m, "GenerateOptions")
         .def(py::init<>())

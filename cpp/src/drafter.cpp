@@ -62,7 +62,8 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
                 out.q.pop_back();
                 break;
             }
-            tok = sample(out.q.back(), *req.rng);
+            tok = req.sampling->rejection ? sample(out.q.back(), *req.rng)
+                                          : sample_keyed(out.q.back(), req.sampling->seed, req.pos0 + i);
         }
         out.tokens.push_back(tok);
         if (i + 1 < req.n_max) {

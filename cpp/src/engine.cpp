@@ -1,6 +1,7 @@
 #include "specllm/engine.h"
 
 #include "specllm/errors.h"
+#include "specllm/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,13 @@ double now_ms() {
 std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram,
                                       const Model & target, Model *& draft_model) {
     draft_model = nullptr;
+    if (kind != DraftKind::none && !target.can_rollback()) {
+        // a rejected draft must be cut from the target's memory, which a recurrent state cannot do: decode plainly
+        log_note(3, "drafting is off: '" + target.options().path + "' (" + target.description() + ") keeps a "
+                    "recurrent state that llama.cpp cannot cut back after a rejected draft, so it decodes plainly "
+                    "(a new prompt that differs from the cached one is evaluated again from its start)");
+        return nullptr;
+    }
     if (kind == DraftKind::ngram) {
         return std::make_unique<NgramDrafter>(ngram);
     }
@@ -27,6 +35,11 @@ std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft
     ModelOptions dopts = draft;
     dopts.n_ctx = target.n_ctx();
     auto dm = std::make_unique<Model>(dopts);
+    if (!dm->can_rollback()) {
+        throw IncompatibleDraftError("the draft model '" + dopts.path + "' (" + dm->description() + ") keeps a "
+                                     "recurrent state that llama.cpp cannot cut back after a rejected draft; use a "
+                                     "transformer draft model of the same family, or draft=\"ngram\"");
+    }
     check_same_vocab(target, *dm);
     draft_model = dm.get();
     if (kind == DraftKind::model) {
@@ -45,6 +58,9 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     auto_.set_verify_rows(opts.verify_rows);
     target_ = std::make_unique<Model>(opts.target);
     drafter_ = make_drafter(opts.draft_kind, opts.draft, opts.ngram, *target_, draft_model_);
+    if (!drafter_) {
+        opts_.draft_kind = DraftKind::none; // asked for, but the target cannot roll back
+    }
 }
 
 void Engine::set_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram) {
@@ -56,7 +72,7 @@ void Engine::set_drafter(DraftKind kind, const ModelOptions & draft, const Ngram
     auto drafter = make_drafter(kind, draft, ngram, *target_, draft_model); // throws: the old drafter stays
     drafter_ = std::move(drafter);
     draft_model_ = draft_model;
-    opts_.draft_kind = kind;
+    opts_.draft_kind = drafter_ ? kind : DraftKind::none;
     opts_.draft = draft;
     opts_.ngram = ngram;
     auto_.forget_draft_model();
@@ -200,6 +216,7 @@ StepResult Engine::step_locked() {
         req.sampling = &gen_.sampling;
         req.p_min = gen_.draft_p_min;
         req.rng = &rng_;
+        req.pos0 = n_past + 1;
         req.use_ngram = choice.ngram;
         drafter_->propose(req, draft_);
     }
@@ -230,7 +247,7 @@ StepResult Engine::step_locked() {
     const int n_vocab = target_->n_vocab();
     const Verdict v = gen_.sampling.temperature <= 0.0f
                           ? verify_greedy(draft_.tokens, row, n_vocab)
-                          : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_);
+                          : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_, n_past + 1);
     stats_.sample_ms += now_ms() - t0 - verify_ms;
 
     // 4. cut the rejected tail: keep id_last and the accepted drafts

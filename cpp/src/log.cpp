@@ -55,6 +55,14 @@ void log_capture_install() {
     });
 }
 
+void log_note(int level, const std::string & text) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_records.push_back(LogRecord{level, "specllm: " + text});
+    if (g_records.size() > n_records_max) {
+        g_records.pop_front();
+    }
+}
+
 std::vector<LogRecord> log_drain() {
     std::lock_guard<std::mutex> lock(g_mutex);
     std::vector<LogRecord> out(g_records.begin(), g_records.end());

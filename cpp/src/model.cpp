@@ -73,6 +73,7 @@ Model::Model(const ModelOptions & opts) : opts_(opts) {
     }
     vocab_ = llama_model_get_vocab(model_.get());
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    can_rollback_ = !llama_model_is_recurrent(model_.get()) && !llama_model_is_hybrid(model_.get());
     if (llama_vocab_type(vocab_) == LLAMA_VOCAB_TYPE_NONE || n_vocab_ <= 0) {
         throw ModelLoadError("'" + opts.path + "' has no tokenizer (vocabulary type none): specllm generates text "
                              "and needs one; convert the model with its tokenizer");
@@ -149,8 +150,20 @@ void Model::truncate(int n) {
     if (n >= (int) cached_.size()) {
         return;
     }
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n, -1);
-    cached_.resize((size_t) n);
+    cached_.resize((size_t) cut_memory(n));
+}
+
+int Model::cut_memory(int n) {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    if (llama_memory_seq_rm(mem, 0, n, -1)) {
+        return n;
+    }
+    // a recurrent state cannot be cut back part way (llama.cpp refuses and leaves the memory as it was): forget
+    // the sequence, so that the next decode starts over at position 0 instead of failing on every call
+    if (!llama_memory_seq_rm(mem, 0, -1, -1)) {
+        llama_memory_clear(mem, true);
+    }
+    return 0;
 }
 
 int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
@@ -160,7 +173,7 @@ int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
         ++n;
     }
     truncate((int) n);
-    return (int) n;
+    return n_past();
 }
 
 void Model::decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll) {
@@ -211,8 +224,8 @@ void Model::decode(const llama_token * tokens, int n, bool all_logits) {
         }
         const int32_t rc = llama_decode(ctx_.get(), batch_);
         if (rc != 0) {
-            truncate(n_past0);
-            llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, n_past0, -1);
+            // the failed batch may have left rows in llama.cpp's memory past what cached() says: cut them too
+            cached_.resize((size_t) std::min(n_past(), cut_memory(n_past0)));
             std::string why = log_take_errors();
             if (rc == 1) {
                 throw ContextOverflowError("no room in the KV cache for " + std::to_string(n_cur) +

@@ -128,6 +128,40 @@ llama_token sample(const Dist & dist, Rng & rng) {
     return dist.ids.empty() ? 0 : dist.ids.back(); // rounding: u beyond the accumulated sum
 }
 
+namespace {
+
+uint64_t mix64(uint64_t z) { // splitmix64's finalizer
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+} // namespace
+
+llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos) {
+    const uint64_t key = mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL));
+    llama_token best = dist.ids.empty() ? 0 : dist.ids[0];
+    double best_r = INFINITY; // the smallest -log(u) / p so far
+    for (size_t i = 0; i < dist.ids.size(); ++i) {
+        const double p = dist.probs[i];
+        if (!(p > 0.0)) {
+            continue;
+        }
+        const uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL * (uint64_t) (dist.ids[i] + 1));
+        const double u = ((double) (h >> 11) + 0.5) * (1.0 / 9007199254740992.0); // (0, 1)
+        // -log(u) >= 1 - u: most tokens are ruled out without a log (ids[0], the likeliest, sets a low bar early)
+        if (1.0 - u >= best_r * p) {
+            continue;
+        }
+        const double r = -std::log(u) / p;
+        if (r < best_r) {
+            best_r = r;
+            best = dist.ids[i];
+        }
+    }
+    return best;
+}
+
 void check_sampling_options(const SamplingOptions & o) {
     if (!(o.temperature >= 0.0f) || std::isinf(o.temperature)) {
         throw InvalidArgument("temperature must be a finite number >= 0 (0 = greedy), got " +

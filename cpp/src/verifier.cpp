@@ -18,8 +18,37 @@ Verdict verify_greedy(const std::vector<llama_token> & draft, const LogitsRow & 
     return v;
 }
 
+Verdict SamplingVerifier::verify_coupled(const std::vector<llama_token> & draft, const std::vector<Dist> & q,
+                                         const LogitsRow & row, int n_vocab, const SamplingOptions & opts,
+                                         Rng & rng, int64_t pos0) {
+    Verdict v;
+    for (size_t i = 0; i <= draft.size(); ++i) {
+        warper_.warp(row((int) i), n_vocab, opts, p_);
+        const llama_token t = sample_keyed(p_, opts.seed, pos0 + (int64_t) i);
+        if (i < draft.size()) {
+            const llama_token d = draft[i];
+            if (t == d) {
+                ++v.n_accepted;
+                continue;
+            }
+            const float q_d = q.empty() ? 1.0f : q[i].prob(d);
+            if (wrong_for_tests && q_d > 0.0f && rng.uniform() < std::min(1.0, (double) p_.prob(d) / q_d)) {
+                ++v.n_accepted;
+                continue;
+            }
+        }
+        v.next = t;
+        break;
+    }
+    return v;
+}
+
 Verdict SamplingVerifier::verify(const std::vector<llama_token> & draft, const std::vector<Dist> & q,
-                                 const LogitsRow & row, int n_vocab, const SamplingOptions & opts, Rng & rng) {
+                                 const LogitsRow & row, int n_vocab, const SamplingOptions & opts, Rng & rng,
+                                 int64_t pos0) {
+    if (!opts.rejection) {
+        return verify_coupled(draft, q, row, n_vocab, opts, rng, pos0);
+    }
     Verdict v;
     for (size_t i = 0; i < draft.size(); ++i) {
         warper_.warp(row((int) i), n_vocab, opts, p_);
@@ -31,7 +60,7 @@ Verdict SamplingVerifier::verify(const std::vector<llama_token> & draft, const s
             ++v.n_accepted;
             continue;
         }
-        if (wrong_resample_from_p) {
+        if (wrong_for_tests) {
             v.next = sample(p_, rng);
             return v;
         }

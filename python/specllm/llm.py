@@ -145,6 +145,8 @@ class LLM:
             self._engine = _core.Engine(opts)
         finally:
             logs.drain()
+        if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
+            opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
         self._drafter_loaded(draft)
@@ -168,8 +170,8 @@ class LLM:
                 self._engine.set_drafter(kind, dopts, self._opts.ngram)
             finally:
                 logs.drain()
-            self._opts.draft_kind, self._opts.draft = kind, dopts
-            self._drafter_loaded(draft)
+            self._opts.draft_kind, self._opts.draft = self._engine.draft_kind, dopts
+            self._drafter_loaded(draft if self._engine.draft_kind != _core.DraftKind.none else None)
 
     def _drafter_loaded(self, draft) -> None:
         opts = self._opts

@@ -11,4 +11,7 @@ _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERR
 
 def drain() -> None:
     for level, text in _core.log_drain():
-        logger.log(_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", text)
+        if text.startswith("specllm: "):  # the core's own notes
+            logger.log(_LEVELS.get(level, logging.DEBUG), "%s", text[len("specllm: "):])
+        else:
+            logger.log(_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", text)

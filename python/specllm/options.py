@@ -68,6 +68,7 @@ def make_options(
     draft_length: DraftLength = "auto",
     draft_p_min: float = 0.0,
     ignore_eos: bool = False,
+    acceptance: str = "coupled",
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
     o.max_tokens = _int("max_tokens", max_tokens, lo=1)
@@ -87,6 +88,10 @@ def make_options(
     if seed is None:
         seed = random.SystemRandom().randrange(2**63)
     s.seed = _int("seed", seed, lo=0, hi=None) % 2**64
+    if acceptance not in ("coupled", "rejection"):
+        raise InvalidOptionError(f"acceptance must be 'coupled' (a seed gives plain sampling's text, whatever is "
+                                 f"drafted) or 'rejection' (rejection sampling), got {acceptance!r}")
+    s.rejection = acceptance == "rejection"
     o.sampling = s
     o.stop = _stops(stop)
     if isinstance(draft_length, str):
@@ -107,7 +112,7 @@ def make_options(
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos"])
+     "ignore_eos", "acceptance"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

@@ -19,7 +19,9 @@ struct DraftRequest {
     int n_max = 0;                                      // propose at most this many tokens
     const SamplingOptions * sampling = nullptr;         // temperature 0: draft the argmax
     float p_min = 0.0f;                                 // stop when the draft's top probability is below this
-    Rng * rng = nullptr;
+    Rng * rng = nullptr;                                // rejection sampling's generator
+    int64_t pos0 = 0;                                   // sequence position of the first draft token (coupled
+                                                        // sampling keys its draws by seed and position)
     bool use_ngram = false;                             // hybrid drafting: which drafter the policy chose
 };
 

@@ -99,7 +99,7 @@ class Engine {
     double profile_draft(int n_reps);
 
     // a deliberately wrong sampling verifier, for tests that must be able to fail
-    void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_resample_from_p = on; }
+    void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_for_tests = on; }
 
   private:
     StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws

@@ -14,6 +14,9 @@ struct LogRecord {
 // route llama.cpp and ggml logging into the capture buffer (idempotent, thread-safe)
 void log_capture_install();
 
+// a line of specllm's own (text starts with "specllm: "), drained with llama.cpp's
+void log_note(int level, const std::string & text);
+
 // take every captured line since the last call
 std::vector<LogRecord> log_drain();
 

@@ -41,8 +41,14 @@ class Model {
     int memory_pos_min() const;
     int memory_pos_max() const;
     int n_past() const { return (int) cached_.size(); }
-    void truncate(int n);                                   // keep positions [0, n)
-    int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq
+    // whether llama.cpp can cut this model's memory back to any position: false for recurrent (Mamba, RWKV) and
+    // hybrid-memory models, whose state at an earlier position is gone once later tokens were decoded
+    bool can_rollback() const { return can_rollback_; }
+    // keep positions [0, n). A model that cannot roll back loses its whole cache instead (n_past() becomes 0, and
+    // the caller decodes again from the start): what cached() says is always what llama.cpp's memory holds
+    void truncate(int n);
+    int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq; returns
+                                                                  // n_past() after it
     void clear() { truncate(0); }
 
     // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits) or
@@ -64,7 +70,9 @@ class Model {
     const llama_vocab * vocab_ = nullptr;
     int n_ctx_ = 0;
     int n_vocab_ = 0;
+    bool can_rollback_ = true;
     std::vector<llama_token> cached_;
+    int cut_memory(int n); // remove positions >= n from llama.cpp's memory; returns how many positions remain
 };
 
 // the most entries two vocabularies may differ by (padding at the end), as llama.cpp's speculative tools allow

@@ -36,6 +36,11 @@ struct SamplingOptions {
     float top_p = 1.0f;        // keep the smallest set with this much probability mass; 1 = all
     float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 = off
     uint64_t seed = 0;         // random seed (the caller draws one when the user gave none)
+    // how a sampled draft is accepted. coupled: the target's token at each position is a draw keyed by (seed,
+    // position), and the draft (sampled with the same key) is accepted iff it equals it, so the text a seed gives
+    // is plain sampling's, whatever k, drafter or machine load. rejection: Leviathan et al.'s rejection sampling
+    // (accepts a draft model's tokens more often; the text then depends on k)
+    bool rejection = false;
 };
 
 struct GenerateOptions {

@@ -48,6 +48,13 @@ class Warper {
 
 llama_token sample(const Dist & dist, Rng & rng);
 
+// A draw from dist keyed by (seed, pos), the same for every caller: each token id gets its own uniform u from a
+// hash of seed, position and id, and the token with the smallest -log(u) / p wins (the exponential race, i.e.
+// Gumbel-max: argmax log p + Gumbel). It follows dist exactly; two distributions drawn with one key pick the same
+// token with probability at least (1 - tv) / (1 + tv) (tv: their total variation distance). The target's token at
+// a position is this draw, whatever drafted before it: a seed names one text.
+llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos);
+
 // validate sampling options; throws InvalidArgument with the allowed range
 void check_sampling_options(const SamplingOptions & opts);
 

@@ -1,9 +1,12 @@
 // Verification of a draft against the target's logits for the batch [id_last, d1, ..., dk].
 //   greedy:   accept while d_{i+1} == argmax(row i); emit the target's own token at the first mismatch
 //             (or the bonus token after a full accept).
-//   sampling: rejection sampling (Leviathan et al. 2023, Chen et al. 2023): accept d with probability
-//             min(1, p(d)/q(d)); on rejection draw from norm(max(0, p - q)); after a full accept draw from p.
-//             A draft without probabilities (n-gram, or a model drafting greedily) is a one-hot q.
+//   sampling, coupled (the default): the target's token at position pos0 + i is sample_keyed(p_i, seed, pos0 + i);
+//             accept d while it equals that token, then emit the target's token. Every emitted token is the one
+//             plain sampling emits with this seed, whatever was drafted.
+//   sampling, rejection (opts.rejection): rejection sampling (Leviathan et al. 2023, Chen et al. 2023): accept d
+//             with probability min(1, p(d)/q(d)); on rejection draw from norm(max(0, p - q)); after a full accept
+//             draw from p. A draft without probabilities (n-gram, or a model drafting greedily) is a one-hot q.
 #pragma once
 
 #include "specllm/sampling.h"
@@ -24,14 +27,19 @@ Verdict verify_greedy(const std::vector<llama_token> & draft, const LogitsRow & 
 
 class SamplingVerifier {
   public:
-    // q: the draft distribution per draft token, or empty for one-hot drafts
+    // q: the draft distribution per draft token, or empty for one-hot drafts; pos0: the sequence position of the
+    // first draft token (row 0 predicts it); rng: rejection sampling's generator
     Verdict verify(const std::vector<llama_token> & draft, const std::vector<Dist> & q, const LogitsRow & row,
-                   int n_vocab, const SamplingOptions & opts, Rng & rng);
+                   int n_vocab, const SamplingOptions & opts, Rng & rng, int64_t pos0);
 
-    // a deliberately wrong variant for tests: resample the rejected position from p instead of the residual
-    bool wrong_resample_from_p = false;
+    // a deliberately wrong variant for tests. rejection: resample the rejected position from p instead of the
+    // residual; coupled: a draft token unequal to the target's draw is still accepted with probability
+    // min(1, p/q) (rejection sampling's test, without its residual)
+    bool wrong_for_tests = false;
 
   private:
+    Verdict verify_coupled(const std::vector<llama_token> & draft, const std::vector<Dist> & q, const LogitsRow & row,
+                           int n_vocab, const SamplingOptions & opts, Rng & rng, int64_t pos0);
     Warper warper_;
     Dist p_;
     Dist residual_;
