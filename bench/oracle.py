@@ -27,7 +27,8 @@ def plain_answers(llm, run: dict, seen: set | None = None):
     """(task, prompt tokens, answer tokens) of a run's plain first-turn answers, in run order (a (task, id) in
     `seen` is skipped, and added)."""
     meta = run["meta"]
-    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"))}
+    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"),
+                                                            prompt_set=meta.get("prompts", "dev"))}
     seen = set() if seen is None else seen
     for rec in run["records"]:
         key = (rec["task"], rec["id"])

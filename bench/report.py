@@ -129,6 +129,7 @@ def markdown(summary: dict, meta: dict) -> str:
              f"Target `{meta.get('target')}`, draft `{meta.get('draft')}`, max tokens {meta.get('max_tokens')}, "
              f"temperature {meta.get('temperature')}, threads {meta.get('threads')}, "
              f"{meta.get('limit') or 'all'} prompts per task"
+             + (" of the fresh set (bench/prompts/fresh.jsonl)" if meta.get("prompts") == "fresh" else "")
              + (f", each run {meta['repeat']} times" if (meta.get("repeat") or 1) > 1 else "")
              + f"; CPU: {meta.get('cpu', '?')}."]
     for title, key, spec in TASK_TABLES:

