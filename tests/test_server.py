@@ -129,16 +129,22 @@ def test_stop_strings(client, local):
     assert r.choices[0].finish_reason == "stop"
 
 
-def test_seeds(client, local):
-    def ask(seed, k):
+def test_seeds(client, local, tiny):
+    def ask(seed, k, **extra):
         return client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0.9,
-                                              seed=seed, extra_body={"draft_length": k}).choices[0].message.content
-    # a fixed draft length: the same seed gives the same text (with "auto" the draws depend on the k chosen from
-    # timings, issue 14)
+                                              seed=seed, extra_body={"draft_length": k, **extra}
+                                              ).choices[0].message.content
+    # a seed names one text: plain sampling's, whatever the draft length (coupled acceptance)
     a = ask(7, 3)
     assert ask(7, 3) == a and ask(8, 3) != a
-    # with drafting off the text is plain sampling's with that seed
-    assert ask(7, 0) == local.chat(MESSAGES, max_tokens=30, temperature=0.9, seed=7).text
+    plain = local.chat(MESSAGES, max_tokens=30, temperature=0.9, seed=7).text
+    assert ask(7, 0) == ask(7, "auto") == ask(7, 5) == a == plain
+    # rejection sampling is there on request: the text of the server's drafter with that seed and k
+    import specllm
+    with specllm.LLM(tiny["slow"], tiny["draft"], n_threads=1, n_ctx=2048, profile_costs=False) as same:
+        want = same.chat(MESSAGES, max_tokens=30, temperature=0.9, seed=7, draft_length=3, acceptance="rejection")
+    assert want.stats.n_drafted > 0
+    assert ask(7, 3, acceptance="rejection") == want.text
 
 
 def test_specllm_options(client):
@@ -173,6 +179,7 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"extra_body": {"draft_length": 99}}, "draft_length"),
     ({"extra_body": {"draft_length": "fast"}}, "draft_length"),
+    ({"extra_body": {"acceptance": "maybe"}}, "acceptance"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -43,6 +43,7 @@ class SamplingFields(_Request):
     top_k: Optional[int] = Field(None, ge=0)
     min_p: Optional[float] = Field(None, ge=0, le=1)
     draft_length: Union[int, str, None] = None  # "auto" | "heuristic" | k, checked by make_options
+    acceptance: Optional[str] = None  # "coupled" | "rejection", checked by make_options
     # accepted only where they change nothing
     logprobs: Optional[Union[bool, int]] = None
     top_logprobs: Optional[int] = None

@@ -21,7 +21,7 @@ from .worker import Job, QueueFull
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
 DISCONNECT_POLL_S = 0.1
-GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "draft_length")
+GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "draft_length", "acceptance")
 
 
 def _state(request: Request):
