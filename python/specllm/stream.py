@@ -214,9 +214,9 @@ class Stream:
     def _finish_engine(self) -> Optional[Stats]:
         with self._state:
             was_running, self._running = self._running, False
+        engine, self._engine = self._engine, None  # an ended stream keeps no engine: LLM.close() frees the models
         if not was_running:
             return None
-        engine = self._engine
         if engine.active:
             engine.cancel()  # closed early or interrupted: the KV cache stays consistent
         engine.clear_interrupt()
@@ -229,9 +229,11 @@ class Stream:
         self._done = True
         if self._entered:
             if self._gate.busy(self._ticket):  # still the holder (not preempted)
-                stats = self._finish_engine()
-                if self.stats is None:
-                    self.stats = stats
-                if cancelled and self.finish_reason is None:
-                    self.finish_reason = "cancelled"
-                self._gate.leave(self._ticket)
+                try:
+                    stats = self._finish_engine()
+                    if self.stats is None:
+                        self.stats = stats
+                    if cancelled and self.finish_reason is None:
+                        self.finish_reason = "cancelled"
+                finally:  # even if finishing raised (the LLM was closed): a held gate would block every later call
+                    self._gate.leave(self._ticket)
