@@ -397,3 +397,92 @@ def test_repeat_must_be_positive(capsys):
         run.parse_args(["--repeat", "0"])
     assert e.value.code == 2 and "--repeat must be at least 1" in capsys.readouterr().err
     assert run.parse_args(["--repeat", "3"]).repeat == 3
+
+
+def test_multicall_sequences():
+    from bench import multicall
+
+    seqs = multicall.load_sequences()
+    with open(multicall.MULTICALL_PATH, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    assert len(seqs) == len(rows) >= 6
+    assert len({s.id for s in seqs}) == len(seqs)
+    for s, row in zip(seqs, rows):
+        assert set(row) <= {"id", "kind", "mode", "system", "requests", "source"}, row["id"]
+        assert s.kind in multicall.KINDS and s.mode in multicall.MODES, s.id
+        assert 6 <= len(s.requests) <= 8, s.id
+        assert all(isinstance(r, str) and r.strip() for r in s.requests), s.id
+        assert len(set(s.requests)) == len(s.requests), s.id  # a repeated request would be a verbatim copy
+        assert s.source.strip(), s.id
+        assert s.system is None or s.system.strip(), s.id
+    # every kind is there, and the first len(KINDS) sequences are one of each (--limit 6)
+    assert sorted(s.kind for s in seqs[:len(multicall.KINDS)]) == sorted(multicall.KINDS)
+    assert {s.mode for s in seqs if s.kind in ("edit_session", "chat_restates")} == {"conversation"}
+    assert {s.mode for s in seqs if s.kind not in ("edit_session", "chat_restates")} == {"independent"}
+    # what the runner sends: independent requests stand alone, a conversation carries its history
+    history = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}]
+    tools = next(s for s in seqs if s.kind == "tool_calls")
+    assert tools.messages(history, "u2") == [{"role": "system", "content": tools.system},
+                                             {"role": "user", "content": "u2"}]
+    chat = next(s for s in seqs if s.mode == "conversation")
+    assert chat.messages(history, "u2") == history + [{"role": "user", "content": "u2"}]
+    assert [s.id for s in multicall.load_sequences(ids=[seqs[2].id, seqs[0].id])] == [seqs[0].id, seqs[2].id]
+    assert len(multicall.load_sequences(limit=2)) == 2
+    with pytest.raises(ValueError, match="unknown sequence"):
+        multicall.load_sequences(ids=["nope"])
+    with pytest.raises(SystemExit):
+        multicall.parse_args(["--systems", "plain,hybrid"])
+    # the two drafting systems differ in the memory only
+    off, on = (multicall.llm_kwargs(n, "d.gguf", None) for n in ("memory-off", "memory-on"))
+    assert off == {"draft": "d.gguf", "ngram": True, "memory_tokens": 0} and on == {"draft": "d.gguf", "ngram": True}
+    assert multicall.llm_kwargs("memory-on", "d.gguf", 4096)["memory_tokens"] == 4096
+    assert multicall.llm_kwargs("plain", "d.gguf", None) == {"draft": None, "memory_tokens": 0}
+
+
+@pytest.mark.slow
+def test_multicall_runs_on_tiny_models(tmp_path):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    import inspect
+
+    import specllm
+
+    from bench import multicall
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    out = tmp_path / "multicall"
+    rc = multicall.main(["--limit", "1", "--max-tokens", "8", "--threads", "1", "--target", paths["target"],
+                         "--draft", paths["draft"], "--out", str(out)])
+    assert rc == 0
+    (result,) = out.glob("*.json")
+    assert not list(out.glob("*.records.jsonl")) and not list(out.glob("*.tmp"))
+    data = json.loads(result.read_text())
+    seq = multicall.load_sequences(limit=1)[0]
+    meta, summary, records = data["meta"], data["summary"], data["records"]
+    assert meta["systems"] == ["plain", "memory-off", "memory-on"] and not meta["notes"]
+    assert meta["sequences"] == [seq.id] and meta["max_tokens"] == 8
+    default = inspect.signature(specllm.LLM).parameters["memory_tokens"].default
+    assert default > 0 and meta["memory_tokens"] == {"plain": 0, "memory-off": 0, "memory-on": default}
+    assert len(records) == 3 * len(seq.requests)
+    for name in meta["systems"]:
+        mine = [r for r in records if r["system"] == name]
+        assert [r["request"] for r in mine] == list(range(len(seq.requests)))
+        assert all(0 < r["n_gen"] <= 8 and r["gen_tps"] > 0 and r["wall_s"] > 0 for r in mine)
+        assert all(r["n_accepted"] <= r["n_drafted"] and r["n_memory_steps"] <= r["n_steps"] for r in mine)
+        o = summary["overall"][name]
+        assert o["n_requests"] == len(seq.requests)
+        assert o["speedup_first"] is not None and o["speedup_later"] is not None
+        assert summary["sequences"][seq.id][name]["n_requests"] == len(seq.requests)
+        assert len(summary["by_request"][name]) == len(seq.requests)
+    assert summary["overall"]["plain"]["speedup_later"] == pytest.approx(1.0)
+    # greedy drafting gives plain's text on the F32 tiny models; without a memory nothing comes from it
+    assert summary["overall"]["memory-off"]["same_text"] == summary["overall"]["memory-on"]["same_text"] == 1.0
+    assert all(r["n_memory_steps"] == 0 and r["memory_size"] == 0 for r in records if r["system"] != "memory-on")
+    # the memory was cleared at the start of the sequence (the warm-up's 16 tokens are gone), then grows with every
+    # request: its outputs and at most one separator each
+    on = [r for r in records if r["system"] == "memory-on"]
+    sizes = [r["memory_size"] for r in on]
+    assert 0 < sizes[0] <= on[0]["n_gen"] + 1 and sizes == sorted(sizes)
+    assert sizes[-1] <= sum(r["n_gen"] + 1 for r in on)
+    md = result.with_suffix(".md").read_text()
+    assert "## Overall" in md and f"| {seq.id} | {seq.kind} | {seq.mode} |" in md and "| memory-on |" in md

@@ -1,0 +1,396 @@
+"""Repetitive multi-call work: plain decoding against the default drafter with its cross-request memory off and on.
+
+Runs sequences of same-shaped requests (JSON records, tool calls, tests in one style, edit sessions, docstrings)
+on three systems:
+
+    python -m bench.multicall                                       # every sequence, all three systems
+    python -m bench.multicall --limit 6 --repeat 2                  # one sequence of each kind, two rounds
+    python -m bench.multicall --sequences tool-calls,docstrings --systems plain,memory-on --max-tokens 64
+
+Sequences come from bench/prompts/multicall.jsonl, one per line: {"id", "kind", "mode", "requests", "source"[,
+"system"]}. "independent": every request is a fresh single-turn chat (with the sequence's system message, if any);
+"conversation": the chat accumulates (user, the system's own reply, user, ...) and is resent whole, as a chat
+client does.
+
+Systems, each ONE specllm.LLM kept across a whole sequence:
+  plain       draft=None (and memory_tokens=0: the reference does no memory work)
+  memory-off  the default drafter (draft model + n-gram, draft_length "auto") with memory_tokens=0
+  memory-on   the default drafter with its memory (memory_tokens: the library's default, or --memory-tokens)
+At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
+memory holds only that sequence's earlier outputs. Within a sequence nothing is reset (reset() would empty the
+memory; the KV prefix reuse between requests is what a server gives). Request i runs on every system in turn, the
+order rotated by one per request, greedy, max_tokens (256), stopping at end of generation.
+
+Speed-up: a request's tokens/s (generation, prefill excluded) over plain's on the same request in the same round
+(median over rounds with --repeat), then the median over requests 1-2 and over requests 3+ of each sequence and of
+all sequences. The goal of issue 15: memory-on >= 1.5x plain on requests 3+, and the Spec-Bench tasks no slower.
+
+Results go to bench/results/multicall/<date>-<host>.json (meta, summary, every request) and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import report
+from bench.run import machine_info, resolve_model, versions
+
+REPO = Path(__file__).resolve().parent.parent
+MULTICALL_PATH = REPO / "bench" / "prompts" / "multicall.jsonl"
+KINDS = ("json_records", "tool_calls", "pytest_style", "edit_session", "chat_restates", "docstrings")
+MODES = ("independent", "conversation")
+FIRST = 2  # requests 1-2 of a sequence: the memory has little to offer yet; 3+ is where it should pay
+WARMUP_MESSAGE = "Write one sentence about the sea."
+WARMUP_TOKENS = 16
+
+# name -> specllm.LLM keyword arguments; "{draft}" is the --draft model, "{memory}" --memory-tokens (left out when
+# not given: the library's default)
+SYSTEMS = {
+    "plain": {"draft": None, "memory_tokens": 0},  # the reference: nothing drafted, nothing remembered
+    "memory-off": {"draft": "{draft}", "ngram": True, "memory_tokens": 0},
+    "memory-on": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}"},
+}
+
+
+@dataclass
+class Sequence:
+    id: str
+    kind: str            # one of KINDS
+    mode: str            # one of MODES
+    requests: list[str]  # user messages, in order
+    source: str
+    system: str | None = None  # a system message sent with every request
+
+    def messages(self, history: list, request: str) -> list[dict]:
+        """What a client sends for `request`: history holds the earlier (user, assistant) messages of a
+        conversation and is ignored in independent mode."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        earlier = history if self.mode == "conversation" else []
+        return head + earlier + [{"role": "user", "content": request}]
+
+
+def load_sequences(path: Path = MULTICALL_PATH, ids: list[str] | None = None, limit: int | None = None) -> list:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    seqs = [Sequence(r["id"], r["kind"], r["mode"], list(r["requests"]), r["source"], r.get("system"))
+            for r in rows]
+    if ids:
+        unknown = sorted(set(ids) - {s.id for s in seqs})
+        if unknown:
+            raise ValueError(f"unknown sequence(s) {', '.join(unknown)}: expected some of "
+                             f"{', '.join(s.id for s in seqs)}")
+        seqs = [s for s in seqs if s.id in ids]
+    return seqs[:limit] if limit is not None else seqs
+
+
+def llm_kwargs(name: str, draft: str, memory_tokens: int | None) -> dict:
+    kwargs = {}
+    for key, value in SYSTEMS[name].items():
+        if value == "{memory}":
+            if memory_tokens is not None:
+                kwargs[key] = memory_tokens
+        elif value == "{draft}":
+            kwargs[key] = draft
+        else:
+            kwargs[key] = value
+    if kwargs.get("draft") == "ngram":  # the n-gram drafter alone: ngram=True is for a draft model's hybrid
+        kwargs.pop("ngram", None)
+    return kwargs
+
+
+@dataclass
+class System:
+    name: str
+    kwargs: dict
+    llm: object = None
+    load_ms: float = 0.0
+    history: list = field(default_factory=list)  # the conversation so far (conversation mode)
+    failed: bool = False                          # a request failed: the rest of this sequence round is skipped
+
+    def load(self, target: str, threads: int, ctx: int) -> None:
+        import specllm
+
+        t0 = time.perf_counter()
+        self.llm = specllm.LLM(target, n_threads=threads, n_ctx=ctx, **self.kwargs)
+        self.load_ms = (time.perf_counter() - t0) * 1e3
+        self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
+
+    def start_sequence(self) -> None:
+        """Every sequence (and round) starts cold and alike on every system: an empty KV cache and an empty
+        memory. reset() clears the memory too; clear_memory() says so explicitly."""
+        self.llm.reset()
+        self.llm.clear_memory()
+        self.history, self.failed = [], False
+
+    def run(self, seq: Sequence, request: str, max_tokens: int) -> dict:
+        messages = seq.messages(self.history, request)
+        t0 = time.perf_counter()
+        out = self.llm.chat(messages, max_tokens=max_tokens, temperature=0.0, ignore_eos=False)
+        wall = time.perf_counter() - t0
+        if seq.mode == "conversation":
+            self.history += [{"role": "user", "content": request}, {"role": "assistant", "content": out.text}]
+        s = out.stats
+        return {"text": out.text, "finish_reason": out.finish_reason, "n_gen": s.n_generated,
+                "gen_tps": s.tokens_per_second, "wall_s": wall, "prompt_ms": s.prefill_ms, "n_prompt": s.n_prompt,
+                "n_cached": s.n_cached, "n_steps": s.n_steps, "n_drafted": s.n_drafted, "n_accepted": s.n_accepted,
+                "n_ngram_steps": s.n_ngram_steps, "n_memory_steps": s.n_memory_steps,
+                "memory_size": self.llm.memory_size}  # tokens in the memory after this request
+
+    def memory_tokens(self) -> int:
+        """The memory size this system runs with: its own memory_tokens, else specllm.LLM's default."""
+        import inspect
+
+        import specllm
+
+        if "memory_tokens" in self.kwargs:
+            return self.kwargs["memory_tokens"]
+        return inspect.signature(specllm.LLM).parameters["memory_tokens"].default
+
+
+# --- statistics
+
+def _pair_key(r: dict) -> tuple:
+    return r["sequence"], r["request"], r["rep"]
+
+
+def per_request(records: list, system: str, max_tokens: int, reference: str = "plain") -> list[dict]:
+    """One row per (sequence, request) of `system`: its speed-up over the reference (median over rounds), the
+    wall-time speed-up, whether the texts matched in every round, and the summed counters."""
+    refs = {_pair_key(r): r for r in records if r["system"] == reference}
+    rows: dict = {}
+    for r in records:
+        if r["system"] != system:
+            continue
+        row = rows.setdefault((r["sequence"], r["request"]), {
+            "sequence": r["sequence"], "request": r["request"], "ratios": [], "wall_ratios": [], "matches": [],
+            "gen_tps": [], "n_drafted": 0, "n_accepted": 0, "n_steps": 0, "n_memory_steps": 0})
+        row["gen_tps"].append(r["gen_tps"])
+        for k in ("n_drafted", "n_accepted", "n_steps", "n_memory_steps"):
+            row[k] += r[k]
+        ref = refs.get(_pair_key(r))
+        if ref is None:
+            continue
+        if r["gen_tps"] and ref["gen_tps"]:
+            row["ratios"].append(r["gen_tps"] / ref["gen_tps"])
+        if r["wall_s"] and ref["wall_s"]:
+            row["wall_ratios"].append(ref["wall_s"] / r["wall_s"])
+        row["matches"].append(report.outputs_match(ref, r, max_tokens))
+    out = []
+    for row in rows.values():
+        row["speedup"] = report.median(row.pop("ratios"))
+        row["wall_speedup"] = report.median(row.pop("wall_ratios"))
+        matches = row.pop("matches")
+        row["same_text"] = all(matches) if matches else None
+        row["gen_tps"] = report.median(row["gen_tps"])
+        out.append(row)
+    return out
+
+
+def summarize_rows(rows: list) -> dict:
+    """Speed-ups over requests 1-2 and 3+ (medians), same-text share, acceptance, memory steps."""
+    first = [r for r in rows if r["request"] < FIRST]
+    later = [r for r in rows if r["request"] >= FIRST]
+    drafted, accepted = sum(r["n_drafted"] for r in rows), sum(r["n_accepted"] for r in rows)
+    steps = sum(r["n_steps"] for r in rows)
+    compared = [r["same_text"] for r in rows if r["same_text"] is not None]
+    return {
+        "n_requests": len(rows),
+        "gen_tps": report.median(r["gen_tps"] for r in rows),
+        "speedup_first": report.median(r["speedup"] for r in first),
+        "speedup_later": report.median(r["speedup"] for r in later),
+        "wall_speedup_first": report.median(r["wall_speedup"] for r in first),
+        "wall_speedup_later": report.median(r["wall_speedup"] for r in later),
+        "same_text": sum(compared) / len(compared) if compared else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "n_drafted": drafted, "n_accepted": accepted, "n_steps": steps,
+        "n_memory_steps": sum(r["n_memory_steps"] for r in rows),
+    }
+
+
+def summarize(records: list, systems: list[str], sequences: list, max_tokens: int) -> dict:
+    """{"overall": {system: stats}, "sequences": {id: {system: stats}}, "by_request": {system: [speed-up of
+    request i, median over sequences]}, "requests": {system: per-request rows}}."""
+    out = {"overall": {}, "sequences": {s.id: {} for s in sequences}, "by_request": {}, "requests": {}}
+    n_max = max((len(s.requests) for s in sequences), default=0)
+    for system in systems:
+        rows = per_request(records, system, max_tokens)
+        if not rows:
+            continue
+        out["requests"][system] = rows
+        out["overall"][system] = summarize_rows(rows)
+        for s in sequences:
+            mine = [r for r in rows if r["sequence"] == s.id]
+            if mine:
+                out["sequences"][s.id][system] = summarize_rows(mine)
+        out["by_request"][system] = [report.median(r["speedup"] for r in rows if r["request"] == i)
+                                     for i in range(n_max)]
+    return out
+
+
+# --- report
+
+def _f(v, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def markdown(summary: dict, meta: dict, sequences: list) -> str:
+    others = [s for s in meta["systems"] if s != "plain" and s in summary["overall"]]
+    lines = [f"# specllm multi-call bench, {meta['date']} on {meta['machine']}", "",
+             f"`{meta['command']}`", "",
+             f"Target `{os.path.basename(meta['target'])}`, draft `{os.path.basename(meta['draft'] or 'none')}`, "
+             f"greedy, max tokens {meta['max_tokens']}, threads {meta['threads']}, {len(sequences)} sequences, "
+             f"{meta['repeat']} round(s), {meta['elapsed_s']:.0f} s; memory_tokens per system: "
+             + ", ".join(f"{k} {v}" for k, v in meta["memory_tokens"].items()) + f"; CPU: {meta['cpu']}.", "",
+             ("Speed-up: tokens/s (prefill excluded) over `plain`'s on the same request, median over requests; "
+              "wall: plain's wall time (prefill included) over the system's. Goal (issue 15): memory-on >= 1.5x on "
+              "requests 3+."), "",
+             "## Overall", "",
+             ("| system | tok/s | requests 1-2 | requests 3+ | wall 1-2 | wall 3+ | acceptance | memory steps / steps "
+              "| same text as plain |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, o in summary["overall"].items():
+        mem = f"{o['n_memory_steps']} / {o['n_steps']}"
+        lines.append(f"| {name} | {_f(o['gen_tps'], '.1f')} | {_f(o['speedup_first'], '.2f')} | "
+                     f"{_f(o['speedup_later'], '.2f')} | {_f(o['wall_speedup_first'], '.2f')} | "
+                     f"{_f(o['wall_speedup_later'], '.2f')} | {_f(o['acceptance_rate'], '.0%')} | {mem} | "
+                     f"{_f(o['same_text'] if name != 'plain' else None, '.0%')} |")
+    lines += ["", "## Per sequence (speed-up over plain: requests 1-2 / 3+)", "",
+              "| sequence | kind | mode | requests | plain tok/s | " + " | ".join(others) + " |",
+              "|---|---|---|---:|---:|" + "---:|" * len(others)]
+    for s in sequences:
+        st = summary["sequences"].get(s.id, {})
+        cells = []
+        for name in others:
+            o = st.get(name)
+            cells.append("–" if o is None else f"{_f(o['speedup_first'], '.2f')} / {_f(o['speedup_later'], '.2f')}")
+        plain_tps = st.get("plain", {}).get("gen_tps")
+        lines.append(f"| {s.id} | {s.kind} | {s.mode} | {len(s.requests)} | {_f(plain_tps, '.1f')} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "## Per sequence: acceptance, memory steps, same text as plain", "",
+              "| sequence | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+    for s in sequences:
+        st = summary["sequences"].get(s.id, {})
+        cells = []
+        for name in others:
+            o = st.get(name)
+            if o is None:
+                cells.append("–")
+                continue
+            cells.append(f"{_f(o['acceptance_rate'], '.0%')}, {o['n_memory_steps']}/{o['n_steps']} steps, "
+                         f"{_f(o['same_text'], '.0%')}")
+        lines.append(f"| {s.id} | " + " | ".join(cells) + " |")
+    n_max = max((len(s.requests) for s in sequences), default=0)
+    lines += ["", "## By position in the sequence (speed-up, median over sequences)", "",
+              "| request | sequences | " + " | ".join(others) + " |", "|---:|---:|" + "---:|" * len(others)]
+    for i in range(n_max):
+        cells = [_f(summary["by_request"].get(name, [None] * n_max)[i], ".2f") for name in others]
+        lines.append(f"| {i + 1} | {sum(len(s.requests) > i for s in sequences)} | " + " | ".join(cells) + " |")
+    if meta["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in meta["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+# --- main
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.multicall", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                   help="GGUF path or registry name of the draft model (or 'ngram'), for memory-off and memory-on")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, from: %(default)s")
+    p.add_argument("--sequences", default="", help="comma-separated sequence ids (default: all, in file order)")
+    p.add_argument("--limit", type=int, default=None, help="first N sequences (default: all)")
+    p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds: every sequence runs N times from a cold start, rounds interleaved per sequence; a "
+                        "request's speed-up is the median of its rounds' ratios (default: %(default)s)")
+    p.add_argument("--memory-tokens", type=int, default=None,
+                   help="memory-on's memory_tokens (default: the library's default)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default: %(default)s)")
+    p.add_argument("--ctx", type=int, default=8192,
+                   help="context size; the conversations grow to ~3k tokens at 256 tokens a reply (default: "
+                        "%(default)s)")
+    p.add_argument("--prompts", type=Path, default=MULTICALL_PATH, help="the sequences (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "multicall", help="output folder")
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat must be at least 1 (got {args.repeat})")
+    unknown = [s for s in args.systems.split(",") if s and s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown system(s) {', '.join(unknown)}: expected some of {', '.join(SYSTEMS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    names = [s for s in args.systems.split(",") if s]
+    sequences = load_sequences(args.prompts, [s for s in args.sequences.split(",") if s] or None, args.limit)
+    target = resolve_model(args.target)
+    draft = args.draft if args.draft == "ngram" else resolve_model(args.draft)
+    notes: list[str] = []
+    systems = []
+    for name in names:
+        system = System(name, llm_kwargs(name, draft, args.memory_tokens))
+        system.load(target, args.threads, args.ctx)  # a system that cannot load ends the run: nothing to compare
+        print(f"loaded {name} in {system.load_ms:.0f} ms", file=sys.stderr)
+        systems.append(system)
+    meta = {**machine_info(), "date": datetime.date.today().isoformat(),
+            "command": "python -m bench.multicall " + " ".join(sys.argv[1:] if argv is None else argv),
+            "target": target, "draft": draft, "max_tokens": args.max_tokens, "threads": args.threads,
+            "ctx": args.ctx, "repeat": args.repeat, "limit": args.limit, "prompts": str(args.prompts),
+            "sequences": [s.id for s in sequences], "systems": names, "reference": "plain",
+            "llm_kwargs": {s.name: s.kwargs for s in systems}, "memory_tokens": {s.name: s.memory_tokens()
+                                                                                 for s in systems},
+            "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes}
+    stem = f"{meta['date']}-{meta['machine']}"
+    n = 1
+    while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):
+        n += 1
+        stem = f"{meta['date']}-{meta['machine']}-{n}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    records, t_start, turn = [], time.perf_counter(), 0
+    with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
+        for si, seq in enumerate(sequences):
+            for rep in range(args.repeat):
+                for system in systems:
+                    system.start_sequence()
+                for i, request in enumerate(seq.requests):
+                    for system in report.rotate(systems, turn):
+                        if system.failed:
+                            continue
+                        try:
+                            result = system.run(seq, request, args.max_tokens)
+                        except Exception as e:  # noted; this system skips the rest of the sequence round
+                            system.failed = True
+                            notes.append(f"{system.name} failed on {seq.id} request {i + 1} (round {rep}): "
+                                         f"{type(e).__name__}: {e}")
+                            print(notes[-1], file=sys.stderr)
+                            continue
+                        rec = {"system": system.name, "sequence": seq.id, "kind": seq.kind, "mode": seq.mode,
+                               "request": i, "rep": rep, **result}
+                        records.append(rec)
+                        log.write(json.dumps(rec) + "\n")
+                        log.flush()
+                    turn += 1
+                print(f"[{si + 1}/{len(sequences)}] {seq.id} round {rep + 1}/{args.repeat} "
+                      f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+    meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    summary = summarize(records, names, sequences, args.max_tokens)
+    md = markdown(summary, meta, sequences)
+    report._write_atomic(args.out / f"{stem}.json",
+                         json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+    report._write_atomic(args.out / f"{stem}.md", md)
+    os.unlink(args.out / f"{stem}.records.jsonl")
+    print(md)
+    print(f"wrote {args.out / stem}.json and .md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
