@@ -25,7 +25,8 @@ void register_engine(py::module_ & m) {
         .def_readwrite("draft", &EngineOptions::draft)
         .def_readwrite("draft_kind", &EngineOptions::draft_kind)
         .def_readwrite("ngram", &EngineOptions::ngram)
-        .def_readwrite("verify_rows", &EngineOptions::verify_rows);
+        .def_readwrite("verify_rows", &EngineOptions::verify_rows)
+        .def_readwrite("memory_tokens", &EngineOptions::memory_tokens);
     m.attr("exact_verify_rows") = exact_verify_rows;
     m.attr("max_threads") = max_threads;
 
@@ -37,6 +38,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_drafted", &Stats::n_drafted)
         .def_readonly("n_accepted", &Stats::n_accepted)
         .def_readonly("n_ngram_steps", &Stats::n_ngram_steps)
+        .def_readonly("n_memory_steps", &Stats::n_memory_steps)
         .def_readonly("n_verify_rows", &Stats::n_verify_rows)
         .def_readonly("prefill_ms", &Stats::prefill_ms)
         .def_readonly("draft_ms", &Stats::draft_ms)
@@ -88,6 +90,11 @@ void register_engine(py::module_ & m) {
         .def("clear_interrupt", &Engine::clear_interrupt)
         .def_property_readonly("interrupted", &Engine::interrupted)
         .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
+        .def("memory", &Engine::memory, py::call_guard<py::gil_scoped_release>())
+        .def("set_memory", &Engine::set_memory, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+        .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
+        .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("memory_tokens", &Engine::memory_tokens)
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2,
              py::call_guard<py::gil_scoped_release>())
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())

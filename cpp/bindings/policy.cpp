@@ -30,8 +30,10 @@ void check_ms(const char * name, double v) {
     }
 }
 
-StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful) {
+StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful,
+                    bool memory) {
     StepContext c;
+    c.ngram_memory = memory;
     c.ngram_doubtful = doubtful;
     c.model_lag = model_lag;
     c.k_max = k_max;
@@ -62,14 +64,15 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 
 template <class P> void def_policy(py::class_<P> & c) {
     c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag,
-                       bool ngram_doubtful) {
+                       bool ngram_doubtful, bool ngram_memory) {
          check_range("k_max", k_max, 0, AutoPolicy::n_max);
          check_range("ngram_match", ngram_match, 0, 1 << 24);
          check_range("model_lag", model_lag, 0, 1 << 24);
-         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful));
+         Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful,
+                                      ngram_memory));
          return py::make_tuple(ch.k, ch.ngram);
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
-        py::arg("model_lag") = 1, py::arg("ngram_doubtful") = false)
+        py::arg("model_lag") = 1, py::arg("ngram_doubtful") = false, py::arg("ngram_memory") = false)
         .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
                           int n_catchup, int n_verified) {
             p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup, n_verified));
@@ -107,14 +110,14 @@ void register_policy(py::module_ & m) {
         })
         .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry,
              py::arg("keep") = AutoPolicy::default_keep)
-        .def_static("source_of", [](bool ngram, int match, bool doubtful) {
+        .def_static("source_of", [](bool ngram, int match, bool doubtful, bool memory) {
             check_range("match", match, 0, 1 << 24);
-            return AutoPolicy::source_of(ngram, match, doubtful);
-        }, py::arg("ngram"), py::arg("match"), py::arg("doubtful") = false)
-        .def("observe_shadow", [](AutoPolicy & p, int ngram_match, bool doubtful, bool would_accept) {
+            return AutoPolicy::source_of(ngram, match, doubtful, memory);
+        }, py::arg("ngram"), py::arg("match"), py::arg("doubtful") = false, py::arg("memory") = false)
+        .def("observe_shadow", [](AutoPolicy & p, int ngram_match, bool doubtful, bool would_accept, bool memory) {
             check_range("ngram_match", ngram_match, 0, 1 << 24);
-            p.observe_shadow(ngram_match, doubtful, would_accept);
-        }, py::arg("ngram_match"), py::arg("doubtful"), py::arg("would_accept"))
+            p.observe_shadow(ngram_match, doubtful, would_accept, memory);
+        }, py::arg("ngram_match"), py::arg("doubtful"), py::arg("would_accept"), py::arg("memory") = false)
         .def_readonly_static("n_max", &AutoPolicy::n_max)
         .def_readonly_static("n_sources", &AutoPolicy::n_sources);
     def_policy(a);

@@ -16,9 +16,10 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-// by match bucket, clean then doubtful (measured on greedy answers of the bench prompts: the first token of a
-// doubtful proposal is right 0.3-0.9 as often as a clean one of the same length)
-constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.3, 0.5, 0.7, 0.8, 0.9, 0.2, 0.3, 0.5, 0.6, 0.7};
+// by match bucket, clean, doubtful, then memory (measured on greedy answers of the bench prompts: the first token of
+// a doubtful proposal is right 0.3-0.9 as often as a clean one of the same length; memory: as doubtful, a guess)
+constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.3, 0.5, 0.7, 0.8, 0.9, 0.2, 0.3, 0.5, 0.6, 0.7,
+                                                                 0.2, 0.3, 0.5, 0.6, 0.7};
 } // namespace
 
 AutoPolicy::AutoPolicy() {
@@ -75,12 +76,12 @@ bool AutoPolicy::viable(int source) const {
     return false;
 }
 
-int AutoPolicy::source_of(bool ngram, int match, bool doubtful) {
+int AutoPolicy::source_of(bool ngram, int match, bool doubtful, bool memory) {
     if (!ngram) {
         return 0;
     }
     const int bucket = match <= 2 ? 0 : match == 3 ? 1 : match < 8 ? 2 : match < 16 ? 3 : 4;
-    return 1 + bucket + (doubtful ? n_buckets : 0);
+    return 1 + bucket + (memory ? 2 * n_buckets : doubtful ? n_buckets : 0);
 }
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -213,7 +214,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     for (int s = 0; s < n_sources; ++s) {
         const bool usable = s == 0 ? ctx.has_model
                                    : (ctx.has_ngram && ctx.ngram_match > 0 &&
-                                      source_of(true, ctx.ngram_match, ctx.ngram_doubtful) == s);
+                                      source_of(true, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory) == s);
         if (!usable) {
             continue;
         }
@@ -236,7 +237,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         best.ngram = explore != 0;
         exploring_ = true;
     }
-    last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful);
+    last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory);
     if (best.k > 0) {
         since_tried_[last_source_] = 0;
         if (!exploring_) {
@@ -282,13 +283,13 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
 }
 
-void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accept) {
+void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accept, bool memory) {
     // a plain step whose emitted token was compared with the n-gram drafter's first proposal: a free sample
     // of position 0's acceptance (P(match) equals p(d), the one-hot acceptance probability, when sampling too)
     if (ngram_match <= 0) {
         return;
     }
-    const int s = source_of(true, ngram_match, doubtful);
+    const int s = source_of(true, ngram_match, doubtful, memory);
     const double w = learn_rate(s, 0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {

@@ -26,6 +26,7 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
     out.tokens.clear();
     out.q.clear();
     out.from_ngram = false;
+    out.from_memory = false;
     out.n_catchup = 0;
     if (req.n_max <= 0) {
         return;
@@ -91,11 +92,24 @@ bool NgramDrafter::sync(const std::vector<llama_token> & history, llama_token id
     return n != size_before || index_.tokens().size() != size_before;
 }
 
-NgramMatch NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
-    sync(history, id_last);
-    match_ = index_.lookup(1, seq_);
+NgramMatch NgramDrafter::find(int n_draft, std::vector<llama_token> & out) {
+    match_ = index_.lookup(n_draft, out);
+    if (memory_ != nullptr && !memory_->empty()) {
+        const auto & text = index_.tokens();
+        NgramMatch m = memory_->index().lookup(text.data(), text.size(), n_draft, memory_seq_);
+        if (m.length > match_.length) {
+            m.memory = true;
+            match_ = m;
+            out.swap(memory_seq_);
+        }
+    }
     match_valid_ = true;
     return match_;
+}
+
+NgramMatch NgramDrafter::ngram_match(const std::vector<llama_token> & history, llama_token id_last) {
+    sync(history, id_last);
+    return find(1, seq_);
 }
 
 void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
@@ -103,13 +117,13 @@ void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
     out.from_ngram = true;
     out.n_catchup = 0;
     if (sync(*req.history, req.id_last) || !match_valid_) {
-        match_ = index_.lookup(req.n_max, out.tokens);
-        match_valid_ = true;
+        find(req.n_max, out.tokens);
     } else if (match_.length > 0) { // the step's ngram_match() already searched the occurrences
-        index_.continuation(match_.source, req.n_max, out.tokens);
+        (match_.memory ? memory_->index() : index_).continuation(match_.source, req.n_max, out.tokens);
     } else {
         out.tokens.clear();
     }
+    out.from_memory = match_.memory && !out.tokens.empty();
 }
 
 void HybridDrafter::propose(const DraftRequest & req, Draft & out) {

@@ -17,7 +17,7 @@ double now_ms() {
 
 // the drafter of `kind` (nullptr for none) and, through draft_model, its draft model (nullptr without one)
 std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram,
-                                      const Model & target, Model *& draft_model) {
+                                      const Model & target, const NgramMemory * memory, Model *& draft_model) {
     draft_model = nullptr;
     if (kind != DraftKind::none && !target.can_rollback()) {
         // a rejected draft must be cut from the target's memory, which a recurrent state cannot do: decode plainly
@@ -27,7 +27,7 @@ std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft
         return nullptr;
     }
     if (kind == DraftKind::ngram) {
-        return std::make_unique<NgramDrafter>(ngram);
+        return std::make_unique<NgramDrafter>(ngram, memory);
     }
     if (kind != DraftKind::model && kind != DraftKind::hybrid) {
         return nullptr;
@@ -45,19 +45,24 @@ std::unique_ptr<Drafter> make_drafter(DraftKind kind, const ModelOptions & draft
     if (kind == DraftKind::model) {
         return std::make_unique<ModelDrafter>(std::move(dm), target.n_vocab());
     }
-    return std::make_unique<HybridDrafter>(std::move(dm), target.n_vocab(), ngram);
+    return std::make_unique<HybridDrafter>(std::move(dm), target.n_vocab(), ngram, memory);
 }
 
 } // namespace
 
-Engine::Engine(const EngineOptions & opts) : opts_(opts) {
+Engine::Engine(const EngineOptions & opts) : opts_(opts), memory_(opts.ngram.n_min, opts.ngram.n_max) {
     if (opts.verify_rows < 0) {
         throw InvalidArgument("verify_rows must be >= 0 (0 = every verify batch in one decode), got " +
                               std::to_string(opts.verify_rows));
     }
+    if (opts.memory_tokens < 0) {
+        throw InvalidArgument("memory_tokens must be >= 0 (0 = no drafting memory), got " +
+                              std::to_string(opts.memory_tokens));
+    }
+    memory_.set_max_tokens((size_t) opts.memory_tokens);
     auto_.set_verify_rows(opts.verify_rows);
     target_ = std::make_unique<Model>(opts.target);
-    drafter_ = make_drafter(opts.draft_kind, opts.draft, opts.ngram, *target_, draft_model_);
+    drafter_ = make_drafter(opts.draft_kind, opts.draft, opts.ngram, *target_, &memory_, draft_model_);
     if (!drafter_) {
         opts_.draft_kind = DraftKind::none; // asked for, but the target cannot roll back
     }
@@ -69,7 +74,11 @@ void Engine::set_drafter(DraftKind kind, const ModelOptions & draft, const Ngram
         throw InvalidArgument("the drafter cannot change during a generation: finish or close it first");
     }
     Model * draft_model = nullptr;
-    auto drafter = make_drafter(kind, draft, ngram, *target_, draft_model); // throws: the old drafter stays
+    NgramMemory memory(ngram.n_min, ngram.n_max); // the memory, indexed with the new n-gram sizes
+    memory.set_max_tokens(memory_.max_tokens());
+    memory.assign(memory_.tokens());
+    auto drafter = make_drafter(kind, draft, ngram, *target_, &memory_, draft_model); // throws: the old one stays
+    memory_ = std::move(memory);
     drafter_ = std::move(drafter);
     draft_model_ = draft_model;
     opts_.draft_kind = drafter_ ? kind : DraftKind::none;
@@ -193,7 +202,8 @@ StepResult Engine::step_locked() {
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
         const NgramMatch m = drafter_->ngram_match(history_, id_last_);
         sctx.ngram_match = m.length;
-        sctx.ngram_doubtful = m.ambiguous || m.source >= (size_t) stats_.n_prompt;
+        sctx.ngram_memory = m.memory;
+        sctx.ngram_doubtful = !m.memory && (m.ambiguous || m.source >= (size_t) stats_.n_prompt);
     }
     if (draft_model_ && sctx.k_max > 0 && gen_.policy == PolicyKind::automatic) { // only "auto" costs the lag
         const auto & cached = draft_model_->cached();
@@ -206,6 +216,7 @@ StepResult Engine::step_locked() {
     draft_.tokens.clear();
     draft_.q.clear();
     draft_.from_ngram = false;
+    draft_.from_memory = false;
     draft_.n_catchup = 0;
     double t0 = now_ms();
     if (choice.k > 0) {
@@ -264,13 +275,15 @@ StepResult Engine::step_locked() {
     if (drafter_) {
         policy().update(outcome);
         if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
-            auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next);
+            auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next,
+                                 sctx.ngram_memory);
         }
     }
     stats_.n_steps += 1;
     stats_.n_drafted += outcome.n_drafted;
     stats_.n_accepted += v.n_accepted;
     stats_.n_ngram_steps += draft_.from_ngram && outcome.n_drafted > 0 ? 1 : 0;
+    stats_.n_memory_steps += draft_.from_memory && outcome.n_drafted > 0 ? 1 : 0;
     stats_.draft_ms += draft_ms;
     stats_.verify_ms += verify_ms;
     stats_.n_verify_rows += n_decoded;
@@ -320,9 +333,51 @@ StepResult Engine::step_locked() {
     return out;
 }
 
+void Engine::remember() {
+    if (history_.size() > (size_t) stats_.n_prompt) {
+        memory_.add(history_.data() + stats_.n_prompt, history_.size() - (size_t) stats_.n_prompt);
+    }
+}
+
+std::vector<llama_token> Engine::memory() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return memory_.tokens();
+}
+
+void Engine::set_memory(const std::vector<llama_token> & tokens) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        throw InvalidArgument("the drafting memory cannot change during a generation: finish or close it first");
+    }
+    const int n_vocab = target_->n_vocab();
+    for (llama_token t : tokens) {
+        if (t >= n_vocab || t < NgramIndex::separator) {
+            throw InvalidArgument("a drafting memory holds token ids below the vocabulary size " +
+                                  std::to_string(n_vocab) + " (and -1 between outputs), got " + std::to_string(t) +
+                                  ": was it saved by an LLM with another model?");
+        }
+    }
+    memory_.assign(tokens);
+}
+
+void Engine::clear_memory() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memory_.clear();
+}
+
+void Engine::set_memory_tokens(int n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n < 0) {
+        throw InvalidArgument("memory_tokens must be >= 0 (0 = no drafting memory), got " + std::to_string(n));
+    }
+    opts_.memory_tokens = n;
+    memory_.set_max_tokens((size_t) n);
+}
+
 void Engine::finish(const std::string & reason, StepResult & out) {
     // the KV cache must be a prefix of prompt + committed tokens
     target_->keep_common_prefix(history_);
+    remember();
     out.done = true;
     out.finish_reason = reason;
     out.text = text_.take_rest();
@@ -333,12 +388,14 @@ void Engine::cancel() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (active_) {
         target_->keep_common_prefix(history_);
+        remember();
         active_ = false;
     }
 }
 
 void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
+    memory_.clear();
     target_->clear();
     if (draft_model_) {
         draft_model_->clear();

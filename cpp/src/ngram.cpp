@@ -27,16 +27,15 @@ void NgramIndex::clear() {
 }
 
 uint64_t NgramIndex::hash(size_t end, int n) const {
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = end - (size_t) n; i < end; ++i) {
-        h = (h ^ (uint32_t) tokens_[i]) * 1099511628211ULL;
-    }
-    return h;
+    return hash_of(tokens_.data() + end, n);
 }
 
-bool NgramIndex::same(size_t end_a, size_t end_b, int n) const {
-    return std::equal(tokens_.begin() + (long) (end_a - n), tokens_.begin() + (long) end_a,
-                      tokens_.begin() + (long) (end_b - n));
+uint64_t NgramIndex::hash_of(const llama_token * end, int n) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (const llama_token * p = end - n; p < end; ++p) {
+        h = (h ^ (uint32_t) *p) * 1099511628211ULL;
+    }
+    return h;
 }
 
 void NgramIndex::push(llama_token token) {
@@ -69,17 +68,21 @@ void NgramIndex::truncate(size_t n) {
 
 void NgramIndex::continuation(size_t source, int n_draft, std::vector<llama_token> & out) const {
     out.clear();
-    for (size_t i = source; i < tokens_.size() && (int) out.size() < n_draft; ++i) {
+    for (size_t i = source; i < tokens_.size() && (int) out.size() < n_draft && tokens_[i] != separator; ++i) {
         out.push_back(tokens_[i]);
     }
 }
 
 NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const {
+    return lookup(tokens_.data(), tokens_.size(), n_draft, out);
+}
+
+NgramMatch NgramIndex::lookup(const llama_token * q, size_t n_q, int n_draft, std::vector<llama_token> & out) const {
     out.clear();
     NgramMatch best;
-    const size_t end = tokens_.size();
+    const size_t end = n_q; // q's end; with q = tokens_ the earlier occurrences all lie before it
     for (int n = std::min<int>(n_max_, (int) end); n >= n_min_; --n) {
-        auto it = maps_[n].find(hash(end, n));
+        auto it = maps_[n].find(hash_of(q + end, n));
         if (it == maps_[n].end()) {
             continue;
         }
@@ -88,13 +91,15 @@ NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const
         llama_token first_next = -1;
         uint32_t cont = it->second; // the token after an earlier occurrence
         for (int c = 0; cont != no_prev && c < max_candidates; ++c, cont = prev_[n][cont]) {
-            if (!same(cont, end, n)) { // hash collision
+            if (!std::equal(q + end - n, q + end, tokens_.begin() + (long) (cont - n)) || cont >= tokens_.size() ||
+                tokens_[cont] == separator) { // a hash collision, or nothing follows this occurrence
                 continue;
             }
             best.ambiguous = best.ambiguous || (n_seen++ > 0 && tokens_[cont] != first_next);
             first_next = tokens_[cont];
             int m = n;
-            while (m < max_match && cont >= (size_t) m + 1 && tokens_[cont - m - 1] == tokens_[end - m - 1]) {
+            while (m < max_match && cont >= (size_t) m + 1 && end >= (size_t) m + 1 &&
+                   tokens_[cont - m - 1] == q[end - m - 1]) {
                 ++m;
             }
             if (m > best.length) {
@@ -109,6 +114,56 @@ NgramMatch NgramIndex::lookup(int n_draft, std::vector<llama_token> & out) const
         return best;
     }
     return best;
+}
+
+void NgramMemory::set_max_tokens(size_t n) {
+    max_tokens_ = n;
+    shrink_to(n);
+}
+
+void NgramMemory::add(const llama_token * tokens, size_t n) {
+    if (max_tokens_ == 0 || n == 0) {
+        return;
+    }
+    if (n + 1 > max_tokens_) { // longer than the whole memory: its newest part
+        tokens += n + 1 - max_tokens_;
+        n = max_tokens_ - 1;
+    }
+    if (index_.tokens().size() + n + 1 > max_tokens_) {
+        shrink_to(std::min(max_tokens_ / 2, max_tokens_ - n - 1));
+    }
+    for (size_t i = 0; i < n; ++i) {
+        index_.push(tokens[i]);
+    }
+    index_.push(NgramIndex::separator);
+}
+
+void NgramMemory::assign(const std::vector<llama_token> & tokens) {
+    index_.clear();
+    for (llama_token t : tokens) {
+        index_.push(t < 0 ? NgramIndex::separator : t);
+    }
+    if (!tokens.empty() && tokens.back() >= 0) {
+        index_.push(NgramIndex::separator);
+    }
+    shrink_to(max_tokens_);
+}
+
+void NgramMemory::shrink_to(size_t n) {
+    const auto & all = index_.tokens();
+    if (all.size() <= n) {
+        return;
+    }
+    // the newest n tokens, starting after a separator so that no document is kept in part
+    size_t from = all.size() - n;
+    while (from < all.size() && from > 0 && all[from - 1] != NgramIndex::separator) {
+        ++from;
+    }
+    std::vector<llama_token> keep(all.begin() + (long) from, all.end());
+    index_.clear();
+    for (llama_token t : keep) {
+        index_.push(t);
+    }
 }
 
 } // namespace specllm

@@ -15,8 +15,8 @@ if _runtime != _core.llama_cpp_version:
 
 from .api import generate  # noqa: E402
 from .errors import (  # noqa: E402
-    ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, ModelLoadError, PullError,
-    RegistryError, SpecLLMError)
+    ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, MemoryFileError, ModelLoadError,
+    PullError, RegistryError, SpecLLMError)
 from .llm import LLM  # noqa: E402
 from .results import Chunk, Completion, Stats  # noqa: E402
 from .stream import Stream  # noqa: E402
@@ -33,5 +33,5 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
 __version__ = "0.1.0"
 __all__ = [
     "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
-    "ContextOverflowError", "DecodeError", "InvalidOptionError", "RegistryError", "PullError",
+    "ContextOverflowError", "DecodeError", "InvalidOptionError", "MemoryFileError", "RegistryError", "PullError",
 ]

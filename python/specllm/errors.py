@@ -36,3 +36,7 @@ class PullError(RegistryError):
 class Cancelled(SpecLLMError):
     """A generation was cancelled from another thread during prompt processing (Stream.cancel); streams turn it
     into a last chunk with finish_reason "cancelled"."""
+
+
+class MemoryFileError(InvalidOptionError):
+    """A drafting memory file (LLM.load_memory) that is not one, is damaged, or was saved for another vocabulary."""

@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Iterable, List, Optional, Sequence, Union
 
-from . import _core, logs, profile
+from . import _core, logs, memory, profile
 from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, make_options
 from .options import text as _text
@@ -88,6 +88,7 @@ class LLM:
         profile_costs: bool = True,
         exact: bool = True,
         stream_idle_timeout: float = 10.0,
+        memory_tokens: int = 32768,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -105,10 +106,16 @@ class LLM:
             (long verify batches get cheaper per token; output can differ from plain decoding on near-ties).
         stream_idle_timeout: seconds a caller waits behind an open stream that nobody advances before closing it
             (an abandoned stream must not block the LLM forever).
+        memory_tokens: the drafting memory: the n-gram drafter also looks up this LLM's earlier outputs (at most
+            this many tokens, the oldest dropped first), so that a reply repeating an earlier one (the same JSON
+            shape, code written two requests ago) is drafted; "auto" tracks its acceptance apart and does not use
+            it where it does not pay. 0 = off. reset() and clear_memory() empty it; save_memory/load_memory keep
+            it across processes.
         """
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
                             ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
             _int(name, value)
+        _int("memory_tokens", memory_tokens, lo=0)
         if draft_n_gpu_layers is not None:
             _int("draft_n_gpu_layers", draft_n_gpu_layers)
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
@@ -127,6 +134,7 @@ class LLM:
         opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, not exact)
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
+        opts.memory_tokens = memory_tokens
         self._draft_n_gpu_layers = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
         opts.draft_kind, opts.draft = self._drafter_options(draft, ngram, self._draft_n_gpu_layers, opts.target)
         self.model_path = opts.target.path
@@ -244,9 +252,37 @@ class LLM:
         return self._engine.target.apply_chat_template(pairs, add_generation_prompt, chat_template)
 
     def reset(self) -> None:
-        """Forget the cached conversation prefix (the next call evaluates its whole prompt)."""
+        """Forget the cached conversation prefix (the next call evaluates its whole prompt) and the drafting
+        memory."""
         with Call(self._gate):
             self._engine.reset()
+
+    # --- the drafting memory (earlier outputs the n-gram drafter looks up)
+    def clear_memory(self) -> None:
+        """Forget earlier outputs (the KV cache stays)."""
+        with Call(self._gate):
+            self._engine.clear_memory()
+
+    def save_memory(self, path: Union[str, os.PathLike]) -> None:
+        """Write the drafting memory to a file (atomically), for load_memory in another process."""
+        path = _text("path", os.fspath(path))
+        with Call(self._gate):
+            tokens = self._engine.memory()
+        memory.save(path, tokens, self._engine.target.n_vocab, self.model_path)
+
+    def load_memory(self, path: Union[str, os.PathLike]) -> None:
+        """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
+        larger than memory_tokens keeps its newest outputs. Raises MemoryFileError for a file that is not one,
+        is damaged, or fits another vocabulary."""
+        path = _text("path", os.fspath(path))
+        tokens = memory.load(path, self._engine.target.n_vocab)
+        with Call(self._gate):
+            self._engine.set_memory(tokens)
+
+    @property
+    def memory_size(self) -> int:
+        """Tokens in the drafting memory now (outputs and the separators between them)."""
+        return len(self._engine.memory())
 
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:

@@ -4,8 +4,8 @@
 // E(k) = sum_{i=0..k} prod_{j<i} alpha_j tokens (alpha_j: probability that draft position j is accepted given
 // the ones before it were). Each step picks argmax_k E(k) / (draft(k) + verify(k+1)) over k = 0..k_max,
 // separately for each draft source (the draft model; n-gram proposals bucketed by match length, where a long
-// match means a copy in progress, and by doubt: an ambiguous key or a copy from the generated text) and takes
-// the best. verify(n) is T(n) for one batch, or, when verification
+// match means a copy in progress, and by kind: clean, doubtful (an ambiguous key or a copy from the generated
+// text), or from the memory of earlier generations) and takes the best: a source that does not pay is not used. verify(n) is T(n) for one batch, or, when verification
 // runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
 // T(n) comes from a profile at load, scaled online by one factor that follows the context length; draft costs
 // (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
@@ -24,7 +24,7 @@ class AutoPolicy : public DraftPolicy {
   public:
     static constexpr int n_max = 48;        // largest draft considered (a copy in progress can pay this on a CPU)
     static constexpr int n_buckets = 5;     // n-gram match lengths 1-2, 3, 4-7, 8-15, 16+
-    static constexpr int n_sources = 1 + 2 * n_buckets; // draft model; n-gram buckets, clean then doubtful
+    static constexpr int n_sources = 1 + 3 * n_buckets; // draft model; n-gram buckets, clean, doubtful, memory
 
     AutoPolicy();
 
@@ -50,12 +50,12 @@ class AutoPolicy : public DraftPolicy {
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
     // a plain step that could have used an n-gram proposal: would its first token have been accepted?
-    void observe_shadow(int ngram_match, bool doubtful, bool would_accept);
+    void observe_shadow(int ngram_match, bool doubtful, bool would_accept, bool memory = false);
 
     // introspection (stats, tests)
     const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
     std::array<double, n_max> planning_alpha(int source) const;    // acceptance per position used to choose
-    static int source_of(bool ngram, int match, bool doubtful = false);
+    static int source_of(bool ngram, int match, bool doubtful = false, bool memory = false);
     // could this source beat plain decoding at all (at 95% acceptance) with the measured costs?
     bool viable(int source) const;
 

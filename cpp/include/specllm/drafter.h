@@ -29,6 +29,7 @@ struct Draft {
     std::vector<llama_token> tokens;
     std::vector<Dist> q;     // per token when sampled from a model at temperature > 0; empty = one-hot
     bool from_ngram = false; // which drafter produced it (for hybrid drafting and stats)
+    bool from_memory = false; // the n-gram drafter found it in the memory of earlier generations
     int n_catchup = 0;       // tokens the draft model decoded to catch up with the history before drafting
 };
 
@@ -67,17 +68,22 @@ class ModelDrafter : public Drafter {
     std::vector<llama_token> seq_; // scratch: history + id_last
 };
 
-// prompt lookup over prompt + output
+// prompt lookup over prompt + output, and over the memory of earlier generations' outputs (when given one): the
+// longer match wins, the current text on a tie
 class NgramDrafter : public Drafter {
   public:
-    explicit NgramDrafter(const NgramOptions & opts) : index_(opts.n_min, opts.n_max) {}
+    explicit NgramDrafter(const NgramOptions & opts, const NgramMemory * memory = nullptr)
+        : index_(opts.n_min, opts.n_max), memory_(memory) {}
     void propose(const DraftRequest & req, Draft & out) override;
     NgramMatch ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
     llama_token ngram_peek() const override { return seq_.empty() ? -1 : seq_[0]; }
 
   private:
     bool sync(const std::vector<llama_token> & history, llama_token id_last); // true if the index changed
+    NgramMatch find(int n_draft, std::vector<llama_token> & out); // in the current text, then in the memory
     NgramIndex index_;
+    const NgramMemory * memory_;
+    std::vector<llama_token> memory_seq_; // scratch
     std::vector<llama_token> seq_;
     NgramMatch match_;         // of the last ngram_match() call ...
     bool match_valid_ = false; // ... and the index has not changed since
@@ -86,8 +92,9 @@ class NgramDrafter : public Drafter {
 // the n-gram drafter or the draft model, as the policy chooses each step
 class HybridDrafter : public Drafter {
   public:
-    HybridDrafter(std::unique_ptr<Model> model, int n_target_vocab, const NgramOptions & opts)
-        : model_(std::move(model), n_target_vocab), ngram_(opts) {}
+    HybridDrafter(std::unique_ptr<Model> model, int n_target_vocab, const NgramOptions & opts,
+                  const NgramMemory * memory = nullptr)
+        : model_(std::move(model), n_target_vocab), ngram_(opts, memory) {}
     void propose(const DraftRequest & req, Draft & out) override;
     void prefill(const std::vector<llama_token> & history, const std::function<void()> & poll) override {
         model_.prefill(history, poll);

@@ -26,6 +26,8 @@ struct EngineOptions {
     NgramOptions ngram;                 // n-gram drafter settings (draft_kind ngram or hybrid)
     int verify_rows = 0;                // most rows per verify decode, 0 = all in one; exact mode on a CPU uses
                                         // exact_verify_rows
+    int memory_tokens = 0;              // the drafting memory: earlier generations' outputs the n-gram drafter
+                                        // looks up (at most this many tokens, oldest dropped first); 0 = off
 };
 
 // llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends K-quant matmuls of 8 or more rows to its
@@ -41,6 +43,7 @@ struct Stats {
     int n_drafted = 0;       // draft tokens proposed
     int n_accepted = 0;      // draft tokens accepted
     int n_ngram_steps = 0;   // steps drafted by the n-gram drafter
+    int n_memory_steps = 0;  // of them, drafted from the memory of earlier generations
     int n_verify_rows = 0;   // rows the target decoded to verify (chunks after a rejection are skipped)
     double prefill_ms = 0.0; // prompt processing (target and draft)
     double draft_ms = 0.0;   // drafting
@@ -89,7 +92,13 @@ class Engine {
     // cannot be (a typed error), the old one stays. Not during a generation
     void set_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram);
     void cancel();              // end the generation now (the KV cache stays consistent)
-    void reset();               // forget every cached prefix
+    void reset();               // forget every cached prefix, and the drafting memory
+    // the drafting memory: earlier outputs, separated by -1 (what a saved memory holds); set_memory replaces it
+    std::vector<llama_token> memory() const;
+    void set_memory(const std::vector<llama_token> & tokens);
+    void clear_memory();
+    void set_memory_tokens(int n); // its size in tokens (0 = off; a smaller size drops the oldest outputs)
+    int memory_tokens() const { return opts_.memory_tokens; }
     const Stats & stats() const { return stats_; }
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
@@ -104,10 +113,12 @@ class Engine {
   private:
     StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws
     void finish(const std::string & reason, StepResult & out);
+    void remember(); // the generation's output goes into the drafting memory
     DraftPolicy & policy();
 
     EngineOptions opts_;
     std::unique_ptr<Model> target_;
+    NgramMemory memory_;                 // before the drafter, which points to it
     std::unique_ptr<Drafter> drafter_;
     Model * draft_model_ = nullptr;
 
@@ -124,7 +135,7 @@ class Engine {
     bool active_ = false;
     std::atomic<bool> interrupt_{false};
     Stats stats_;
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
 };
 
 } // namespace specllm

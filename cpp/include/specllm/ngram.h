@@ -15,6 +15,7 @@ struct NgramMatch {
     int length = 0;         // key length extended backwards as far as the two occurrences agree (0 = none)
     bool ambiguous = false; // earlier occurrences of the key continue with different tokens
     size_t source = 0;      // index of the first proposed token in the indexed sequence
+    bool memory = false;    // found in the memory of earlier generations, not in the current text
 };
 
 class NgramIndex {
@@ -33,12 +34,16 @@ class NgramIndex {
     // back with the current text (up to max_match tokens; ties: the most recent), i.e. the place a copy in
     // progress is copying from. Fills out with up to n_draft tokens.
     NgramMatch lookup(int n_draft, std::vector<llama_token> & out) const;
-    // up to n_draft tokens from `source` on (a match's continuation)
+    // the same for the suffix of another sequence (q[0..n_q)): where in this index does it occur?
+    NgramMatch lookup(const llama_token * q, size_t n_q, int n_draft, std::vector<llama_token> & out) const;
+    // up to n_draft tokens from `source` on (a match's continuation), ending at a separator
     void continuation(size_t source, int n_draft, std::vector<llama_token> & out) const;
 
+    static constexpr llama_token separator = -1; // between documents: never part of a match or a continuation
+
   private:
+    uint64_t hash_of(const llama_token * end, int n) const; // hash of the n tokens before end
     uint64_t hash(size_t end, int n) const; // hash of tokens_[end - n, end)
-    bool same(size_t end_a, size_t end_b, int n) const;
 
     int n_min_;
     int n_max_;
@@ -49,6 +54,26 @@ class NgramIndex {
     // (no_prev if none): the chain of earlier occurrences
     std::vector<std::vector<uint32_t>> prev_;
     static constexpr uint32_t no_prev = UINT32_MAX;
+};
+
+// The drafting memory: a bounded n-gram index over the outputs of earlier generations (separated, so that no
+// match spans two of them). When it outgrows max_tokens, the oldest half is dropped.
+class NgramMemory {
+  public:
+    NgramMemory(int n_min, int n_max) : index_(n_min, n_max) {}
+    void set_max_tokens(size_t n);
+    size_t max_tokens() const { return max_tokens_; }
+    void add(const llama_token * tokens, size_t n); // one generation's output
+    void clear() { index_.clear(); }
+    bool empty() const { return index_.tokens().empty(); }
+    const std::vector<llama_token> & tokens() const { return index_.tokens(); } // outputs and separators
+    void assign(const std::vector<llama_token> & tokens); // what tokens() returned (a saved memory)
+    const NgramIndex & index() const { return index_; }
+
+  private:
+    void shrink_to(size_t n); // keep at most the newest n tokens, from a document boundary
+    NgramIndex index_;
+    size_t max_tokens_ = 0; // 0 = off
 };
 
 } // namespace specllm

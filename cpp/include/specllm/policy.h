@@ -27,6 +27,7 @@ struct StepContext {
     int ngram_match = 0;      // length of the n-gram match available now (0 = none)
     bool ngram_doubtful = false; // that match is ambiguous (its key continues differently elsewhere) or copies
                                  // from the generated text rather than the prompt: it is accepted less often
+    bool ngram_memory = false;   // that match was found in the memory of earlier generations (a source of its own)
     int model_lag = 0;        // tokens the draft model must decode before it can draft (it falls behind on
                               // plain and n-gram steps; catching up after a long prompt costs seconds)
     int hybrid_min_match = 3; // fixed policies use the n-gram proposal from this match length on

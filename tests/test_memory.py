@@ -1,0 +1,138 @@
+"""The drafting memory: earlier outputs the n-gram drafter looks up across calls (bounded, per LLM, saved and
+loaded, cleared by reset() and clear_memory()); output stays plain decoding's."""
+
+import os
+
+import pytest
+
+import specllm
+from helpers import check_kv
+
+PROMPT, OTHER = "Hello world", "Hello there world"
+N = 40
+
+
+def make(make_llm, tiny, draft="ngram", **kw):
+    return make_llm(tiny["target"], tiny["draft"] if draft == "model" else draft, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    return {p: llm.generate(p, max_tokens=N).tokens for p in (PROMPT, OTHER)}
+
+
+def test_a_repeated_reply_is_drafted_from_memory(tiny, make_llm, plain):
+    llm = make(make_llm, tiny)
+    first = llm.generate(PROMPT, max_tokens=N, draft_length=4)
+    llm.generate(OTHER, max_tokens=N, draft_length=4)
+    again = llm.generate(PROMPT, max_tokens=N, draft_length=4)  # the KV cache holds OTHER: only memory knows it
+    assert first.tokens == again.tokens == plain[PROMPT]
+    assert first.stats.n_memory_steps == 0
+    assert again.stats.n_memory_steps > 0 and again.stats.n_accepted >= N // 2
+    assert again.stats.n_steps < first.stats.n_steps / 2
+    check_kv(llm, llm.tokenize(PROMPT), again)
+
+
+def test_memory_off_drafts_nothing_from_it(tiny, make_llm, plain):
+    llm = make(make_llm, tiny, memory_tokens=0)
+    for p in (PROMPT, OTHER, PROMPT):
+        c = llm.generate(p, max_tokens=N, draft_length=4)
+        assert c.tokens == plain[p] and c.stats.n_memory_steps == 0
+    assert llm.memory_size == 0
+
+
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_auto_uses_the_memory_where_it_pays(tiny, make_llm, plain, draft):
+    llm = make(make_llm, tiny, draft, ngram=True) if draft == "model" else make(make_llm, tiny)
+    llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])  # GPU-like: drafting pays
+    llm._engine.set_draft_token_cost(0.5)
+    for p in (PROMPT, OTHER):
+        llm.generate(p, max_tokens=N)
+    again = llm.generate(PROMPT, max_tokens=N)
+    assert again.tokens == plain[PROMPT]
+    assert again.stats.n_memory_steps > 0, again.stats
+
+
+def test_memory_is_bounded_and_keeps_the_newest(tiny, make_llm):
+    llm = make(make_llm, tiny, memory_tokens=64)
+    for i in range(6):
+        llm.generate(f"{i} Hello world", max_tokens=N, draft_length=4)
+        assert 0 < llm.memory_size <= 64
+    last = llm._engine.memory()
+    assert last[-1] == -1 and last.count(-1) == 1  # only the newest output (41 tokens) fits beside nothing else
+    with pytest.raises(specllm.InvalidOptionError, match="memory_tokens must be >= 0"):
+        make(make_llm, tiny, memory_tokens=-1)
+
+
+def test_reset_clears_it_and_clear_memory_keeps_the_cache(tiny, make_llm):
+    llm = make(make_llm, tiny)
+    llm.generate(PROMPT, max_tokens=N)
+    assert llm.memory_size > 0
+    llm.clear_memory()
+    assert llm.memory_size == 0
+    c = llm.generate(PROMPT, max_tokens=N, draft_length=4)
+    assert c.stats.n_cached > 0 and c.stats.n_memory_steps == 0
+    assert llm.memory_size > 0
+    llm.reset()
+    assert llm.memory_size == 0
+
+
+def test_set_draft_keeps_the_memory(tiny, make_llm, plain):
+    llm = make(make_llm, tiny, "model")
+    llm.generate(PROMPT, max_tokens=N, draft_length=4)
+    before = llm._engine.memory()
+    llm.set_draft("ngram")
+    assert llm._engine.memory() == before
+    llm.generate(OTHER, max_tokens=N, draft_length=4)
+    again = llm.generate(PROMPT, max_tokens=N, draft_length=4)
+    assert again.tokens == plain[PROMPT] and again.stats.n_memory_steps > 0
+
+
+def test_save_and_load(tiny, make_llm, plain, tmp_path):
+    llm = make(make_llm, tiny)
+    llm.generate(PROMPT, max_tokens=N)
+    path = tmp_path / "memory.bin"
+    llm.save_memory(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["memory.bin"]  # no temporary file left behind
+    other = make(make_llm, tiny)
+    other.load_memory(path)
+    assert other._engine.memory() == llm._engine.memory()
+    c = other.generate(PROMPT, max_tokens=N, draft_length=4)
+    assert c.tokens == plain[PROMPT] and c.stats.n_memory_steps > 0
+    # a smaller memory keeps the newest outputs
+    small = make(make_llm, tiny, memory_tokens=16)
+    small.load_memory(path)
+    assert 0 <= small.memory_size <= 16
+
+
+def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
+    llm = make(make_llm, tiny)
+    llm.generate(PROMPT, max_tokens=N)
+    good = tmp_path / "good.bin"
+    llm.save_memory(good)
+    data = good.read_bytes()
+    cases = {
+        "not-memory.bin": (b"GGUF" + data, "is not a specllm drafting memory"),
+        "truncated.bin": (data[:-6], "truncated"),
+        "header.bin": (data.replace(b'"n_tokens"', b'"n_tokenz"'), "header is damaged"),
+        "version.bin": (data.replace(b'"version": 1', b'"version": 9'), "version 9"),
+        "ids.bin": (data[:-4] + (10**6).to_bytes(4, "little"), "outside the vocabulary"),
+    }
+    before = llm._engine.memory()
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(specllm.MemoryFileError, match=message):
+            llm.load_memory(tmp_path / name)
+        assert llm._engine.memory() == before  # a failed load changes nothing
+    with pytest.raises(FileNotFoundError):
+        llm.load_memory(tmp_path / "missing.bin")
+    # a memory of another vocabulary
+    other = make_llm(tiny["draft_other_vocab"], "ngram")
+    with pytest.raises(specllm.MemoryFileError, match="vocabulary has"):
+        other.load_memory(good)
+    # an unwritable place: an OSError, and nothing half-written
+    with pytest.raises(OSError):
+        llm.save_memory(tmp_path / "no-such-dir" / "m.bin")
+    assert not any(p.name.startswith("m.bin") for p in tmp_path.rglob("*"))
+    assert issubclass(specllm.MemoryFileError, ValueError)
