@@ -22,6 +22,9 @@ SPECLLM_SYSTEMS = {
     "hybrid": ("{draft}", "auto", {"ngram": True}),
     # llama.cpp's CPU batch kernels allowed (cheaper long verify batches; output may differ from plain on near-ties)
     "hybrid-fast": ("{draft}", "auto", {"ngram": True, "exact": False}),
+    # the default without the drafting memory (memory on: earlier prompts' outputs, never the same prompt's)
+    "hybrid-nomem": ("{draft}", "auto", {"ngram": True, "memory_tokens": 0}),
+    "hybrid-fast-nomem": ("{draft}", "auto", {"ngram": True, "exact": False, "memory_tokens": 0}),
 }
 LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram")
 LLAMA_CPP_PYTHON_SYSTEMS = ("llama-cpp-python", "llama-cpp-python-lookup")
@@ -58,6 +61,7 @@ class SpecllmSystem:
         self.name, self.cfg, self.llm_kwargs = name, cfg, (extra[0] if extra else {})
         self.draft = draft.format(draft=cfg.draft) if draft else None
         self.llm = None
+        self._memory_for = (None, None)  # (prompt, the drafting memory before its first run)
 
     def load(self) -> float:
         import specllm
@@ -69,7 +73,15 @@ class SpecllmSystem:
 
     def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:
         if not keep_cache:
-            self.llm.reset()
+            # the KV cache goes (every prompt is evaluated whole); the drafting memory of earlier prompts stays, as
+            # in a server, but a prompt run again (rounds) finds the memory as it was before its first run, never
+            # its own earlier answer
+            self.llm.reset(keep_memory=True)
+            prompt, before = self._memory_for
+            if prompt == prompt_text:
+                self.llm._engine.set_memory(before)
+            else:
+                self._memory_for = (prompt_text, self.llm._engine.memory())
         kwargs = {} if self.draft_length is None else {"draft_length": self.draft_length}
         out = self.llm.generate(prompt_text, max_tokens=max_tokens, temperature=self.cfg.temperature, **kwargs)
         s = out.stats

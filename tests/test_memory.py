@@ -74,6 +74,10 @@ def test_reset_clears_it_and_clear_memory_keeps_the_cache(tiny, make_llm):
     c = llm.generate(PROMPT, max_tokens=N, draft_length=4)
     assert c.stats.n_cached > 0 and c.stats.n_memory_steps == 0
     assert llm.memory_size > 0
+    before = llm._engine.memory()
+    llm.reset(keep_memory=True)  # the KV cache goes, the memory stays
+    assert llm._engine.memory() == before
+    assert llm.generate(PROMPT, max_tokens=4).stats.n_cached == 0
     llm.reset()
     assert llm.memory_size == 0
 

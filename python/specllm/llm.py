@@ -251,11 +251,14 @@ class LLM:
         chat_template = _text("chat_template", chat_template or "")
         return self._engine.target.apply_chat_template(pairs, add_generation_prompt, chat_template)
 
-    def reset(self) -> None:
-        """Forget the cached conversation prefix (the next call evaluates its whole prompt) and the drafting
-        memory."""
+    def reset(self, keep_memory: bool = False) -> None:
+        """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless
+        keep_memory, the drafting memory."""
         with Call(self._gate):
+            saved = self._engine.memory() if keep_memory else None
             self._engine.reset()
+            if saved:
+                self._engine.set_memory(saved)
 
     # --- the drafting memory (earlier outputs the n-gram drafter looks up)
     def clear_memory(self) -> None:
