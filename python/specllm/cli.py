@@ -39,6 +39,13 @@ def _positive_int(s: str) -> int:
     return n
 
 
+def _nonnegative_int(s: str) -> int:
+    n = int(s)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def _temperature(s: str) -> float:
     t = float(s)
     if not 0 <= t < float("inf"):
@@ -80,6 +87,12 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="context window (default: 4096)")
     g.add_argument("--threads", "-t", type=_positive_int, default=None, metavar="N",
                    help="CPU threads (default: llama.cpp's choice)")
+    g.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="greedy output equal to plain decoding (slower verification on a CPU; default: the "
+                        "library's, see README)")
+    g.add_argument("--memory-tokens", type=_nonnegative_int, default=None, metavar="N",
+                   help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
+                        "(0 = off; default: the library's)")
 
 
 def _generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -160,7 +173,8 @@ def _check(parser, args) -> None:
 
 
 def _llm_options(args) -> dict:
-    return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None)}
+    extra = {k: v for k, v in (("exact", args.exact), ("memory_tokens", args.memory_tokens)) if v is not None}
+    return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 
 
 def _gen_options(args) -> dict:
