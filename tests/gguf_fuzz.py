@@ -464,11 +464,13 @@ def generate_variants(base: bytes, seed: int = 14) -> List[Variant]:
         add("absurd-tensor-info", f"ndims-{v}", f"n_dims of {te.name} = {label}", _patch(base, te.ndims_off, u32(v)))
     for v, label in [(2 ** 62, "2^62"), (2 ** 63 - 1, "2^63-1"), (2 ** 64 - 1, "-1"), (0, "0"), (33, "33"),
                      (16, "16")]:
-        add("absurd-tensor-info", f"embd-ne0-{v}", f"ne[0] of {te.name} = {label}", _patch(base, te.dims_off[0], u64(v)))
+        add("absurd-tensor-info", f"embd-ne0-{v}", f"ne[0] of {te.name} = {label}",
+            _patch(base, te.dims_off[0], u64(v)))
     for v, label in [(2 ** 40, "2^40"), (0, "0"), (300, "300 (one row more than the vocabulary)"), (298, "298")]:
         add("absurd-tensor-info", f"output-ne1-{v}", f"ne[1] of {out_w.name} = {label}",
             _patch(base, out_w.dims_off[1], u64(v)))
-    for v, label in [(size * 2, "past the end of the file"), (2 ** 64 - 1, "2^64-1"), (mid.offset + 1, "misaligned (+1)"),
+    for v, label in [(size * 2, "past the end of the file"), (2 ** 64 - 1, "2^64-1"),
+                     (mid.offset + 1, "misaligned (+1)"),
                      (mid.offset + ALIGNMENT, "a gap of one alignment"),
                      (lay.tensors[2].offset, "overlapping the previous tensor"), (0, "0 (overlapping the first)")]:
         add("absurd-tensor-info", f"offset-{mid.name}-{v}", f"offset of {mid.name} = {label}",
@@ -531,13 +533,14 @@ def generate_variants(base: bytes, seed: int = 14) -> List[Variant]:
     # -- wrong shapes (consistent files whose shapes do not match the hyperparameters)
     def transpose(name):
         return lambda s: s.set_tensor(name, s.array(name).T)
-    rebuilt("tensor-shape", "ffn_gate-transposed", "blk.0.ffn_gate.weight transposed", transpose("blk.0.ffn_gate.weight"))
-    rebuilt("tensor-shape", "ffn_down-transposed", "blk.0.ffn_down.weight transposed", transpose("blk.0.ffn_down.weight"))
+    for name in ("blk.0.ffn_gate.weight", "blk.0.ffn_down.weight"):
+        rebuilt("tensor-shape", f"{name.split('.')[2]}-transposed", f"{name} transposed", transpose(name))
     rebuilt("tensor-shape", "output-transposed", "output.weight transposed", transpose("output.weight"))
     rebuilt("tensor-shape", "embd-one-row-less", "token_embd.weight with 298 rows for 299 tokens",
             lambda s: s.set_tensor("token_embd.weight", s.array("token_embd.weight")[:-1]))
     rebuilt("tensor-shape", "output-one-row-more", "output.weight with 300 rows for 299 tokens",
-            lambda s: s.set_tensor("output.weight", np.vstack([s.array("output.weight"), np.zeros((1, 32), np.float32)])))
+            lambda s: s.set_tensor("output.weight",
+                                   np.vstack([s.array("output.weight"), np.zeros((1, 32), np.float32)])))
     rebuilt("tensor-shape", "output-3d", "output.weight reshaped to [32, 13, 23]",
             lambda s: s.set_tensor("output.weight", s.array("output.weight").reshape(23, 13, 32)))
     rebuilt("tensor-shape", "embd-1d", "token_embd.weight flattened to 1-D",
@@ -622,7 +625,8 @@ def generate_variants(base: bytes, seed: int = 14) -> List[Variant]:
             ("tokenizer.chat_template", U32, 7, None, "as a u32")]:
         rebuilt("metadata-type", f"{key}-{what}".replace(" ", "-").replace("'", ""), f"{key} {what}",
                 lambda s, a=(key, vtype, value, atype): s.set(*a))
-    rebuilt("metadata-type", "no-architecture", "general.architecture missing", lambda s: s.drop("general.architecture"))
+    rebuilt("metadata-type", "no-architecture", "general.architecture missing",
+            lambda s: s.drop("general.architecture"))
     rebuilt("metadata-type", "no-block_count", "llama.block_count missing", lambda s: s.drop("llama.block_count"))
     rebuilt("metadata-type", "no-head_count", "llama.attention.head_count missing",
             lambda s: s.drop("llama.attention.head_count"))
@@ -751,32 +755,97 @@ def draft_vocab_variants(tmpdir: pathlib.Path) -> List[Variant]:
 
 # --- running ---------------------------------------------------------------------------------------------------------
 
-# The runner: as small as possible (one fresh interpreter per load). It prints exactly one OUTCOME line.
-RUNNER = r"""
+# What one load does, in a process of its own; it prints exactly one OUTCOME line. The LLM is closed explicitly, so
+# that freeing the models is part of the load (a crash there is a signal too).
+_LOAD = r"""
 import sys
-role, path, target = sys.argv[1], sys.argv[2], sys.argv[3]
 from specllm.errors import SpecLLMError
 from specllm.llm import LLM
+
+
 def out(kind, name, msg):
     sys.stdout.write("OUTCOME\t%s\t%s\t%s\n" % (kind, name, " ".join(str(msg).split())[:400]))
     sys.stdout.flush()
-try:
-    if role == "target":
-        llm = LLM(path, None, n_ctx=64, n_threads=1, profile_costs=False)
-        c = llm.generate("Hello", max_tokens=4)
+
+
+def load(role, path, target, check=True):
+    if not check:  # what llama.cpp does without specllm's pre-check (the harness's self-test, --no-check)
+        import specllm.gguf_check
+        specllm.gguf_check.check_gguf = lambda path: None
+    try:
+        if role == "target":
+            llm = LLM(path, None, n_ctx=64, n_threads=1, profile_costs=False)
+            c = llm.generate("Hello", max_tokens=4)
+        else:
+            llm = LLM(target, path, n_ctx=64, n_threads=1, profile_costs=False)
+            c = llm.generate("Hello", max_tokens=4, draft_length=2)
+        llm.close()
+        out("ok", "", repr(c.text))
+    except SpecLLMError as e:
+        out("typed error", type(e).__name__, e)
+    except BaseException as e:
+        out("untyped error", type(e).__name__, e)
+"""
+
+# spawn mode: a fresh interpreter per load (python -c RUNNER role path target)
+RUNNER = _LOAD + "\nload(*sys.argv[1:4], check=sys.argv[4] == '1')\n"
+
+# fork mode (the default): one server process per worker imports specllm once, then forks a fresh child per load
+# and reports how it ended. Each load still runs in a process of its own (a crash or hang takes only that child),
+# without paying ~0.3 s of interpreter start and imports per load. The server has no other thread when it forks
+# (OPENBLAS_NUM_THREADS=1 keeps numpy's thread pool away), and never loads a model itself.
+FORK_SERVER = _LOAD + r"""
+import json, os, resource, signal, time
+
+
+def child(job):
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (job["mem"], job["mem"]))
+    except Exception:
+        pass
+    for fd, path in ((1, job["out"]), (2, job["err"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    load(job["role"], job["path"], job["target"], job["check"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(job)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + job["timeout"]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            status = None
+            break
+        time.sleep(0.002)
+    if status is None:
+        reply = {"hang": True}
+    elif os.WIFSIGNALED(status):
+        reply = {"returncode": -os.WTERMSIG(status)}
     else:
-        llm = LLM(target, path, n_ctx=64, n_threads=1, profile_costs=False)
-        c = llm.generate("Hello", max_tokens=4, draft_length=2)
-    out("ok", "", repr(c.text))
-except SpecLLMError as e:
-    out("typed error", type(e).__name__, e)
-except BaseException as e:
-    out("untyped error", type(e).__name__, e)
+        reply = {"returncode": os.WEXITSTATUS(status)}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
 """
 
 OUTCOMES = ["ok", "typed error", "untyped error", "signal", "hang"]
 PASS = {"ok", "typed error"}
 ROLES = ["target", "draft"]
+MEMORY_LIMIT = 8 << 30  # address space of one load: a runaway allocation fails in the child, not on the machine
 
 
 @dataclasses.dataclass
@@ -791,41 +860,98 @@ class Result:
     expect_ok: bool = False
 
 
-def _limit_memory():  # a runaway allocation fails in the child instead of pressing the machine
+def _env():
+    # GGML_NO_BACKTRACE: an abort prints its message, not a gdb session (seconds, and a stderr tail of gdb noise)
+    return dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", GGML_NO_BACKTRACE="1")
+
+
+def _limit_memory():
     try:
         import resource
-        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     except Exception:
         pass
 
 
-def run_one(path: str, role: str, target: str, timeout: float) -> Tuple[str, str, str, float]:
-    """(outcome, detail, stderr tail, seconds) of loading path in role."""
+def _classify(returncode: Optional[int], out: str, err: str, timeout: float) -> Tuple[str, str, str]:
+    """(outcome, detail, stderr tail) of a load that ended with returncode (None: killed at the timeout)."""
+    if returncode is None:
+        return "hang", f"no outcome within {timeout:g} s", _tail(err)
+    line = next((ln for ln in out.splitlines() if ln.startswith("OUTCOME\t")), None)
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return "signal", name + (" (after the outcome line: at exit)" if line else ""), _tail(err)
+    if line is None:
+        return "untyped error", f"exit code {returncode} without an outcome line", _tail(err)
+    _, kind, name, msg = (line.split("\t", 3) + ["", ""])[:4]
+    if returncode != 0 and kind in PASS:
+        return "untyped error", f"exit code {returncode} after {kind}: {name} {msg}", _tail(err)
+    return kind, (f"{name}: {msg}" if name else msg), _tail(err)
+
+
+def run_one(path: str, role: str, target: str, timeout: float, check: bool = True) -> Tuple[str, str, str, float]:
+    """(outcome, detail, stderr tail, seconds) of loading path in role, in a fresh interpreter (spawn mode)."""
     t0 = time.monotonic()
-    # GGML_NO_BACKTRACE: an abort prints its message, not a gdb session (seconds, and a stderr tail of gdb noise)
-    env = dict(os.environ, OMP_NUM_THREADS="1", GGML_NO_BACKTRACE="1")
     try:
-        p = subprocess.run([sys.executable, "-c", RUNNER, role, path, target], capture_output=True, timeout=timeout,
-                           env=env, preexec_fn=_limit_memory, cwd=os.path.dirname(path))
+        p = subprocess.run([sys.executable, "-c", RUNNER, role, path, target, "1" if check else "0"],
+                           capture_output=True, timeout=timeout,
+                           env=_env(), preexec_fn=_limit_memory, cwd=os.path.dirname(path))
     except subprocess.TimeoutExpired as e:
         err = (e.stderr or b"").decode(errors="replace")
-        return "hang", f"no outcome within {timeout:g} s", _tail(err), time.monotonic() - t0
-    dt = time.monotonic() - t0
+        return (*_classify(None, "", err, timeout), time.monotonic() - t0)
     out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
-    line = next((ln for ln in out.splitlines() if ln.startswith("OUTCOME\t")), None)
-    if p.returncode < 0:
-        try:
-            name = signal.Signals(-p.returncode).name
-        except ValueError:
-            name = f"signal {-p.returncode}"
-        after = " (after the outcome line: at exit)" if line else ""
-        return "signal", name + after, _tail(err), dt
-    if line is None:
-        return "untyped error", f"exit code {p.returncode} without an outcome line", _tail(err), dt
-    _, kind, name, msg = (line.split("\t", 3) + ["", ""])[:4]
-    if p.returncode != 0 and kind in PASS:
-        return "untyped error", f"exit code {p.returncode} after {kind}: {name} {msg}", _tail(err), dt
-    return kind, (f"{name}: {msg}" if name else msg), _tail(err), dt
+    return (*_classify(p.returncode, out, err, timeout), time.monotonic() - t0)
+
+
+class ForkServer:
+    """A process that imported specllm and forks one child per load (see FORK_SERVER)."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.proc: Optional[subprocess.Popen] = None
+
+    def _start(self):
+        self.log = open(os.path.join(self.workdir, "server.log"), "ab")
+        self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=_env(), cwd=self.workdir)
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+            self.proc = None
+
+    def run(self, path: str, role: str, target: str, timeout: float, check: bool = True
+            ) -> Tuple[str, str, str, float]:
+        import select
+
+        t0 = time.monotonic()
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        out_p, err_p = os.path.join(self.workdir, "out"), os.path.join(self.workdir, "err")
+        job = dict(role=role, path=path, target=target, timeout=timeout, out=out_p, err=err_p, mem=MEMORY_LIMIT,
+                   check=check)
+        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout + 30)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:  # the server itself died or stopped answering: count a hang, start a new one for the next
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            return "hang", "the fork server did not answer", "", time.monotonic() - t0
+        reply = json.loads(line)
+        rc = None if reply.get("hang") else reply["returncode"]
+        read = (lambda p: open(p, "rb").read().decode(errors="replace") if os.path.exists(p) else "")
+        return (*_classify(rc, read(out_p), read(err_p), timeout), time.monotonic() - t0)
 
 
 def _tail(text: str, n: int = 6) -> str:
@@ -863,18 +989,40 @@ def _slug(s: str) -> str:
 
 
 def run_set(manifest: List[dict], target: str, *, workers: int = 2, timeout: float = 60.0,
-            roles=ROLES, progress=None) -> List[Result]:
+            roles=ROLES, progress=None, mode: str = "fork", check: bool = True) -> List[Result]:
+    """Load every file in every role, workers at a time; mode "fork" (a fork server per worker, one forked child
+    per load) or "spawn" (a fresh interpreter per load). check=False: without specllm's GGUF pre-check."""
+    import tempfile
+    import threading
+
     jobs = [(m, role) for m in manifest for role in roles]
     results: List[Optional[Result]] = [None] * len(jobs)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_one, m["file"], role, target, timeout): i for i, (m, role) in enumerate(jobs)}
-        for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-            i = futures[fut]
-            m, role = jobs[i]
-            outcome, detail, tail, dt = fut.result()
-            results[i] = Result(m["file"], m["category"], role, outcome, detail, tail, dt, m["expect_ok"])
-            if progress:
-                progress(n, len(jobs), results[i])
+    local, servers = threading.local(), []
+    tmp = tempfile.mkdtemp(prefix="gguf-fuzz-")
+
+    def one(m, role):
+        if mode == "spawn":
+            return run_one(m["file"], role, target, timeout, check)
+        if not hasattr(local, "server"):
+            local.server = ForkServer(tempfile.mkdtemp(dir=tmp))
+            servers.append(local.server)
+        return local.server.run(m["file"], role, target, timeout, check)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(one, m, role): i for i, (m, role) in enumerate(jobs)}
+            for n, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+                i = futures[fut]
+                m, role = jobs[i]
+                outcome, detail, tail, dt = fut.result()
+                results[i] = Result(m["file"], m["category"], role, outcome, detail, tail, dt, m["expect_ok"])
+                if progress:
+                    progress(n, len(jobs), results[i])
+    finally:
+        for server in servers:
+            server.close()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
     return results  # type: ignore[return-value]
 
 
@@ -928,6 +1076,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="only these categories")
     ap.add_argument("--roles", nargs="*", default=ROLES, choices=ROLES)
     ap.add_argument("--report", help="write the markdown table here (default OUT/report.md)")
+    ap.add_argument("--mode", choices=["fork", "spawn"], default="fork",
+                    help="fork: a fork server per worker forks a fresh child per load (default); spawn: a fresh "
+                         "interpreter per load")
+    ap.add_argument("--no-check", action="store_true",
+                    help="load without specllm's GGUF pre-check (specllm.gguf_check): what llama.cpp does alone")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     manifest, target = write_set(args.out, args.seed)
@@ -940,7 +1093,7 @@ def main(argv=None) -> int:
         if r.outcome not in PASS or n % 50 == 0 or n == total:
             print(f"[{n}/{total}] {os.path.basename(r.file)} as {r.role}: {r.outcome} {r.detail[:160]}", flush=True)
     results = run_set(manifest, target, workers=args.workers, timeout=args.timeout, roles=args.roles,
-                      progress=progress)
+                      progress=progress, mode=args.mode, check=not args.no_check)
     text = report(manifest, results, time.monotonic() - t0)
     pathlib.Path(args.report or os.path.join(args.out, "report.md")).write_text(text + "\n")
     (pathlib.Path(args.out) / "results.json").write_text(json.dumps([dataclasses.asdict(r) for r in results],

@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Iterable, List, Optional, Sequence, Union
 
-from . import _core, logs, memory, profile
+from . import _core, gguf_check, logs, memory, profile
 from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, make_options
 from .options import text as _text
@@ -215,6 +215,7 @@ class LLM:
 
     @staticmethod
     def _model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
+        gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
         o = _core.ModelOptions()
         o.repack = repack
         o.path = path
