@@ -85,8 +85,9 @@ def completion_cmd(binary, *, model: str, prompt_file: str, n_predict: int, n_ct
 
 def speculative_cmd(binary, *, model: str, prompt_file: str, max_tokens: int, spec_type: str, draft: str | None = None,
                     n_draft: int = 3, n_ctx: int = 4096, n_threads: int = 2, temperature: float = 0.0) -> list[str]:
-    """llama-speculative-simple with --spec-type draft-simple (fixed n_draft, no p_min cut) or ngram-simple
-    (llama.cpp's defaults: 12-token lookup, up to 48 drafted). It prints -n + 1 tokens, hence -n max_tokens - 1."""
+    """llama-speculative-simple with --spec-type draft-simple (fixed n_draft, no p_min cut), or ngram-simple
+    (llama.cpp's defaults: 12-token lookup, up to 48 drafted), ngram-cache or ngram-mod (their defaults). It prints
+    -n + 1 tokens, hence -n max_tokens - 1."""
     cmd = [str(binary), *_common_args(model, prompt_file, n_ctx, n_threads, temperature),
            "-n", str(max_tokens - 1), "--spec-type", spec_type]
     if spec_type == "draft-simple":

@@ -26,7 +26,10 @@ SPECLLM_SYSTEMS = {
     "hybrid-nomem": ("{draft}", "auto", {"ngram": True, "memory_tokens": 0}),
     "hybrid-fast-nomem": ("{draft}", "auto", {"ngram": True, "exact": False, "memory_tokens": 0}),
 }
-LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram")
+# llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
+# rolling-hash pool (llama.cpp's defaults for each)
+LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram", "llama.cpp-ngram-cache",
+                     "llama.cpp-ngram-mod")
 LLAMA_CPP_PYTHON_SYSTEMS = ("llama-cpp-python", "llama-cpp-python-lookup")
 ALL_SYSTEMS = tuple(SPECLLM_SYSTEMS) + LLAMA_CPP_SYSTEMS + LLAMA_CPP_PYTHON_SYSTEMS
 # llama-cpp-python's README: "num_pred_tokens ... 10 is the default and generally good for gpu, 2 performs better
@@ -165,7 +168,8 @@ class LlamaCppToolSystem:
                       temperature=c.temperature)
         if self.name == "llama.cpp":
             return anchors.completion_cmd(self.paths["llama-completion"], n_predict=max_tokens, **common)
-        spec = ("draft-simple", c.draft) if self.name == "llama.cpp-draft-k3" else ("ngram-simple", None)
+        spec = {"llama.cpp-draft-k3": ("draft-simple", c.draft), "llama.cpp-ngram": ("ngram-simple", None),
+                "llama.cpp-ngram-cache": ("ngram-cache", None), "llama.cpp-ngram-mod": ("ngram-mod", None)}[self.name]
         return anchors.speculative_cmd(self.paths["llama-speculative-simple"], spec_type=spec[0], draft=spec[1],
                                        n_draft=3, max_tokens=max_tokens, **common)
 
