@@ -227,3 +227,25 @@ def test_a_random_corruption_never_escapes_as_another_exception(tmp_path, base):
             check_gguf(write(tmp_path, bytes(data)))
         except ModelLoadError:
             pass
+
+
+def test_an_exception_escaping_llama_cpp_is_typed(tmp_path, base):
+    # straight to the core, past the Python pre-check: llama.cpp loads a SentencePiece vocabulary without the byte
+    # token <0x48>, then its tokenizer throws std::out_of_range on "H" (byte fallback). That arrives as a
+    # SpecLLMError naming llama.cpp, not as pybind11's untyped IndexError
+    import specllm
+    from specllm import _core
+
+    names = list(gf.Spec.of(base[2]).get("tokenizer.ggml.tokens"))
+    path = write(tmp_path, rebuilt(base, lambda s: s.set("tokenizer.ggml.tokens", gf.ARRAY,
+                                                          [("<0xff>" if t == "<0x48>" else t) for t in names],
+                                                          gf.STRING)), "no_0x48.gguf")
+    opts = _core.EngineOptions()
+    opts.target.path, opts.target.n_ctx, opts.target.n_threads = str(path), 256, 1
+    engine = _core.Engine(opts)
+    with pytest.raises(specllm.SpecLLMError, match="llama.cpp failed") as e:
+        engine.target.tokenize("Hello", True, False)
+    assert not isinstance(e.value, IndexError)
+    # pybind11's own errors keep their classes
+    with pytest.raises(IndexError):
+        _core.AutoPolicy().acceptance(10**8)

@@ -4,6 +4,9 @@
 #include "specllm/errors.h"
 #include "specllm/log.h"
 
+#include <new>
+#include <string>
+
 void register_errors(py::module_ & m) {
     py::register_exception_translator([](std::exception_ptr p) {
         if (!p) {
@@ -29,6 +32,16 @@ void register_errors(py::module_ & m) {
             raise("InvalidOptionError", e);
         } catch (const specllm::Error & e) {
             raise("SpecLLMError", e);
+        } catch (const py::builtin_exception &) { // pybind11's own (IndexError, ValueError...): its translator
+            throw;
+        } catch (const py::error_already_set &) { // a Python exception passing through (a callback's)
+            throw;
+        } catch (const std::bad_alloc &) { // MemoryError
+            throw;
+        } catch (const std::exception & e) {
+            // anything else escaping llama.cpp (a std::out_of_range from a damaged vocabulary's byte lookup, ...)
+            py::object cls = py::module_::import("specllm.errors").attr("SpecLLMError");
+            PyErr_SetString(cls.ptr(), (std::string("llama.cpp failed: ") + e.what()).c_str());
         }
     });
     m.def("log_drain", [] {
