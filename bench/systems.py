@@ -20,8 +20,13 @@ SPECLLM_SYSTEMS = {
     "ngram": ("ngram", "auto"),
     "ngram-k3": ("ngram", 3),  # the best fixed k for the n-gram drafter in bench.simulate-style replays (k = 2-3)
     "hybrid": ("{draft}", "auto", {"ngram": True}),
-    # llama.cpp's CPU batch kernels allowed (cheaper long verify batches; output may differ from plain on near-ties)
+    # the default (exact=False) spelled out: llama.cpp's CPU batch kernels allowed (cheaper long verify batches;
+    # output may differ from plain on near-ties)
     "hybrid-fast": ("{draft}", "auto", {"ngram": True, "exact": False}),
+    # exact mode (exact=True): greedy output equal to plain decoding on short contexts; and plain decoding without
+    # weight repacking, its plain counterpart
+    "hybrid-exact": ("{draft}", "auto", {"ngram": True, "exact": True}),
+    "plain-exact": (None, None, {"exact": True}),
     # the default without the drafting memory (memory on: earlier prompts' outputs, never the same prompt's)
     "hybrid-nomem": ("{draft}", "auto", {"ngram": True, "memory_tokens": 0}),
     "hybrid-fast-nomem": ("{draft}", "auto", {"ngram": True, "exact": False, "memory_tokens": 0}),

@@ -184,10 +184,10 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))  # do not touch the user's profile cache
     monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path))
     for drafter in ("ngram", "draft"):
-        llm = load(tiny, make_llm, drafter, profile_costs=True)
+        llm = load(tiny, make_llm, drafter, profile_costs=True, exact=True)
         assert llm.profile is not None
         measured = [t for t in llm.profile["verify_ms"] if t > 0]  # 0 = a size not measured
-        # exact mode (the default) verifies in chunks of at most 7 rows: only those batch sizes are measured
+        # exact mode verifies in chunks of at most 7 rows: only those batch sizes are measured
         assert llm.profile["sizes"] == specllm.profile.sizes_for(_core.exact_verify_rows) == [1, 2, 3, 4, 5, 6, 7]
         assert llm.profile["verify_ms"] == measured and len(measured) == 7, llm.profile
         for p in PROMPTS:
@@ -195,10 +195,10 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
             assert c.tokens == plain[p].tokens, (drafter, p)
             check_stats(c, k_max=48)
     # a second LLM with the same models finds the profile in the cache
-    again = load(tiny, make_llm, "draft", profile_costs=True)
+    again = load(tiny, make_llm, "draft", profile_costs=True, exact=True)
     assert again.profile == llm.profile
-    # without exact mode verify batches are not chunked: every size of the profile is measured
-    fast = load(tiny, make_llm, "ngram", profile_costs=True, exact=False)
+    # without exact mode (the default) verify batches are not chunked: every size of the profile is measured
+    fast = load(tiny, make_llm, "ngram", profile_costs=True)
     assert fast.profile["sizes"] == specllm.profile.SIZES
     assert len([t for t in fast.profile["verify_ms"] if t > 0]) == len(specllm.profile.SIZES), fast.profile
 

@@ -86,7 +86,7 @@ class LLM:
         ngram_min: int = 2,
         ngram_max: int = 4,
         profile_costs: bool = True,
-        exact: bool = True,
+        exact: bool = False,
         stream_idle_timeout: float = 10.0,
         memory_tokens: int = 32768,
     ):
@@ -99,11 +99,12 @@ class LLM:
             on for a registry target's known draft, off for a draft given explicitly.
         n_gpu_layers / draft_n_gpu_layers: layers offloaded when llama-cpp-python was built with CUDA or Metal.
         seed: default sampling seed of every call (None: a fresh one per call, reported in stats.seed).
-        exact: greedy output equal to plain decoding (default). On a CPU, llama.cpp's batch kernels (weight
-            repacking; tiled K-quant matmuls for batches of 8+ rows) compute rows that differ from single-token
-            decoding, so exact mode loads without repacking and verifies in chunks of at most 7 rows, decoding
-            a chunk only when every draft before it was accepted. exact=False lets llama.cpp use those kernels
-            (long verify batches get cheaper per token; output can differ from plain decoding on near-ties).
+        exact: False (default): llama.cpp's fastest kernels (weight repacking; tiled K-quant matmuls for batches of
+            8+ rows), whose rows differ slightly from single-token decoding, so greedy output can differ from
+            plain decoding where two tokens are nearly tied (the README states how often). True: greedy output
+            equal to plain decoding on short contexts: loads without repacking and verifies in chunks of at
+            most 7 rows, decoding a chunk only when every draft before it was accepted (slower on copy-heavy
+            work).
         stream_idle_timeout: seconds a caller waits behind an open stream that nobody advances before closing it
             (an abandoned stream must not block the LLM forever).
         memory_tokens: the drafting memory: the n-gram drafter also looks up this LLM's earlier outputs (at most
