@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 
@@ -42,9 +43,15 @@ def cli_args(tiny, *extra):
     return ["-m", "specllm.cli", *extra, "--model", tiny["target"], "--draft", tiny["draft"], "--threads", "1"]
 
 
+def default_sigint():
+    # a shell that starts pytest as a background job makes it ignore SIGINT, and children inherit that: the
+    # terminal's Ctrl-C must reach the CLI as it does for a user
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def chat(tiny, env, *extra):
     child = pexpect.spawn(sys.executable, cli_args(tiny, "chat", *extra), env=env, encoding="utf-8",
-                          timeout=TIMEOUT, dimensions=(24, 200))
+                          timeout=TIMEOUT, dimensions=(24, 200), preexec_fn=default_sigint)
     child.expect(PROMPT)
     return child
 

@@ -6,6 +6,8 @@ single-token (plain) kernels round differently (ARCHITECTURE.md, Known traps). H
 "all", with the first divergence of each mismatch reported.
 """
 
+import signal
+
 import pytest
 
 from helpers import first_divergence
@@ -36,7 +38,10 @@ def messages(question):
 def llm(real_models):
     import specllm
 
-    return specllm.LLM(real_models["target"], real_models["draft"], n_threads=2, n_ctx=1024, profile_costs=False)
+    # exact mode: these tests check that greedy speculative output is plain decoding's (the default, exact=False,
+    # is measured against plain decoding in test_real_default.py)
+    return specllm.LLM(real_models["target"], real_models["draft"], n_threads=2, n_ctx=1024, profile_costs=False,
+                       exact=True)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +138,8 @@ def test_ctrl_c_interrupts_a_long_prompt_in_the_chat(real_models, tmp_path):
     env = dict(os.environ, HOME=str(tmp_path))
     args = ["-m", "specllm.cli", "chat", "--model", real_models["target"], "--draft", "ngram", "--max-tokens", "8",
             "--ctx", "2048", "--threads", "2"]
-    child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=120, dimensions=(24, 200))
+    child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=120, dimensions=(24, 200),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as test_cli.py
     child.expect(">>> ")
     child.sendline("The quick brown fox jumps over the lazy dog while the committee discusses the budget. " * 40)
     time.sleep(1.5)
