@@ -59,6 +59,19 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     assert profile.increasing(llm.profile["verify_ms"])
     assert not profile.increasing([50.0, 20.0]) and not profile.increasing([0.0, 1.0])
     assert profile.increasing([10.0, 9.5, 12.0])  # a dip within timing noise
+    # what stays noisy after every attempt is cached smoothed, so the next LLM takes it instead of measuring
+    assert profile.smoothed([50.0, 20.0, 0.0, 30.0, 25.0]) == [20.0, 20.0, 0.0, 25.0, 25.0]
+    assert profile.increasing(profile.smoothed([61, 94, 128, 132, 160, 199, 225, 318, 0, 431, 388, 603]))
+
+
+def test_a_profile_that_stays_noisy_is_cached_smoothed(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    # T(1) above every larger batch, every time
+    monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps: [50.0] + [10.0] * (len(sizes) - 1))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert profile.increasing(llm.profile["verify_ms"])
+    assert profile.cached(llm.model_path, "", 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack,
+                          llm._opts.verify_rows) == llm.profile
 
 
 # --- checked indices

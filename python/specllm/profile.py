@@ -32,6 +32,16 @@ def increasing(verify_ms, tolerance: float = 0.9) -> bool:
     return bool(vals) and verify_ms[0] > 0 and all(b >= tolerance * a for a, b in zip(vals, vals[1:]))
 
 
+def smoothed(verify_ms) -> list:
+    """Measured costs made non-decreasing as the policy reads them (a point above a larger batch's cost is pulled
+    down to it; 0 = not measured stays): what is cached after every measurement stayed noisy."""
+    out, floor = list(verify_ms), float("inf")
+    for i in range(len(out) - 1, -1, -1):
+        if out[i] > 0:
+            floor = out[i] = min(out[i], floor)
+    return out
+
+
 def sizes_for(verify_rows: int) -> list[int]:
     return [n for n in SIZES if n <= verify_rows] if verify_rows > 0 else SIZES
 
@@ -88,6 +98,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                 log.warning("the measured verify costs do not grow with the batch size (%s ms): the machine was "
                             "busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms),
                             "measuring again" if attempt + 1 < MAX_MEASURES else "using them smoothed")
+            else:
+                verify_ms = smoothed(verify_ms)  # cached as used: the next LLM takes it instead of measuring
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
         tmp = None
         try:
