@@ -310,6 +310,13 @@ def test_full_queue_answers_429(tiny, tmp_path_factory):
                     client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=30)
                     with pytest.raises(openai.RateLimitError):
                         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+                # the queued request's client went away: once the server has seen that (asynchronously, so wait
+                # for it), its place is free again while the first one still runs (the worker has not skipped it)
+                assert s.wait_metric("specllm_requests_cancelled_total", 1, stage="queued") == 1
+                with c.stream("POST", "/v1/chat/completions", json=body) as again:
+                    assert again.status_code == 200
+                assert s.wait_metric("specllm_requests_cancelled_total", 2, stage="queued") == 2
+                assert s.metric("specllm_requests_cancelled_total", stage="running") == 0  # still running
         r = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4}, timeout=30)
         assert r.status_code == 200
     finally:

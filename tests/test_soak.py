@@ -144,6 +144,11 @@ def test_close_frees_the_models_while_the_caller_still_holds_a_stream(models):
     del finished, cancelled, preempted, never_started
 
 
+def under_asan() -> bool:
+    with open("/proc/self/maps") as f:
+        return "libasan" in f.read()
+
+
 def test_close_returns_the_memory_of_both_models(tiny, tmp_path):
     # the 83 MB tiny model as the target and (a copy, so that each has its own file) as the draft: once a
     # generation has touched their weights, they account for ~166 MB of the RSS, which close() gives back
@@ -161,7 +166,8 @@ def test_close_returns_the_memory_of_both_models(tiny, tmp_path):
               f"closed {freed / 1e6:.1f} (each model {size / 1e6:.1f})")
         assert loaded - before > 1.5 * size
         assert loaded - freed > 1.5 * size
-        assert freed - before < 0.1 * size
+        if not under_asan():  # ASan holds freed heap in its quarantine (RSS); LeakSanitizer checks leaks there
+            assert freed - before < 0.1 * size
         assert mapped(target) == mapped(draft) == 0
     finally:
         os.remove(draft)

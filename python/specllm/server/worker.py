@@ -1,5 +1,8 @@
 """The worker: one thread that owns the LLM and serves jobs one at a time, in arrival order, from a bounded queue.
 
+The bound counts the jobs that still wait: a job whose client went away while it was queued no longer takes a
+place (it stays in the queue until the worker skips it, but a new request is not refused because of it).
+
 A job's events (chunks, the end, an error) go to the request's asyncio queue on the event loop. job.cancel() may
 be called from the event loop at any time (the client went away): a queued job is skipped, a running one stops
 within one speculative step (one prompt batch during prompt processing) through Stream.cancel().
@@ -7,8 +10,8 @@ within one speculative step (one prompt batch during prompt processing) through 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import queue
 import threading
 import time
 from typing import Callable, List, Optional, Union
@@ -90,7 +93,9 @@ class Worker:
         self.load_error: Optional[BaseException] = None
         self.on_load_error: Optional[Callable[[BaseException], None]] = None
         self.metrics = metrics
-        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._waiting: collections.deque = collections.deque()  # Jobs, and None to stop the thread
+        self._cond = threading.Condition()
         self._running: Optional[Job] = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="specllm-worker", daemon=True)
@@ -108,30 +113,32 @@ class Worker:
     def wait_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout)
 
+    def _live(self) -> int:
+        # under self._cond
+        return sum(1 for j in self._waiting if j is not None and not j.cancelled)
+
     def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
-        self.metrics.queue_depth.set(self._queue.qsize())
+        with self._cond:
+            live = self._live()
+            if live >= self.max_queue:
+                raise QueueFull
+            self._waiting.append(job)
+            self._cond.notify()
+        self.metrics.queue_depth.set(live + 1)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what is queued and running, and end the thread (bounded wait)."""
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job.post("end")
+        with self._cond:
+            dropped = [j for j in self._waiting if j is not None]
+            self._waiting.clear()
+            self._waiting.append(None)
+            self._cond.notify()
+        for job in dropped:
+            job.cancel()
+            job.post("end")
         with self._lock:
             if self._running is not None:
                 self._running.cancel()
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:  # pragma: no cover - the queue was just drained
-            pass
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -147,8 +154,12 @@ class Worker:
             finally:
                 self._ready.set()
         while True:
-            job = self._queue.get()
-            self.metrics.queue_depth.set(self._queue.qsize())
+            with self._cond:
+                while not self._waiting:
+                    self._cond.wait()
+                job = self._waiting.popleft()
+                live = self._live()
+            self.metrics.queue_depth.set(live)
             if job is None:
                 return
             if self.llm is None:
