@@ -265,3 +265,33 @@ def test_exact_mode_skips_verify_chunks_after_a_rejection(tiny, make_llm, plain)
         rows[exact] = (sum(x.n_verify_rows for x in s), sum(x.n_steps + x.n_drafted for x in s))
     assert rows[False][0] == rows[False][1]
     assert rows[True][0] < rows[True][1], rows
+
+
+@pytest.mark.parametrize("device", ["gpu-like", "cpu-like"])
+def test_the_draft_model_is_prefilled_only_where_it_pays(tiny, make_llm, plain, device):
+    # "auto" keeps the draft model in step with the prompt only if it can beat plain decoding with the costs
+    # measured and the acceptance estimated: on a CPU-like profile its prefill (~1/3 of the target's) and its
+    # catch-ups are not paid, and the n-grams still draft; the output is plain decoding's either way
+    llm = load(tiny, make_llm, draft="near_draft", ngram=True)  # a draft model that agrees often
+    if device == "gpu-like":
+        llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
+        llm._engine.set_draft_token_cost(0.5)
+    else:
+        llm._engine.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
+        llm._engine.set_draft_token_cost(25.0)
+    model_steps = ngram_steps = 0
+    for p in PROMPTS:
+        c = llm.generate(p, max_tokens=N)
+        assert c.tokens == plain[p].tokens
+        cached = llm._engine.draft.cached
+        if device == "gpu-like":
+            assert len(cached) >= len(llm.tokenize(p)) - 1  # the prompt's prefill, at least
+        else:
+            assert cached == []  # never decoded a token
+        core = llm._engine.stats
+        model_steps += sum(core.k_hist[1:]) - core.n_ngram_steps
+        ngram_steps += core.n_ngram_steps
+    if device == "gpu-like":
+        assert model_steps > 0
+    else:
+        assert model_steps == 0 and ngram_steps > 0

@@ -253,3 +253,28 @@ def test_a_new_generation_moves_ngram_estimates_back_toward_their_priors():
     assert p.acceptance(0)[0] == model  # the draft model's acceptance belongs to the model pair, not the text
     p.new_generation(keep=1.0)
     assert p.acceptance(src)[0] == pytest.approx(prior + 0.75 * (learned - prior))
+
+
+def test_a_draft_model_pays_with_its_estimated_acceptance_or_is_left_out():
+    # GPU-like (flat T(n), a cheap draft): the prior acceptance (0.6) pays; after a run of rejections it does not;
+    # generations without the model move its estimate back toward the prior until it pays again
+    p = _core.AutoPolicy()
+    p.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
+    p.set_draft_token_cost(0.5)
+    assert p.pays(0)
+    for _ in range(300):
+        p.choose(4, True, False, 0, 1)  # the step the outcome belongs to
+        p.update(4, 0, False)
+    assert not p.pays(0) and p.viable(0)
+    before = p.acceptance(0)[0]
+    p.left_out_draft_model(keep=0.75)
+    assert p.acceptance(0)[0] == pytest.approx(0.6 + 0.75 * (before - 0.6))
+    for _ in range(10):
+        p.left_out_draft_model()
+    assert p.pays(0)
+    # CPU-like (this machine: a verify row ~0.6 of a step, a 0.5B draft token ~0.4 of one): the prior does not pay,
+    # though 95% acceptance would (viable): the model is not kept in step
+    cpu = _core.AutoPolicy()
+    cpu.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
+    cpu.set_draft_token_cost(25.0)
+    assert cpu.viable(0) and not cpu.pays(0)

@@ -108,6 +108,11 @@ void register_policy(py::module_ & m) {
             check_source(source);
             return p.viable(source);
         })
+        .def("pays", [](const AutoPolicy & p, int source) {
+            check_source(source);
+            return p.pays(source);
+        })
+        .def("left_out_draft_model", &AutoPolicy::left_out_draft_model, py::arg("keep") = AutoPolicy::default_keep)
         .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry,
              py::arg("keep") = AutoPolicy::default_keep)
         .def_static("source_of", [](bool ngram, int match, bool doubtful, bool memory) {

@@ -55,6 +55,13 @@ void AutoPolicy::new_generation(int carry, double keep) {
     }
 }
 
+void AutoPolicy::left_out_draft_model(double keep) {
+    keep = std::min(1.0, std::max(0.0, keep));
+    for (double & a : alpha_[0]) {
+        a = alpha_prior_model + keep * (a - alpha_prior_model);
+    }
+}
+
 void AutoPolicy::forget_draft_model() {
     alpha_[0].fill(alpha_prior_model);
     n_obs_[0].fill(0);
@@ -67,6 +74,17 @@ void AutoPolicy::forget_draft_model() {
 bool AutoPolicy::viable(int source) const {
     std::array<double, n_max> alpha;
     alpha.fill(alpha_viable);
+    const double plain = margin / cost_verify(1);
+    for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
+        if (rate(alpha.data(), k, cost_draft(source, k)) > plain) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool AutoPolicy::pays(int source) const {
+    const auto alpha = planning_alpha(source);
     const double plain = margin / cost_verify(1);
     for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
         if (rate(alpha.data(), k, cost_draft(source, k)) > plain) {

@@ -155,10 +155,16 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         }
     };
     target_->decode_polled(history_.data() + n_keep, (int) history_.size() - n_keep, check);
-    const bool model_pays = gen_.policy != PolicyKind::automatic || auto_.viable(0);
-    if (drafter_ && drafter_->has_model() && model_pays) {
+    // the draft model is kept in step with the prompt (and then drafts or is explored) only if, with the costs
+    // measured here and the acceptance estimated so far, it can beat plain decoding: otherwise this generation
+    // drafts from n-grams alone and the model costs nothing, not even its prefill
+    model_in_step_ = drafter_ && drafter_->has_model() &&
+                     (gen_.policy != PolicyKind::automatic || (gen_.draft_length > 0 && auto_.pays(0)));
+    if (model_in_step_) {
         check();
-        drafter_->prefill(history_, check); // a draft model that cannot pay here is not kept in step
+        drafter_->prefill(history_, check);
+    } else if (drafter_ && drafter_->has_model() && gen_.policy == PolicyKind::automatic) {
+        auto_.left_out_draft_model();
     }
     stats_.prefill_ms = now_ms() - t0;
     active_ = true;
@@ -196,7 +202,7 @@ StepResult Engine::step_locked() {
     // 1. draft
     StepContext sctx;
     sctx.k_max = std::max(0, std::min({gen_.draft_length, budget - 1, target_->n_ctx() - n_past - 1}));
-    sctx.has_model = draft_model_ != nullptr;
+    sctx.has_model = draft_model_ != nullptr && model_in_step_;
     sctx.has_ngram = opts_.draft_kind == DraftKind::ngram || opts_.draft_kind == DraftKind::hybrid;
     sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
@@ -205,7 +211,7 @@ StepResult Engine::step_locked() {
         sctx.ngram_memory = m.memory;
         sctx.ngram_doubtful = !m.memory && (m.ambiguous || m.source >= (size_t) stats_.n_prompt);
     }
-    if (draft_model_ && sctx.k_max > 0 && gen_.policy == PolicyKind::automatic) { // only "auto" costs the lag
+    if (sctx.has_model && sctx.k_max > 0 && gen_.policy == PolicyKind::automatic) { // only "auto" costs the lag
         const auto & cached = draft_model_->cached();
         const size_t n = std::min(cached.size(), history_.size());
         const size_t same = (size_t) (std::mismatch(cached.begin(), cached.begin() + (long) n, history_.begin()).first -

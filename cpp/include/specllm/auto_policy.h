@@ -35,6 +35,9 @@ class AutoPolicy : public DraftPolicy {
     std::vector<double> verify_costs() const;
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
+    // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
+    // `keep`, so a model left out after poor prompts is tried again a few prompts later where its prior pays
+    void left_out_draft_model(double keep = default_keep);
     void set_k_limit(int k) { k_limit_ = k; }
     void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
 
@@ -58,6 +61,10 @@ class AutoPolicy : public DraftPolicy {
     static int source_of(bool ngram, int match, bool doubtful = false, bool memory = false);
     // could this source beat plain decoding at all (at 95% acceptance) with the measured costs?
     bool viable(int source) const;
+    // does it beat plain decoding with the acceptance estimated now (the prior before any outcome)? The engine
+    // keeps the draft model in step with the prompt only when it does: its prefill costs ~1/3 of the target's
+    // (0.5B vs 1.5B), 6-8 s of TTFT on a long prompt on a 2-core CPU, where the model does not pay
+    bool pays(int source) const;
 
   private:
     double cost_verify(int n) const;

@@ -133,6 +133,7 @@ class Engine {
     std::vector<llama_token> batch_;
     llama_token id_last_ = -1;
     bool active_ = false;
+    bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())
     std::atomic<bool> interrupt_{false};
     Stats stats_;
     mutable std::mutex mutex_;
