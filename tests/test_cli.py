@@ -97,6 +97,34 @@ def test_chat_streams_a_reply_then_a_status_line_and_keeps_the_session(tiny, env
     assert (pathlib.Path(env["HOME"]) / ".cache/specllm/history").read_text().count("/stats") == 2
 
 
+def test_a_code_fence_a_backslash_or_a_paste_makes_one_multi_line_message(tiny, env):
+    # a user pastes a function to edit: its lines are one message, not one message each
+    child = chat(tiny, env, "--max-tokens", "4")
+    child.sendline("Add type hints: ```python")
+    for line in ("def f(x):", "    return x * 2"):
+        child.expect(r"\.\.\. ")  # the continuation prompt
+        child.sendline(line)
+    child.expect(r"\.\.\. ")
+    child.sendline("```")
+    child.expect("tok/s")
+    child.expect(PROMPT)
+    assert "1 reply," in ask(child, "/stats")
+    child.sendline("first line \\")
+    child.expect(r"\.\.\. ")
+    child.sendline("second line")
+    child.expect("tok/s")
+    child.expect(PROMPT)
+    # bracketed paste, as a terminal sends it: readline keeps the pasted newlines in the line
+    child.send("\x1b[200~pasted one\npasted two\npasted three\x1b[201~")
+    child.sendline("")
+    child.expect("tok/s")
+    child.expect(PROMPT)
+    stats = ask(child, "/stats")
+    assert "3 replies," in stats and "conversation: 6 messages" in stats, stats
+    child.sendline("/exit")
+    exits_cleanly(child)
+
+
 def test_ctrl_c_stops_the_reply_keeps_it_and_returns_to_the_prompt(tiny, env):
     child = chat(tiny, env, "--max-tokens", "8000", "--ctx", "8192")  # seconds of text: time to interrupt
     child.sendline("tell me everything")

@@ -12,6 +12,7 @@ from .errors import ContextOverflowError, SpecLLMError
 from .llm import DEFAULT
 
 PROMPT = ">>> "
+MORE = "... "  # the prompt of a message's next line
 HELP = """\
 /help                           this help
 /reset                          forget the conversation (the system prompt stays)
@@ -19,7 +20,9 @@ HELP = """\
 /stats                          statistics of the whole session
 /draft on|off|ngram|NAME|PATH   change the drafter (the target and the conversation stay)
 /exit                           quit (also Ctrl-D, or Ctrl-C at an empty prompt)
-Ctrl-C during a reply stops it; what was written so far stays in the conversation."""
+Ctrl-C during a reply stops it; what was written so far stays in the conversation.
+A message goes on over several lines inside a ``` code fence (until the closing ```), or after a line that ends
+with a backslash; a paste with newlines in it is one message (bracketed paste)."""
 
 
 class Style:
@@ -174,6 +177,25 @@ def _open_history():
     return readline, save
 
 
+def wants_more(text: str) -> bool:
+    """Does a message typed so far go on: a ``` fence left open, or a last line that ends with a backslash?"""
+    return text.count("```") % 2 == 1 or text.endswith("\\")
+
+
+def read_message(first: str, read_line) -> str:
+    """The whole message that starts with the line `first`: lines from read_line() are added while wants_more().
+    A trailing backslash joins its line to the next with a newline. EOF ends the message where it is."""
+    text = first
+    while wants_more(text):
+        if text.endswith("\\"):
+            text = text[:-1]
+        try:
+            text += "\n" + read_line()
+        except EOFError:
+            break
+    return text
+
+
 def run_chat(args, llm_options: dict, gen_options: dict) -> int:
     style = Style.for_stream(sys.stdout)
     draft = args.draft
@@ -187,11 +209,12 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
                     f"{session.n_ctx} · /help for commands, Ctrl-D to quit"))
     readline, save_history = _open_history()
     prompt = style.bold(PROMPT, prompt=True)
+    more = style.bold(MORE, prompt=True)
     line = ""
     try:
         while True:
             try:
-                line = input(prompt)
+                line = read_message(input(prompt), lambda: input(more))
             except EOFError:  # Ctrl-D
                 print()
                 return 0
