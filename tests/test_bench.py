@@ -486,3 +486,22 @@ def test_multicall_runs_on_tiny_models(tmp_path):
     assert sizes[-1] <= sum(r["n_gen"] + 1 for r in on)
     md = result.with_suffix(".md").read_text()
     assert "## Overall" in md and f"| {seq.id} | {seq.kind} | {seq.mode} |" in md and "| memory-on |" in md
+
+
+def test_cli_chat_reads_the_chat_stats_it_is_given(tiny):
+    # bench.cli_chat parses `/stats` as the chat prints it: tied to ChatSession.summary(), not a copy of its format
+    from bench import cli_chat
+    from specllm.chat_session import ChatSession
+
+    session = ChatSession(tiny["target"], tiny["near_draft"], llm_options=dict(n_threads=1, n_ctx=512, profile_costs=False),
+                          gen_options=dict(max_tokens=24, draft_length=4))
+    session.reply("def f(x):\n    return x * 2\n")
+    got = cli_chat.parse_stats(session.summary())
+    t = session.totals
+    assert t.n_drafted > 0  # the line with the draft counts is printed only then
+    assert got["n_generated"] == t.n_generated and got["n_drafted"] == t.n_drafted
+    assert got["n_accepted"] == t.n_accepted and got["n_steps"] == t.n_steps
+    assert got["tokens_per_second"] == pytest.approx(t.tokens_per_second, abs=0.06)
+    assert sum(got["k_histogram"].values()) == t.n_steps
+    with pytest.raises(SystemExit):
+        cli_chat.main(["--messages", "nope"])
