@@ -106,9 +106,10 @@ def one_reply(args, system: str, message: tuple) -> dict:
         for line in code.split("\n") + ["```"]:
             child.expect(r"\.\.\. ")
             child.sendline(line)
-        child.expect(r"tok/s[^\r\n]*\r\n")
-        child.expect(PROMPT)
+        child.expect("```\r\n")  # the echo of the closing fence
+        child.expect(r"\r\n[^\r\n]*tok/s[^\r\n]*\r\n")  # the reply, then the status line
         reply = child.before
+        child.expect(PROMPT)
         child.sendline("/stats")
         child.expect(PROMPT)
         stats = parse_stats(child.before)
