@@ -71,27 +71,24 @@ void AutoPolicy::forget_draft_model() {
     c_catchup_ = 0.0;
 }
 
-bool AutoPolicy::viable(int source) const {
-    std::array<double, n_max> alpha;
-    alpha.fill(alpha_viable);
+bool AutoPolicy::beats_plain(int source, const double * alpha) const {
     const double plain = margin / cost_verify(1);
     for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
-        if (rate(alpha.data(), k, cost_draft(source, k)) > plain) {
+        if (rate(alpha, k, cost_draft(source, k)) > plain) {
             return true;
         }
     }
     return false;
 }
 
+bool AutoPolicy::viable(int source) const {
+    std::array<double, n_max> alpha;
+    alpha.fill(alpha_viable);
+    return beats_plain(source, alpha.data());
+}
+
 bool AutoPolicy::pays(int source) const {
-    const auto alpha = planning_alpha(source);
-    const double plain = margin / cost_verify(1);
-    for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
-        if (rate(alpha.data(), k, cost_draft(source, k)) > plain) {
-            return true;
-        }
-    }
-    return false;
+    return beats_plain(source, planning_alpha(source).data());
 }
 
 int AutoPolicy::source_of(bool ngram, int match, bool doubtful, bool memory) {

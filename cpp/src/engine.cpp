@@ -159,7 +159,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     // measured here and the acceptance estimated so far, it can beat plain decoding: otherwise this generation
     // drafts from n-grams alone and the model costs nothing, not even its prefill
     model_in_step_ = drafter_ && drafter_->has_model() &&
-                     (gen_.policy != PolicyKind::automatic || (gen_.draft_length > 0 && auto_.pays(0)));
+                     (gen_.policy != PolicyKind::automatic || auto_.pays(0)); // pays: within the k limit
     if (model_in_step_) {
         check();
         drafter_->prefill(history_, check);

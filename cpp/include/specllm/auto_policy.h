@@ -68,6 +68,7 @@ class AutoPolicy : public DraftPolicy {
 
   private:
     double cost_verify(int n) const;
+    bool beats_plain(int source, const double * alpha) const; // some k in 1..k_limit beats plain by the margin
     double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
