@@ -131,6 +131,7 @@ def markdown(summary: dict, meta: dict) -> str:
              f"{meta.get('limit') or 'all'} prompts per task"
              + (" of the fresh set (bench/prompts/fresh.jsonl)" if meta.get("prompts") == "fresh" else "")
              + (f", each run {meta['repeat']} times" if (meta.get("repeat") or 1) > 1 else "")
+             + ("; the specllm systems in lockstep (one speculative step each in turn)" if meta.get("lockstep") else "")
              + f"; CPU: {meta.get('cpu', '?')}."]
     for title, key, spec in TASK_TABLES:
         lines += ["", "## " + title.format(reference=reference), ""] + _task_table(summary, key, spec)

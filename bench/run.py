@@ -50,6 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="dev",
                    help="dev: Spec-Bench dev half, HumanEval, prompts/code_edit.jsonl; fresh: prompts/fresh.jsonl, "
                         "for checking only (default: %(default)s)")
+    p.add_argument("--lockstep", action="store_true",
+                   help="advance the specllm systems one speculative step each in turn on every prompt (the other "
+                        "systems run before them, per prompt): a ratio measured under the same load, much steadier "
+                        "on a shared machine than prompt-by-prompt interleaving")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
     args = p.parse_args(argv)
     if args.skip < 0:
@@ -111,17 +115,47 @@ def warm_up(systems: list, template, notes: list) -> list:
     return kept
 
 
-def run_prompt(system, prompt: tasks.Prompt, template, max_tokens: int, rep: int = 0) -> list[dict]:
+def run_turns(system, prompt: tasks.Prompt, template, max_tokens: int, rep: int = 0, stepwise: bool = False):
     """All turns of one prompt on one system (round `rep`); each later turn carries the system's own earlier
-    answers."""
+    answers. A generator that returns the records; stepwise: it yields after every speculative step."""
     messages, records = [], []
     for turn, user in enumerate(prompt.turns):
         messages.append({"role": "user", "content": user})
-        result = system.run(template(messages), max_tokens, keep_cache=turn > 0)
+        if stepwise:
+            result = yield from system.steps(template(messages), max_tokens, keep_cache=turn > 0)
+        else:
+            result = system.run(template(messages), max_tokens, keep_cache=turn > 0)
         records.append({"system": system.name, "task": prompt.task, "id": prompt.id, "turn": turn, "rep": rep,
                         **asdict(result)})
         messages.append({"role": "assistant", "content": result.text})
     return records
+
+
+def run_prompt(system, prompt: tasks.Prompt, template, max_tokens: int, rep: int = 0) -> list[dict]:
+    records = run_in_lockstep([system], prompt, template, max_tokens, rep, stepwise=False)[system.name]
+    if isinstance(records, Exception):
+        raise records
+    return records
+
+
+def run_in_lockstep(systems: list, prompt: tasks.Prompt, template, max_tokens: int, rep: int = 0,
+                    stepwise: bool = True) -> dict:
+    """One prompt on several specllm systems advanced one speculative step each in turn, so that a burst of load
+    on a shared machine slows them alike (per-prompt interleaving leaves minutes between a system and its
+    reference). {system name: records, or the exception it failed with}."""
+    running = {s.name: run_turns(s, prompt, template, max_tokens, rep, stepwise) for s in systems}
+    out = {}
+    while running:
+        for name, gen in list(running.items()):
+            try:
+                next(gen)
+            except StopIteration as done:
+                out[name] = done.value
+                del running[name]
+            except Exception as e:
+                out[name] = e
+                del running[name]
+    return out
 
 
 def machine_info() -> dict:
@@ -161,7 +195,7 @@ def main(argv=None) -> int:
         return 1
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
-            "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "tasks": args.tasks, "prompts": args.prompts,
+            "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "lockstep": args.lockstep, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
     stem = f"{meta['date']}-{meta['machine']}"
@@ -172,18 +206,28 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     records, t_start = [], time.perf_counter()
     with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
+        def keep(name: str, new) -> None:
+            if isinstance(new, Exception):
+                notes.append(f"{name} failed on {prompt.task}/{prompt.id}: {type(new).__name__}: {new}")
+                print(notes[-1], file=sys.stderr)
+                return
+            records.extend(new)
+            log.writelines(json.dumps(r) + "\n" for r in new)
+            log.flush()
+
         for i, prompt in enumerate(prompts):
             for rep in range(args.repeat):
-                for system in report.rotate(systems, i * args.repeat + rep):
+                order = report.rotate(systems, i * args.repeat + rep)
+                together = [s for s in order if args.lockstep and isinstance(s, SpecllmSystem)]
+                for system in [s for s in order if s not in together]:
                     try:
                         new = run_prompt(system, prompt, template, args.max_tokens, rep)
                     except Exception as e:
-                        notes.append(f"{system.name} failed on {prompt.task}/{prompt.id}: {type(e).__name__}: {e}")
-                        print(notes[-1], file=sys.stderr)
-                        continue
-                    records += new
-                    log.writelines(json.dumps(r) + "\n" for r in new)
-                    log.flush()
+                        new = e
+                    keep(system.name, new)
+                if together:
+                    for name, new in run_in_lockstep(together, prompt, template, args.max_tokens, rep).items():
+                        keep(name, new)
             print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
     summary = report.summarize(records, [s.name for s in systems], args.max_tokens)

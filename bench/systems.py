@@ -80,6 +80,16 @@ class SpecllmSystem:
         return (time.perf_counter() - t0) * 1e3
 
     def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:
+        steps = self.steps(prompt_text, max_tokens, keep_cache)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(self, prompt_text: str, max_tokens: int, keep_cache: bool = False):
+        """run() one speculative step at a time: yields after each step, returns the Result (bench.run --lockstep
+        advances several systems' generators in turn)."""
         if not keep_cache:
             # the KV cache goes (every prompt is evaluated whole); the drafting memory of earlier prompts stays, as
             # in a server, but a prompt run again (rounds) finds the memory as it was before its first run, never
@@ -91,9 +101,17 @@ class SpecllmSystem:
             else:
                 self._memory_for = (prompt_text, self.llm._engine.memory())
         kwargs = {} if self.draft_length is None else {"draft_length": self.draft_length}
-        out = self.llm.generate(prompt_text, max_tokens=max_tokens, temperature=self.cfg.temperature, **kwargs)
-        s = out.stats
-        return Result(out.text, s.n_generated, s.tokens_per_second, s.prefill_ms, s.n_drafted, s.n_accepted, s.n_steps)
+        parts, s = [], None
+        with self.llm.stream(prompt_text, max_tokens=max_tokens, temperature=self.cfg.temperature, **kwargs) as stream:
+            for chunk in stream:
+                parts.append(chunk.text)
+                if chunk.finish_reason is not None:
+                    s = chunk.stats
+                    break
+                yield
+        s = s or stream.stats
+        return Result("".join(parts), s.n_generated, s.tokens_per_second, s.prefill_ms, s.n_drafted, s.n_accepted,
+                      s.n_steps)
 
 
 class LlamaCppPythonSystem:

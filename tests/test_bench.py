@@ -309,6 +309,63 @@ def test_smoke_run_on_tiny_models(tmp_path):
     assert not list(out.glob("*.records.jsonl"))
 
 
+def test_lockstep_advances_the_systems_one_step_each_in_turn():
+    from bench import run
+    from bench.systems import Result, SpecllmSystem
+
+    log = []
+
+    class Fake:
+        def __init__(self, name, n_steps):
+            self.name, self.n_steps = name, n_steps
+
+        def steps(self, prompt_text, max_tokens, keep_cache=False):
+            for i in range(self.n_steps):
+                log.append((self.name, i))
+                yield
+            return Result(f"{self.name}:{prompt_text[-3:]}", self.n_steps, 1.0, 0.0)
+
+        def run(self, prompt_text, max_tokens, keep_cache=False):
+            return SpecllmSystem.run(self, prompt_text, max_tokens, keep_cache)
+
+    class Broken(Fake):
+        def steps(self, prompt_text, max_tokens, keep_cache=False):
+            yield
+            raise RuntimeError("decode failed")
+
+    prompt = tasks.Prompt("qa", "p1", ["abc", "def"])
+    out = run.run_in_lockstep([Fake("a", 3), Fake("b", 2), Broken("c", 0)], prompt,
+                              lambda m: " ".join(x["content"] for x in m), 8)
+    # turn 0: a0 b0 (c steps, then fails) a1 b1 a2; turn 1 of b starts while a finishes turn 0
+    assert log[:4] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert [r["turn"] for r in out["a"]] == [0, 1] and out["a"][1]["text"] == "a:def"
+    assert out["b"][0]["n_gen"] == 2 and out["b"][1]["id"] == "p1"
+    assert isinstance(out["c"], RuntimeError)
+    with pytest.raises(RuntimeError, match="decode failed"):
+        run.run_prompt(Broken("c", 0), prompt, lambda m: "x", 8)
+
+
+def test_lockstep_run_on_tiny_models_matches_the_separate_run(tmp_path):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import run
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    texts = {}
+    for mode in ([], ["--lockstep"]):
+        out = tmp_path / ("lockstep" if mode else "separate")
+        rc = run.main(["--limit", "2", "--systems", "plain,draft-k3,hybrid", "--tasks", "code_edit", "--max-tokens", "16",
+                       "--threads", "1", "--target", paths["target"], "--draft", paths["draft"], "--out", str(out)] + mode)
+        assert rc == 0
+        (result,) = out.glob("*.json")
+        data = json.loads(result.read_text())
+        assert data["meta"]["lockstep"] == bool(mode) and not data["meta"]["notes"]
+        assert ("lockstep" in result.with_suffix(".md").read_text()) == bool(mode)
+        texts[bool(mode)] = {(r["system"], r["id"]): r["text"] for r in data["records"]}
+        assert len(texts[bool(mode)]) == 6
+    assert texts[True] == texts[False]
+
+
 @pytest.mark.skipif(not all(p.exists() for p in anchors.tool_paths().values()),
                     reason="llama.cpp anchor tools not built (python -c 'from bench.anchors import build_anchors; "
                            "build_anchors()')")

@@ -95,7 +95,7 @@ void register_engine(py::module_ & m) {
         .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
         .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("memory_tokens", &Engine::memory_tokens)
-        .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2,
+        .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2, py::arg("n_prefix") = 32,
              py::call_guard<py::gil_scoped_release>())
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())
         .def("set_verify_costs", [](Engine & e, const std::vector<double> & c) { e.auto_policy().set_verify_costs(c); })

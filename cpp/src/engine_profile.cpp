@@ -19,11 +19,13 @@ double now_ms() {
 
 } // namespace
 
-std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n_reps) {
+std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n_reps, int n_prefix) {
     std::lock_guard<std::mutex> lock(mutex_);
     active_ = false;
     target_->clear();
-    constexpr int n_prefix = 32; // a short context, as in a real step
+    if (n_prefix < 1) {
+        throw InvalidArgument("profile context must be >= 1 token, got " + std::to_string(n_prefix));
+    }
     int n_max = 0;
     for (int n : sizes) {
         if (n < 1) {

@@ -102,9 +102,9 @@ class Engine {
     const Stats & stats() const { return stats_; }
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
-    // size n that fits the context, 0 for sizes not measured; and the draft model's per-token time. Clears the
-    // KV caches
-    std::vector<double> profile_verify(const std::vector<int> & sizes, int n_reps);
+    // size n that fits the context after n_prefix tokens, 0 for sizes not measured; and the draft model's per-token
+    // time. Clears the KV caches
+    std::vector<double> profile_verify(const std::vector<int> & sizes, int n_reps, int n_prefix = 32);
     double profile_draft(int n_reps);
 
     // a deliberately wrong sampling verifier, for tests that must be able to fail
