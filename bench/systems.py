@@ -15,8 +15,8 @@ from bench import anchors
 # draft_length None leaves generate()'s default
 SPECLLM_SYSTEMS = {
     "plain": (None, None),
-    "draft-k3": ("{draft}", 3),
-    "auto": ("{draft}", "auto"),
+    "draft-k3": ("{draft}", 3, {"ngram": False}),  # the draft model alone (a draft model is hybrid by default)
+    "auto": ("{draft}", "auto", {"ngram": False}),
     "ngram": ("ngram", "auto"),
     "ngram-k3": ("ngram", 3),  # the best fixed k for the n-gram drafter in bench.simulate-style replays (k = 2-3)
     "hybrid": ("{draft}", "auto", {"ngram": True}),

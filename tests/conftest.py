@@ -38,10 +38,14 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def make_llm():
     """make_llm(model, draft=None, **kw): a tiny-model LLM with one thread and no cost profiling by default
-    (two threads on a model this small mostly spin, the more so on a busy machine)."""
+    (two threads on a model this small mostly spin, the more so on a busy machine); a draft model drafts alone unless
+    the test asks for ngram=True (these tests are about the draft model; LLM's own default is hybrid, tested in
+    test_set_draft.py)."""
     import specllm
 
     def make(model, draft=None, **kw):
+        if draft not in (None, "ngram"):
+            kw.setdefault("ngram", False)
         kw.setdefault("n_threads", 1)
         kw.setdefault("n_ctx", 512)
         kw.setdefault("profile_costs", False)

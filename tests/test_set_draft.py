@@ -120,7 +120,7 @@ def test_ctrl_c_during_the_load_is_raised_once_the_new_drafter_is_in_place(tiny,
         llm.set_draft(tiny["draft"])
     llm._engine = engine
     assert llm.draft == tiny["draft"] and llm.draft_path == tiny["draft"]  # what is said matches what is loaded
-    assert engine.draft_kind == specllm._core.DraftKind.model
+    assert engine.draft_kind == specllm._core.DraftKind.hybrid  # a draft model drafts with n-grams by default
     assert llm.generate(PROMPT, max_tokens=8, draft_length=2).stats.n_drafted > 0
 
 
@@ -132,3 +132,19 @@ def test_chat_sessions_draft_models_are_hybrid_unless_told(tiny):
     assert s.draft_label == "draft.gguf +ngram" and s.draft_model == tiny["draft"]
     s = ChatSession(tiny["target"], tiny["draft"], ngram=False, llm_options=options)
     assert s.draft_label == "draft.gguf"
+
+
+def test_a_draft_model_drafts_with_ngrams_beside_it_unless_told(tiny):
+    """As in specllm-cli: a draft model given by path is hybrid by default (on a CPU where the model cannot pay,
+    n-grams are all that can); ngram=False is the draft model alone."""
+    options = {"n_threads": 1, "n_ctx": 512, "profile_costs": False}
+    llm = specllm.LLM(tiny["target"], tiny["draft"], **options)
+    assert llm.hybrid and llm._engine.draft_kind == specllm._core.DraftKind.hybrid
+    alone = specllm.LLM(tiny["target"], tiny["draft"], ngram=False, **options)
+    assert not alone.hybrid and alone._engine.draft_kind == specllm._core.DraftKind.model
+    alone.set_draft(tiny["near_draft"])
+    assert alone.hybrid
+    alone.set_draft(tiny["draft"], ngram=False)
+    assert alone._engine.draft_kind == specllm._core.DraftKind.model
+    ngram = specllm.LLM(tiny["target"], "ngram", **options)
+    assert ngram._engine.draft_kind == specllm._core.DraftKind.ngram and not ngram.hybrid

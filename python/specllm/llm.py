@@ -38,11 +38,13 @@ def _default_draft(name_or_path: str) -> Optional[str]:
 
 
 def _draft_arg(model: str, draft, ngram):
-    """(draft, ngram) with the defaults filled in: DEFAULT is a registry target's known draft, with n-gram lookup."""
+    """(draft, ngram) with the defaults filled in: DEFAULT is a registry target's known draft; a draft model drafts
+    with n-gram lookup beside it unless ngram=False (as in specllm-cli: "auto" uses n-grams only where they pay, and
+    on a CPU where the draft model cannot pay they are all that can)."""
     if draft == DEFAULT:
         draft = _default_draft(model)
-        if ngram is None and draft not in (None, "ngram"):
-            ngram = True
+    if ngram is None and draft not in (None, "ngram"):
+        ngram = True
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
     return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
@@ -95,8 +97,8 @@ class LLM:
         model: a .gguf path or a registry name ("qwen2.5-coder-1.5b"; pulled on first use).
         draft: a .gguf path or registry name of a smaller model with the same vocabulary, "ngram" for prompt
             lookup, None for plain decoding; by default a registry target gets its known draft.
-        ngram: with a draft model, also draft by n-gram lookup when it pays better (hybrid drafting); by default
-            on for a registry target's known draft, off for a draft given explicitly.
+        ngram: with a draft model, also draft by n-gram lookup when it pays better (hybrid drafting); on by default
+            (ngram=False: the draft model alone, as llama.cpp's speculative decoding does).
         n_gpu_layers / draft_n_gpu_layers: layers offloaded when llama-cpp-python was built with CUDA or Metal.
         seed: default sampling seed of every call (None: a fresh one per call, reported in stats.seed).
         exact: False (default): llama.cpp's fastest kernels (weight repacking; tiled K-quant matmuls for batches of
