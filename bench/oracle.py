@@ -28,7 +28,8 @@ def plain_answers(llm, run: dict, seen: set | None = None):
     `seen` is skipped, and added)."""
     meta = run["meta"]
     prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"),
-                                                            prompt_set=meta.get("prompts", "dev"))}
+                                                            prompt_set=meta.get("prompts", "dev"),
+                                                            skip=meta.get("skip") or 0)}
     seen = set() if seen is None else seen
     for rec in run["records"]:
         key = (rec["task"], rec["id"])

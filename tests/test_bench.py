@@ -562,3 +562,29 @@ def test_cli_chat_reads_the_chat_stats_it_is_given(tiny):
     assert sum(got["k_histogram"].values()) == t.n_steps
     with pytest.raises(SystemExit):
         cli_chat.main(["--messages", "nope"])
+
+
+def test_compare_finds_the_same_decisions_and_the_spread(tmp_path, capsys):
+    from bench import compare
+
+    def run(tps_a, text_b="x"):
+        recs = []
+        for rep in range(2):
+            for pid, tps in (("p1", tps_a), ("p2", 20.0)):
+                recs.append({"system": "plain", "task": "qa", "id": pid, "turn": 0, "rep": rep, "gen_tps": 10.0,
+                             "n_steps": 9, "n_drafted": 0, "n_accepted": 0, "text": "x"})
+                recs.append({"system": "hybrid", "task": "qa", "id": pid, "turn": 0, "rep": rep, "gen_tps": tps,
+                             "n_steps": 5, "n_drafted": 4, "n_accepted": 4, "text": text_b if pid == "p2" else "x"})
+        return {"records": recs, "summary": {"hybrid": {"qa": {"speedup": tps_a / 10.0}}}}
+
+    c = compare.compare(run(12.0), run(11.0, text_b="y"), "hybrid")
+    assert c["runs"] == 4 and c["same"] == 2  # p2's text differs in both rounds
+    assert [p[3:] for p in c["prompts"]] == [(1.2, 1.1), (2.0, 2.0)]
+    assert c["median_diff"] == pytest.approx(0.05) and c["max_diff"] == pytest.approx(0.1) and c["within_005"] == 1
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(run(12.0)))
+    b.write_text(json.dumps(run(12.0)))
+    assert compare.main([str(a), str(b)]) == 0
+    assert "same decisions and text: 4 of 4" in capsys.readouterr().out
+    assert compare.main([str(a), str(tmp_path / "missing.json")]) == 2
+    assert compare.main([str(a), str(b), "--system", "nope"]) == 1
