@@ -23,9 +23,9 @@ def verify_ms(costs: list[float], rows: int, chunk: int) -> float:
     return sum(costs[min(chunk, rows - r0) - 1] for r0 in range(0, rows, chunk))
 
 
-def plain_answers(llm, run: dict, seen: set | None = None):
-    """(task, prompt tokens, answer tokens) of a run's plain first-turn answers, in run order (a (task, id) in
-    `seen` is skipped, and added)."""
+def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"):
+    """(task, prompt tokens, answer tokens) of a run's plain first-turn answers (or another system's), in run order
+    (a (task, id) in `seen` is skipped, and added)."""
     meta = run["meta"]
     prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"),
                                                             prompt_set=meta.get("prompts", "dev"),
@@ -33,7 +33,7 @@ def plain_answers(llm, run: dict, seen: set | None = None):
     seen = set() if seen is None else seen
     for rec in run["records"]:
         key = (rec["task"], rec["id"])
-        if rec["system"] != "plain" or rec["turn"] != 0 or key not in prompts or key in seen:
+        if rec["system"] != system or rec["turn"] != 0 or key not in prompts or key in seen:
             continue
         seen.add(key)
         text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}], add_generation_prompt=True)

@@ -65,6 +65,9 @@ def main(argv=None) -> int:
     p.add_argument("--keep", type=float, default=None,
                    help="share of what was learned (over the prior) a new prompt keeps (default: the engine's)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
+    p.add_argument("--answers", default="plain",
+                   help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
+                        "which differ from plain's in fast mode)")
     args = p.parse_args(argv)
 
     import specllm
@@ -81,7 +84,7 @@ def main(argv=None) -> int:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
                               exact=not args.fast)
-        for task, prompt, answer in plain_answers(llm, run, seen):
+        for task, prompt, answer in plain_answers(llm, run, seen, args.answers):
             answers.setdefault(task, []).append((prompt, answer))
     costs = list(llm._engine.verify_costs())
     chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows

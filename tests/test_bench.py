@@ -588,3 +588,23 @@ def test_compare_finds_the_same_decisions_and_the_spread(tmp_path, capsys):
     assert "same decisions and text: 4 of 4" in capsys.readouterr().out
     assert compare.main([str(a), str(tmp_path / "missing.json")]) == 2
     assert compare.main([str(a), str(b), "--system", "nope"]) == 1
+
+
+def test_replayed_answers_come_from_the_run_s_own_prompts_and_the_system_asked_for():
+    from bench.oracle import plain_answers
+
+    class Vocab:  # what plain_answers uses of an LLM
+        def apply_chat_template(self, messages, add_generation_prompt=True):
+            return messages[0]["content"]
+
+        def tokenize(self, text, add_special=True):
+            return [ord(c) for c in text]
+
+    second = tasks.load_tasks(["qa"], 1, prompt_set="fresh", skip=1)[0]
+    run = {"meta": {"tasks": "qa", "limit": 1, "skip": 1, "prompts": "fresh"},
+           "records": [{"system": s, "task": "qa", "id": second.id, "turn": 0, "rep": 0, "text": s + " answer"}
+                       for s in ("plain", "hybrid")]}
+    (task, prompt, answer), = plain_answers(Vocab(), run)  # found although the run skipped the first prompt
+    assert task == "qa" and prompt == [ord(c) for c in second.turns[0]] and answer == [ord(c) for c in "plain answer"]
+    (_, _, answer), = plain_answers(Vocab(), run, system="hybrid")
+    assert answer == [ord(c) for c in "hybrid answer"]
