@@ -39,9 +39,10 @@ def llm(real_models):
     import specllm
 
     # exact mode: these tests check that greedy speculative output is plain decoding's (the default, exact=False,
-    # is measured against plain decoding in test_real_default.py)
+    # is measured against plain decoding in test_real_default.py); the draft model alone (ngram=False): they are
+    # about its drafts (the default, hybrid, is test_real_default.py's)
     return specllm.LLM(real_models["target"], real_models["draft"], n_threads=2, n_ctx=1024, profile_costs=False,
-                       exact=True)
+                       exact=True, ngram=False)
 
 
 @pytest.fixture(scope="module")
