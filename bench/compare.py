@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 
+from bench.report import _key
 
 DECISION = ("n_steps", "n_drafted", "n_accepted", "text")
 
@@ -22,7 +23,7 @@ DECISION = ("n_steps", "n_drafted", "n_accepted", "text")
 def _by_key(records: list) -> dict:
     by = collections.defaultdict(dict)
     for r in records:
-        by[(r["task"], r["id"], r["turn"], r["rep"])][r["system"]] = r
+        by[_key(r)][r["system"]] = r
     return by
 
 
