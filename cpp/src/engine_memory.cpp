@@ -1,0 +1,52 @@
+// Engine's drafting memory: the outputs of earlier generations kept for n-gram drafts (remember), and its accessors
+// (save / load / clear / size).
+#include "specllm/engine.h"
+
+#include "specllm/errors.h"
+
+#include <string>
+
+namespace specllm {
+
+void Engine::remember() {
+    if (history_.size() > (size_t) stats_.n_prompt) {
+        memory_.add(history_.data() + stats_.n_prompt, history_.size() - (size_t) stats_.n_prompt);
+    }
+}
+
+std::vector<llama_token> Engine::memory() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return memory_.tokens();
+}
+
+void Engine::set_memory(const std::vector<llama_token> & tokens) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        throw InvalidArgument("the drafting memory cannot change during a generation: finish or close it first");
+    }
+    const int n_vocab = target_->n_vocab();
+    for (llama_token t : tokens) {
+        if (t >= n_vocab || t < NgramIndex::separator) {
+            throw InvalidArgument("a drafting memory holds token ids below the vocabulary size " +
+                                  std::to_string(n_vocab) + " (and -1 between outputs), got " + std::to_string(t) +
+                                  ": was it saved by an LLM with another model?");
+        }
+    }
+    memory_.assign(tokens);
+}
+
+void Engine::clear_memory() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memory_.clear();
+}
+
+void Engine::set_memory_tokens(int n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n < 0) {
+        throw InvalidArgument("memory_tokens must be >= 0 (0 = no drafting memory), got " + std::to_string(n));
+    }
+    opts_.memory_tokens = n;
+    memory_.set_max_tokens((size_t) n);
+}
+
+} // namespace specllm
