@@ -118,6 +118,25 @@ def test_parsers_name_what_is_missing():
         anchors.parse_speculative("\n\nsomething else", SPEC_LIMIT_STDERR, QA_PROMPT, max_tokens=8)
 
 
+def test_a_run_that_lost_its_last_log_lines_is_repeated_after_a_pause(tmp_path, monkeypatch):
+    # a real process standing in for a llama.cpp tool: its first three runs exit before the counters are written
+    count = tmp_path / "count"
+    script = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text()) if p.exists() else 0; "
+              "p.write_text(str(n + 1)); sys.stderr.write('init\\n' + ('' if n < 3 else COUNTERS))")
+    script = script.replace("COUNTERS", repr(SPEC_LIMIT_STDERR))
+    stdout = "\n\n" + QA_PROMPT + "answer"
+    cmd = [sys.executable, "-c", f"import sys; sys.stdout.write({stdout!r}); " + script, str(count)]
+    pauses = []
+    monkeypatch.setattr(anchors.time, "sleep", pauses.append)
+    p = anchors.run_parsed(cmd, anchors.parse_speculative, QA_PROMPT, max_tokens=8)
+    assert p["text"] == "answer" and count.read_text() == "4"
+    assert pauses == [0.5, 1.0, 2.0]
+    count.unlink()
+    with pytest.raises(ValueError, match="no encoded line"):
+        anchors.run_parsed(cmd, anchors.parse_speculative, QA_PROMPT, max_tokens=8, attempts=2)
+    assert count.read_text() == "2"
+
+
 def test_tool_commands_use_the_verified_flags():
     c = anchors.completion_cmd("llama-completion", model="t.gguf", prompt_file="p.txt", n_predict=128, n_threads=2)
     for flag in ("-no-cnv", "--no-display-prompt", "--no-escape", "-f", "--temp"):
