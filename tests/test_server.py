@@ -346,7 +346,10 @@ def test_eight_client_threads(client, local):
         assert text == want[p], p
 
 
-def test_sigterm_during_a_stream_exits_cleanly(tiny, tmp_path_factory):
+@pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["sigterm", "ctrl-c-twice"])
+def test_a_stop_during_a_stream_exits_cleanly(tiny, tmp_path_factory, signals):
+    # Ctrl-C twice: uvicorn's forced exit skipped the app's shutdown, and the cancelled lifespan was logged as a
+    # failed shutdown with a traceback
     s = serve(tiny, tmp_path_factory)
     got = []
 
@@ -364,11 +367,19 @@ def test_sigterm_during_a_stream_exits_cleanly(tiny, tmp_path_factory):
     deadline = time.monotonic() + 20
     while len(got) < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert len(got) >= 3, s.log()
     t0 = time.monotonic()
-    assert s.stop(signal.SIGTERM, timeout=30) == 0, s.log()
+    for sig in signals[:-1]:
+        s.proc.send_signal(sig)
+        time.sleep(0.02)
+    assert s.stop(signals[-1], timeout=30) == 0, s.log()
     assert time.monotonic() - t0 < 15
     t.join(30)
     assert not t.is_alive()
+    assert "Traceback" not in s.log() and "ERROR" not in s.log(), s.log()
+    # the stream was told why it ended, and ended as an SSE stream does
+    assert any("server_shutting_down" in line for line in got), got[-3:]
+    assert [line for line in got if line][-1] == "data: [DONE]", got[-3:]
 
 
 def test_load_failure_ends_the_server(tmp_path):

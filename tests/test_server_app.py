@@ -148,3 +148,14 @@ def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
     assert not caplog.records
     assert server_app.is_loopback("::1") and server_app.is_loopback("localhost")
     assert not server_app.is_loopback("192.168.1.5")
+
+
+def test_a_request_after_the_worker_stopped_is_a_503_that_says_why(llm):
+    # between the start of a shutdown (the worker is stopped first) and the listening socket's close
+    app = create_app(llm)
+    with TestClient(app) as c:
+        app.state.specllm.worker.stop()
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["code"] == "server_shutting_down" and "shutting down" in err["message"]

@@ -2,6 +2,7 @@
 worker's lifetime; serve() runs it with uvicorn."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -169,6 +170,8 @@ def _uvicorn_server():
         """uvicorn's server, but Ctrl-C and SIGTERM end serve() normally (uvicorn re-raises the signal after
         its graceful shutdown, which would turn a requested stop into exit status 130 or a kill by SIGTERM)."""
 
+        worker = None  # the app's Worker: serve() sets it
+
         @contextlib.contextmanager
         def capture_signals(self):
             if threading.current_thread() is not threading.main_thread():
@@ -180,6 +183,24 @@ def _uvicorn_server():
             finally:
                 for sig, handler in old.items():
                     signal.signal(sig, handler)
+
+        async def shutdown(self, sockets=None):
+            # the requests are cancelled first (they end with "the server is shutting down"), so that their
+            # responses end and uvicorn's wait for open connections is short
+            if self.worker is not None:
+                await asyncio.to_thread(self.worker.stop)
+            await super().shutdown(sockets)
+            if not self.force_exit:
+                return
+            # a second Ctrl-C sets force_exit: uvicorn then neither waits for the responses that are ending nor runs
+            # the app's shutdown, and both are cancelled later and logged as errors with tracebacks. Give the
+            # responses a moment (bounded) and run the app's shutdown anyway.
+            tasks = [t for t in self.server_state.tasks if not t.done()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=2)
+            done = getattr(self.lifespan, "shutdown_event", None)
+            if done is not None and not done.is_set():
+                await self.lifespan.shutdown()
 
     return Server
 
@@ -197,7 +218,7 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
                     "(pass api_key / --api-key)", host)
     app = create_app(llm, api_key=api_key, **app_options)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
-    worker = app.state.specllm.worker
+    worker = server.worker = app.state.specllm.worker
     worker.on_load_error = lambda e: setattr(server, "should_exit", True)
     server.run()
     if worker.load_error is not None:

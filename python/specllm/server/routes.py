@@ -16,7 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
 from . import protocol as p
 from .errors import APIError
-from .worker import Job, QueueFull
+from .worker import Job, QueueFull, ServerStopping
 
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
@@ -114,6 +114,8 @@ def _submit(request: Request, tokens, opts) -> Job:
     except QueueFull:
         raise APIError(429, f"the server is busy: {state.max_queue} requests are already waiting; retry later",
                        "rate_limit_error", None, "queue_full", headers={"Retry-After": "2"}) from None
+    except ServerStopping as e:
+        raise _generation_error(e) from None
     return job
 
 
@@ -126,6 +128,8 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
 
 
 def _generation_error(e: BaseException) -> APIError:
+    if isinstance(e, ServerStopping):
+        return APIError(503, str(e), "server_error", None, "server_shutting_down")
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), "invalid_request_error", None, "context_length_exceeded")
     if isinstance(e, (InvalidOptionError, TypeError)):

@@ -26,6 +26,13 @@ class QueueFull(Exception):
     pass
 
 
+class ServerStopping(Exception):
+    """The server is shutting down: queued and running requests end with this error, new ones are refused."""
+
+    def __init__(self):
+        super().__init__("the server is shutting down; the request was cancelled (retry once it is back)")
+
+
 class Job:
     def __init__(self, tokens: List[int], options: dict, loop: asyncio.AbstractEventLoop, metrics: Metrics):
         self.tokens = tokens
@@ -97,6 +104,7 @@ class Worker:
         self._waiting: collections.deque = collections.deque()  # Jobs, and None to stop the thread
         self._cond = threading.Condition()
         self._running: Optional[Job] = None
+        self._stopping = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="specllm-worker", daemon=True)
         self._ready = threading.Event()
@@ -119,6 +127,8 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            if self._stopping:
+                raise ServerStopping()
             live = self._live()
             if live >= self.max_queue:
                 raise QueueFull
@@ -127,17 +137,21 @@ class Worker:
         self.metrics.queue_depth.set(live + 1)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what is queued and running, and end the thread (bounded wait)."""
+        """Cancel what is queued and running (each ends with ServerStopping), refuse new jobs, and end the thread
+        (bounded wait). Called again, it only waits."""
         with self._cond:
+            self._stopping = True
             dropped = [j for j in self._waiting if j is not None]
             self._waiting.clear()
             self._waiting.append(None)
             self._cond.notify()
         for job in dropped:
+            job.post("error", ServerStopping())
             job.cancel()
             job.post("end")
         with self._lock:
-            if self._running is not None:
+            if self._running is not None and not self._running.cancelled:
+                self._running.post("error", ServerStopping())
                 self._running.cancel()
         if self._thread.is_alive():
             self._thread.join(timeout)
