@@ -627,3 +627,39 @@ def test_replayed_answers_come_from_the_run_s_own_prompts_and_the_system_asked_f
     assert task == "qa" and prompt == [ord(c) for c in second.turns[0]] and answer == [ord(c) for c in "plain answer"]
     (_, _, answer), = plain_answers(Vocab(), run, system="hybrid")
     assert answer == [ord(c) for c in "hybrid answer"]
+
+
+def test_steps_groups_by_draft_length_with_gain_over_plain_steps():
+    from bench.steps import Step, by_k
+
+    g = by_k([Step(0, 0, 1, 50), Step(0, 0, 1, 60), Step(3, 3, 4, 110), Step(3, 1, 2, 110), Step(1, 0, 1, 80)])
+    assert list(g) == [0, 1, 3]
+    assert g[0]["steps"] == 2 and g[0]["ms"] == 55 and g[0]["gain"] == pytest.approx(1.0)
+    assert g[3]["accepted"] == 2 and g[3]["emitted"] == 3 and g[3]["gain"] == pytest.approx(3 / (110 / 55))
+    assert g[1]["gain"] == pytest.approx(1 / (80 / 55))
+    assert by_k([Step(2, 2, 3, 100)])[2]["gain"] is None  # no plain step to compare with
+
+
+def test_steps_on_tiny_models(capsys):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    import specllm
+    from bench import steps
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    llm = specllm.LLM(paths["target"], draft="ngram", n_threads=1, n_ctx=1024)
+    prompt = llm.apply_chat_template([{"role": "user", "content": "the cat sat on the mat, the cat sat on the mat"}])
+    text, st = steps.run_steps(llm, prompt, 16)
+    llm.reset()
+    assert text == llm.generate(prompt, max_tokens=16, temperature=0).text
+    assert st and all(0 <= s.accepted <= s.k and s.emitted >= 1 and s.ms > 0 for s in st)
+    rc = steps.main(["fresh-qa-3", "json-records", "--max-tokens", "8", "--threads", "1", "--target", paths["target"],
+                     "--draft", paths["draft"], "--from-request", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "fresh-qa-3 request 1:" in out and "json-records request 2:" in out
+    counted = sum(int(line.split(": ")[1].split(" steps")[0]) for line in out.splitlines()
+                  if line.startswith("json-records request ") and not line.startswith("json-records request 1:"))
+    table = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert table and sum(int(row.split("|")[2]) for row in table) == counted
+    with pytest.raises(SystemExit):
+        steps.main(["no-such-prompt"])
