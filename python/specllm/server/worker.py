@@ -46,12 +46,15 @@ class Job:
         self._stream = None
         self.cancelled = False
 
-    def cancel(self) -> None:
-        """From any thread: a queued job will be skipped, a running one stops within one step."""
+    def cancel(self, error: Optional[Exception] = None) -> None:
+        """From any thread: a queued job will be skipped, a running one stops within one step. error (once, if
+        not cancelled already): what the request's handler is told, before the chunks still on their way."""
         with self._lock:
             if self.cancelled:
                 return
             self.cancelled = True
+            if error is not None:
+                self.post("error", error)
             if self.t_start is None:
                 self._metrics.cancelled.labels(stage="queued").inc()
             elif self._stream is not None:
@@ -146,13 +149,11 @@ class Worker:
             self._waiting.append(None)
             self._cond.notify()
         for job in dropped:
-            job.post("error", ServerStopping())
-            job.cancel()
+            job.cancel(ServerStopping())
             job.post("end")
         with self._lock:
-            if self._running is not None and not self._running.cancelled:
-                self._running.post("error", ServerStopping())
-                self._running.cancel()
+            if self._running is not None:
+                self._running.cancel(ServerStopping())
         if self._thread.is_alive():
             self._thread.join(timeout)
 
