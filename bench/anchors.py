@@ -108,6 +108,12 @@ def run_tool(cmd: list[str], timeout: float = 1800) -> tuple[str, str]:
     return stdout, stderr
 
 
+def _pause(seconds: float) -> None:
+    """run_parsed's wait between attempts (a test replaces it; patching time.sleep would also catch subprocess's
+    own polling waits)."""
+    time.sleep(seconds)
+
+
 def run_parsed(cmd: list[str], parse, *args, attempts: int = 6, pause: float = 0.5, **kwargs) -> dict:
     """run_tool, then parse(stdout, stderr, *args); a run whose output lacks a line the parser needs is repeated.
     llama.cpp logs from a background thread and leaks its logger on purpose (common/log.cpp, common_log_main), so a
@@ -121,7 +127,7 @@ def run_parsed(cmd: list[str], parse, *args, attempts: int = 6, pause: float = 0
         except ValueError:
             if attempt == attempts - 1:
                 raise
-            time.sleep(pause * 2 ** attempt)
+            _pause(pause * 2 ** attempt)
 
 
 def _find(pattern: str, text: str, what: str) -> re.Match:

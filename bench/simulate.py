@@ -22,16 +22,22 @@ from bench.oracle import verify_ms
 
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
-             k_limit: int):
-    """-> (ms, plain ms, drafted, accepted, steps)"""
+             k_limit: int, memory: list[int] = ()):
+    """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
+    outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
+    memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
+    text's (one index over both picks the same occurrence; ties go to the text, the newer)."""
     index.clear()
-    index.extend(prompt)
-    i = ms = drafted = accepted = steps = 0
+    index.extend(list(memory) + list(prompt))
+    n_mem = len(memory)
+    i = ms = drafted = accepted = steps = mem_steps = 0
     while i < len(answer):
         length, ambiguous, source = index.match()
-        doubtful = doubt and (ambiguous or source >= len(prompt))
+        from_memory = length > 0 and source < n_mem
+        doubtful = doubt and not from_memory and (ambiguous or source >= n_mem + len(prompt))
         k_max = min(k_limit, len(answer) - i - 1)
-        k = policy.choose(k_max, False, True, length, 1, doubtful)[0] if k_max > 0 and length > 0 else 0
+        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory)[0]
+             if k_max > 0 and length > 0 else 0)
         run, proposal = 0, []
         if k > 0:
             _, proposal = index.lookup(k)
@@ -43,14 +49,79 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
             _, first = index.lookup(1)
-            policy.observe_shadow(length, doubtful, first[0] == answer[i])
+            policy.observe_shadow(length, doubtful, first[0] == answer[i], from_memory)
         ms += cost
+        mem_steps += bool(proposal) and from_memory
         drafted += len(proposal)
         accepted += run
         steps += 1
         index.extend(answer[i:i + run + 1])
         i += run + 1
-    return ms, len(answer) * costs[0], drafted, accepted, steps
+    return ms, len(answer) * costs[0], drafted, accepted, steps, mem_steps
+
+
+def sequence_answers(llm, run: dict, system: str = "plain"):
+    """(sequence id, request index, prompt tokens, answer tokens) of a bench.multicall run's answers of `system`
+    (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies."""
+    from bench import multicall
+
+    seqs = {s.id: s for s in multicall.load_sequences(ids=run["meta"]["sequences"])}
+    for sid in run["meta"]["sequences"]:
+        recs = sorted((r for r in run["records"] if r["system"] == system and r["sequence"] == sid and
+                       r.get("rep", 0) == 0), key=lambda r: r["request"])
+        history: list = []
+        for r in recs:
+            request = seqs[sid].requests[r["request"]]
+            text = llm.apply_chat_template(seqs[sid].messages(history, request), add_generation_prompt=True)
+            history += [{"role": "user", "content": request}, {"role": "assistant", "content": r["text"]}]
+            answer = llm.tokenize(r["text"], add_special=False)
+            if answer:
+                yield sid, r["request"], llm.tokenize(text), answer
+
+
+def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, memory_on: bool, k_limit: int,
+                       carry_over: dict) -> dict:
+    """Replay multi-call sequences with one policy carried through all of them (as one LLM in bench.multicall)
+    and, with memory_on, a drafting memory of the sequence's earlier answers. -> {sequence: [(request, policy
+    speedup, oracle speedup, memory steps, steps)]}"""
+    from bench.oracle import replay
+
+    out: dict = {}
+    memory: list[int] = []
+    for sid, request, prompt, answer in answers:
+        if sid not in out:
+            memory = []  # bench.multicall clears the memory at the start of each sequence (the policy stays)
+            out[sid] = []
+        mem = memory if memory_on else []
+        policy.new_generation(**carry_over)
+        ms, plain_ms, _, _, steps, mem_steps = simulate(policy, index, prompt, answer, costs, chunk, True, k_limit,
+                                                        mem)
+        oms, oplain, _ = replay(index, mem + prompt, answer, costs, chunk, k_limit)
+        out[sid].append((request, plain_ms / ms, oplain / oms, mem_steps, steps))
+        memory = memory + answer + [-1]
+    return out
+
+
+def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str) -> int:
+    from specllm import _core
+
+    answers = list(sequence_answers(llm, run, answers_of))
+    print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for memory_on in (False, True):
+        policy = _core.AutoPolicy()
+        policy.set_verify_costs(costs)
+        policy.set_verify_rows(chunk)
+        rows = simulate_sequences(policy, _core.NgramIndex(2, 4), answers, costs, chunk, memory_on,
+                                  _core.AutoPolicy.n_max, carry_over)
+        every = [row for v in rows.values() for row in v]
+        for sid, v in list(rows.items()) + [("all", every)]:
+            def med(col, late):
+                xs = [row[col] for row in v if (row[0] >= 2) == late]
+                return f"{statistics.median(xs):.2f}" if xs else "–"
+            print(f"| {sid} | {'on' if memory_on else 'off'} | {med(1, False)} | {med(1, True)} | {med(2, False)} | "
+                  f"{med(2, True)} | {sum(r[3] for r in v)} / {sum(r[4] for r in v)} |")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -84,6 +155,12 @@ def main(argv=None) -> int:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
                               exact=not args.fast)
+        if "sequence" in run["records"][0]:  # a bench.multicall run
+            costs = list(llm._engine.verify_costs())
+            chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
+            carry_over = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
+            print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])} ms; verify chunks of {chunk} rows")
+            return main_sequences(run, llm, costs, chunk, carry_over, args.answers)
         for task, prompt, answer in plain_answers(llm, run, seen, args.answers):
             answers.setdefault(task, []).append((prompt, answer))
     costs = list(llm._engine.verify_costs())
@@ -103,7 +180,7 @@ def main(argv=None) -> int:
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
-            ms, plain_ms, d, a, s = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
+            ms, plain_ms, d, a, s, _ = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                              _core.AutoPolicy.n_max)
             sims.append(plain_ms / ms)
             oms, oplain, _ = replay(index, prompt, answer, costs, chunk, _core.AutoPolicy.n_max)

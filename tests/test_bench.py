@@ -127,7 +127,7 @@ def test_a_run_that_lost_its_last_log_lines_is_repeated_after_a_pause(tmp_path, 
     stdout = "\n\n" + QA_PROMPT + "answer"
     cmd = [sys.executable, "-c", f"import sys; sys.stdout.write({stdout!r}); " + script, str(count)]
     pauses = []
-    monkeypatch.setattr(anchors.time, "sleep", pauses.append)
+    monkeypatch.setattr(anchors, "_pause", pauses.append)  # not time.sleep: subprocess polls with it
     p = anchors.run_parsed(cmd, anchors.parse_speculative, QA_PROMPT, max_tokens=8)
     assert p["text"] == "answer" and count.read_text() == "4"
     assert pauses == [0.5, 1.0, 2.0]
@@ -437,14 +437,36 @@ def test_simulate_replays_answers_through_the_policy():
     policy.set_verify_costs(costs)
     policy.set_verify_rows(7)
     index = _core.NgramIndex(2, 4)
-    ms, plain_ms, drafted, accepted, steps = simulate(policy, index, prompt, [7, 8] + copy, costs, 7, True, 48)
+    ms, plain_ms, drafted, accepted, steps, mem_steps = simulate(policy, index, prompt, [7, 8] + copy, costs, 7, True,
+                                                                 48)
+    assert mem_steps == 0  # no memory given
     assert plain_ms == 202 * 58.0
     assert accepted <= drafted and steps + accepted == 202  # every step emits its accepted drafts + one token
     assert ms < plain_ms / 1.2, (ms, plain_ms, drafted, accepted, steps)  # a verbatim copy pays
     # an answer that never repeats anything: plain steps only, no loss
-    ms, plain_ms, drafted, _, steps = simulate(_core.AutoPolicy(), index, prompt, list(range(1000, 1100)), costs, 7,
-                                               True, 48)
+    ms, plain_ms, drafted, _, steps, _ = simulate(_core.AutoPolicy(), index, prompt, list(range(1000, 1100)), costs,
+                                                  7, True, 48)
     assert drafted == 0 and steps == 100 and ms == plain_ms
+
+
+def test_simulated_sequences_draft_a_repeated_answer_from_the_memory_only_when_it_is_on():
+    from bench.simulate import simulate_sequences
+    from specllm import _core
+
+    costs = [50.0, 60, 70, 80] + [80 + 10.0 * n for n in range(1, 46)]  # GPU-like: long drafts are cheap
+    record = list(range(500, 560))  # every request's answer repeats the first one's 60 tokens
+    answers = [("seq", i, [1, 2, 3, 4 + i], record) for i in range(4)]  # prompts share nothing with the answer
+    rows = {}
+    for memory_on in (False, True):
+        policy = _core.AutoPolicy()
+        policy.set_verify_costs(costs)
+        out = simulate_sequences(policy, _core.NgramIndex(2, 4), answers, costs, 49, memory_on, 48, {})
+        rows[memory_on] = out["seq"]
+    assert [r[0] for r in rows[True]] == [0, 1, 2, 3]
+    assert all(r[3] == 0 for r in rows[False]) and rows[True][0][3] == 0  # nothing to remember yet
+    assert all(r[3] > 0 for r in rows[True][1:])  # later requests draft from the memory ...
+    assert rows[True][3][1] > 1.5 > rows[False][3][1]  # ... and it pays; without it the answer is new text
+    assert rows[True][3][2] >= rows[True][3][1]  # the oracle is an upper bound of the policy
 
 
 def test_repeated_rounds_pair_within_a_round_and_take_the_median_per_prompt():
