@@ -124,6 +124,9 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     return 0
 
 
+CARRY_OVER = ("carry", "keep", "text_carry", "text_keep")  # AutoPolicy.new_generation's arguments
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", help="bench/results/*.json of runs that include the plain system")
@@ -132,9 +135,16 @@ def main(argv=None) -> int:
     p.add_argument("--one-policy", action="store_true",
                    help="one policy for all tasks in order (as one LLM object serves them in a bench run)")
     p.add_argument("--carry", type=int, default=None,
-                   help="observations per source and position a new prompt carries over (default: the engine's)")
+                   help="observations per source and position a new prompt carries over, for the drafting memory's "
+                        "sources (default: the engine's)")
     p.add_argument("--keep", type=float, default=None,
-                   help="share of what was learned (over the prior) a new prompt keeps (default: the engine's)")
+                   help="share of what was learned (over the prior) a new prompt keeps, for the memory's sources "
+                        "(default: the engine's)")
+    p.add_argument("--text-carry", type=int, default=None, help="--carry for the n-gram sources over the text "
+                                                                 "(default: the engine's, 0)")
+    p.add_argument("--text-keep", type=float, default=None, help="--keep for the n-gram sources over the text "
+                                                                  "(default: the engine's, 0: a new prompt starts from "
+                                                                  "the priors)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
@@ -158,7 +168,7 @@ def main(argv=None) -> int:
         if "sequence" in run["records"][0]:  # a bench.multicall run
             costs = list(llm._engine.verify_costs())
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
-            carry_over = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
+            carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])} ms; verify chunks of {chunk} rows")
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers)
         for task, prompt, answer in plain_answers(llm, run, seen, args.answers):
@@ -170,7 +180,7 @@ def main(argv=None) -> int:
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
-    carry_over = {k: v for k, v in (("carry", args.carry), ("keep", args.keep)) if v is not None}
+    carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
     policy = None
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:

@@ -685,3 +685,23 @@ def test_steps_on_tiny_models(capsys):
     assert table and sum(int(row.split("|")[2]) for row in table) == counted
     with pytest.raises(SystemExit):
         steps.main(["no-such-prompt"])
+
+
+def test_calibrate_counts_how_often_each_source_proposes_the_next_token():
+    from bench.calibrate import tally
+    from specllm import _core
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    # "1 2" then a wrong guess (the prompt says 3), then "5 6 7 8" copied: the 2-token key "5 6" proposes 7 8
+    answer = [1, 2, 9, 5, 6, 7, 8]
+    pos0, deeper = {}, {}
+    tally(_core.NgramIndex(2, 4), prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, "t")
+    clean_short = _core.AutoPolicy.source_of(True, 2)
+    # positions with a match: after "1 2" (proposes 3: wrong) and "9 5 6" (7: right), both 2-token matches; after
+    # "9 5 6 7" (8: right), a 3-token one
+    assert sum(n for k, (_, n) in pos0.items() if not isinstance(k, tuple)) == 3
+    right = sum(r for k, (r, _) in pos0.items() if not isinstance(k, tuple))
+    assert right == 2
+    assert pos0[clean_short] == [1, 2] and pos0[(clean_short, "t")] == [1, 2]
+    assert pos0[_core.AutoPolicy.source_of(True, 3)] == [1, 1]
+    assert sum(n for _, n in deeper.values()) >= 1  # along the right proposal "7 8": its second token was seen

@@ -224,35 +224,80 @@ def test_doubtful_matches_are_a_source_of_their_own():
 
 
 def test_a_new_generation_weighs_its_own_outcomes_more():
-    # 200 first tokens right (shadow observations of clean 10-token matches), then a new prompt where they are
-    # wrong: after new_generation() the old record counts as a few observations and the estimate drops
-    # quickly; without it the EMA creeps
-    src = _core.AutoPolicy.source_of(True, 10)
-    kept, fresh = _core.AutoPolicy(), _core.AutoPolicy()
-    for p in (kept, fresh):
-        for _ in range(200):
-            p.observe_shadow(10, False, True)
-    fresh.new_generation()
-    for p in (kept, fresh):
-        for _ in range(3):
-            p.observe_shadow(10, False, False)
-    assert fresh.acceptance(src)[0] < 0.65 < 0.8 < kept.acceptance(src)[0]
+    # 200 first tokens right (shadow observations of 10-token matches), then a new prompt where they are wrong: after
+    # new_generation() the old record counts as a few observations (the memory's sources; the text's start from
+    # their priors) and the estimate drops quickly; without it the EMA creeps
+    for memory in (False, True):
+        src = _core.AutoPolicy.source_of(True, 10, memory=memory)
+        kept, fresh = _core.AutoPolicy(), _core.AutoPolicy()
+        for p in (kept, fresh):
+            for _ in range(200):
+                p.observe_shadow(10, False, True, memory)
+        fresh.new_generation()
+        for p in (kept, fresh):
+            for _ in range(3):
+                p.observe_shadow(10, False, False, memory)
+        assert fresh.acceptance(src)[0] < 0.65 < 0.8 < kept.acceptance(src)[0]
 
 
-def test_a_new_generation_moves_ngram_estimates_back_toward_their_priors():
-    src = _core.AutoPolicy.source_of(True, 5)  # clean 4-7 token matches, prior 0.7
+def test_a_new_prompt_starts_the_texts_sources_from_their_priors_and_keeps_the_memorys_and_the_models():
+    text, memory = _core.AutoPolicy.source_of(True, 5), _core.AutoPolicy.source_of(True, 5, memory=True)
     p = _core.AutoPolicy()
-    prior = p.acceptance(src)[0]
+    prior_text, prior_memory = p.acceptance(text)[0], p.acceptance(memory)[0]  # 0.7 and 0.5 (4-7 token matches)
     for _ in range(200):
         p.observe_shadow(5, False, True)
+        p.observe_shadow(5, False, True, True)
         p.update(3, 3, False)  # the draft model: every draft accepted
-    learned, model = p.acceptance(src)[0], p.acceptance(0)[0]
-    assert learned > 0.95 and model > 0.95
+    learned_text, learned_memory, model = p.acceptance(text)[0], p.acceptance(memory)[0], p.acceptance(0)[0]
+    assert min(learned_text, learned_memory, model) > 0.95
     p.new_generation(keep=0.75)
-    assert p.acceptance(src)[0] == pytest.approx(prior + 0.75 * (learned - prior))
+    assert p.acceptance(text) == [prior_text] * _core.AutoPolicy.n_max  # what one text copied says nothing of the next
+    assert p.acceptance(memory)[0] == pytest.approx(prior_memory + 0.75 * (learned_memory - prior_memory))
     assert p.acceptance(0)[0] == model  # the draft model's acceptance belongs to the model pair, not the text
     p.new_generation(keep=1.0)
-    assert p.acceptance(src)[0] == pytest.approx(prior + 0.75 * (learned - prior))
+    assert p.acceptance(memory)[0] == pytest.approx(prior_memory + 0.75 * (learned_memory - prior_memory))
+    # text_keep carries the text's estimates over as the memory's (bench.simulate --text-keep)
+    for _ in range(200):
+        p.observe_shadow(5, False, True)
+    learned_text = p.acceptance(text)[0]
+    p.new_generation(text_keep=0.5)
+    assert p.acceptance(text)[0] == pytest.approx(prior_text + 0.5 * (learned_text - prior_text))
+
+
+def test_a_prompt_is_drafted_alike_whatever_prompts_came_before_it():
+    # the same answer replayed after different histories drafts the same steps (the text's sources start afresh)
+    from bench.simulate import simulate
+
+    costs = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    prompt = list(range(100, 300))
+    answer = [7, 8] + prompt[:60] + list(range(900, 940)) + prompt[100:150]
+    copy_heavy = (prompt, prompt[:150])                                  # every draft accepted
+    misleading = (prompt, [p + (1 if i % 3 == 2 else 0) for i, p in enumerate(prompt[:150])])  # 1 in 3 wrong
+    results = []
+    for history in ([], [copy_heavy] * 3, [misleading] * 3):
+        policy = _core.AutoPolicy()
+        policy.set_verify_costs(costs)
+        policy.set_verify_rows(7)
+        index = _core.NgramIndex(2, 4)
+        for hp, ha in history:
+            policy.new_generation()
+            simulate(policy, index, hp, ha, costs, 7, True, 48)
+        policy.new_generation()
+        results.append(simulate(policy, index, prompt, answer, costs, 7, True, 48))
+    assert results[0] == results[1] == results[2]
+    # the check can fail: with the text's estimates carried over, the histories draft the answer differently
+    carried = []
+    for history in ([copy_heavy] * 3, [misleading] * 3):
+        policy = _core.AutoPolicy()
+        policy.set_verify_costs(costs)
+        policy.set_verify_rows(7)
+        index = _core.NgramIndex(2, 4)
+        for hp, ha in history:
+            policy.new_generation(text_carry=4, text_keep=0.75)
+            simulate(policy, index, hp, ha, costs, 7, True, 48)
+        policy.new_generation(text_carry=4, text_keep=0.75)
+        carried.append(simulate(policy, index, prompt, answer, costs, 7, True, 48))
+    assert carried[0] != carried[1]
 
 
 def test_a_draft_model_pays_with_its_estimated_acceptance_or_is_left_out():

@@ -16,10 +16,13 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-// by match bucket, clean, doubtful, then memory (measured on greedy answers of the bench prompts: the first token of
-// a doubtful proposal is right 0.3-0.9 as often as a clean one of the same length; memory: as doubtful, a guess)
-constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.3, 0.5, 0.7, 0.8, 0.9, 0.2, 0.3, 0.5, 0.6, 0.7,
-                                                                 0.2, 0.3, 0.5, 0.6, 0.7};
+// by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
+// sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
+// was the answer's, over the plain answers of the dev set's runs (bench/results default-vs-fixed-k,
+// copy-heavy-12-prompts, never-slower-*: 56 prompts, 3,300 positions with a match). Memory: a guess, as before
+constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.73, 0.81, 0.89, 0.94, 0.98,  // clean
+                                                                 0.40, 0.50, 0.50, 0.81, 0.94,  // doubtful
+                                                                 0.2, 0.3, 0.5, 0.6, 0.7};      // memory
 } // namespace
 
 AutoPolicy::AutoPolicy() {
@@ -39,18 +42,23 @@ double AutoPolicy::learn_rate(int s, int j) {
     return std::max(ema_alpha, 1.0 / (n + 1));
 }
 
-void AutoPolicy::new_generation(int carry, double keep) {
-    // an app (or a bench) that goes from code edits to RAG questions must not draft the RAG answers with the
-    // confidence of the code edits: the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA,
-    // and the n-gram estimates start from `keep` of the way between their prior and what was learned
+void AutoPolicy::new_generation(int carry, double keep, int text_carry, double text_keep) {
+    // the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA, and the n-gram estimates start from
+    // `keep` of the way between their prior and what was learned
     keep = std::min(1.0, std::max(0.0, keep));
+    text_keep = std::min(1.0, std::max(0.0, text_keep));
     for (int s = 0; s < n_sources; ++s) {
+        const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
         for (int j = 0; j < n_max; ++j) {
-            n_obs_[s][j] = std::min(n_obs_[s][j], std::max(0, carry));
+            n_obs_[s][j] = std::min(n_obs_[s][j], std::max(0, text ? text_carry : carry));
             if (s != 0) {
                 const double prior = alpha_prior_ngram[s - 1];
-                alpha_[s][j] = prior + keep * (alpha_[s][j] - prior);
+                alpha_[s][j] = prior + (text ? text_keep : keep) * (alpha_[s][j] - prior);
             }
+        }
+        if (text) {
+            since_tried_[s] = 0;
+            explore_after_[s] = explore_first;
         }
     }
 }

@@ -41,12 +41,17 @@ class AutoPolicy : public DraftPolicy {
     void set_k_limit(int k) { k_limit_ = k; }
     void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
 
-    // a new prompt: what was learned on earlier ones stays, but as a prior worth at most `carry` observations
-    // per source and position, so that this prompt's first outcomes move the estimates quickly; the n-gram
-    // estimates also move back toward their fixed priors, keeping `keep` of what was learned (replayed bench
-    // answers, bench.simulate --one-policy: 0.75 stops qa answers that follow summaries from drafting short
-    // matches with the summaries' confidence, qa 0.97 -> 1.00, and leaves the copy-heavy tasks within 0.01)
-    void new_generation(int carry = default_carry, double keep = default_keep);
+    // a new prompt. The n-gram sources over the text start again from their priors (and from their first
+    // exploration): what one text copied says little about the next, and carrying it over made a prompt's speed
+    // depend on the prompts before it -- replaying the fresh set's answers in five orders (bench.simulate --orders 5
+    // on bench/results/fresh-lockstep-8), a prompt's speed-up moved by up to 0.36 (0.03 median) when they kept 0.75
+    // of it; now not at all, with the priors measured (bench.calibrate) the mean is 0.4% higher there and on the dev
+    // set. The drafting memory's sources and the draft model keep what was learned -- the memory exists to carry
+    // earlier requests over, and a model pair's acceptance belongs to the pair -- as a prior worth at most `carry`
+    // observations per source and position; the memory's estimates move back toward their priors, keeping `keep`.
+    // text_carry and text_keep do the same for the text's sources (bench.simulate --text-carry / --text-keep)
+    void new_generation(int carry = default_carry, double keep = default_keep, int text_carry = 0,
+                        double text_keep = 0.0);
     static constexpr int default_carry = 4;
     static constexpr double default_keep = 0.75;
 

@@ -1,0 +1,82 @@
+"""How often an n-gram proposal is right, per source of the "auto" policy: the priors a new prompt starts from.
+
+    python -m bench.calibrate bench/results/default-vs-fixed-k/2026-11-23-vm.json \\
+        bench/results/copy-heavy-12-prompts/2026-11-23-vm.json bench/results/never-slower-*/2026-11-23-vm.json
+
+Replays each plain (greedy) first-turn answer of the runs through specllm's n-gram index. At every position where
+the text so far has a match, the match's source (its length bucket; clean, or doubtful: an ambiguous key or a copy
+from the answer itself) gets one observation: was the proposal's next token the answer's? ("pos 0"), and, along the
+proposal while it stays right, were its later tokens ("deeper")? Prints the rates per source, overall and per task.
+Use the dev set's runs: the fresh set is for checking, not tuning.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+
+from bench.oracle import plain_answers
+
+NAMES = ["clean 1-2", "clean 3", "clean 4-7", "clean 8-15", "clean 16+",
+         "doubtful 1-2", "doubtful 3", "doubtful 4-7", "doubtful 8-15", "doubtful 16+"]
+
+
+def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, deeper: dict, task: str = "") -> None:
+    """Add one answer's observations: pos0[source] / deeper[source] / pos0[(source, task)] = [right, seen]."""
+    index.clear()
+    index.extend(prompt)
+    for i, token in enumerate(answer):
+        length, ambiguous, source = index.match()
+        if length > 0:
+            s = source_of(True, length, ambiguous or source >= len(prompt))
+            _, proposal = index.lookup(8)
+            for key in (s, (s, task)):
+                pos0.setdefault(key, [0, 0])
+                pos0[key][0] += proposal[0] == token
+                pos0[key][1] += 1
+            deeper.setdefault(s, [0, 0])
+            for j in range(1, len(proposal)):
+                if i + j >= len(answer) or proposal[j - 1] != answer[i + j - 1]:
+                    break
+                deeper[s][0] += proposal[j] == answer[i + j]
+                deeper[s][1] += 1
+        index.push(token)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="+", help="bench/results/*.json of runs that include the plain system")
+    args = p.parse_args(argv)
+
+    import specllm
+    from specllm import _core
+
+    runs = []
+    for path in args.results:
+        with open(path) as f:
+            runs.append(json.load(f))
+    llm = specllm.LLM(runs[0]["meta"]["target"], draft=None, n_ctx=runs[0]["meta"].get("ctx", 4096))
+    pos0: dict = {}
+    deeper: dict = {}
+    seen: set = set()
+    index = _core.NgramIndex(2, 4)
+    n_prompts = 0
+    for run in runs:
+        for task, prompt, answer in plain_answers(llm, run, seen):
+            tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, task)
+            n_prompts += 1
+    tasks = sorted({k[1] for k in pos0 if isinstance(k, tuple)})
+    print(f"{n_prompts} answers")
+    print("| source | pos 0 | seen | deeper | seen | " + " | ".join(tasks) + " |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * len(tasks))
+    for s, name in enumerate(NAMES, start=1):
+        a, n = pos0.get(s, [0, 0])
+        da, dn = deeper.get(s, [0, 0])
+        cells = [f"{pos0[(s, t)][0] / pos0[(s, t)][1]:.2f} ({pos0[(s, t)][1]})" if (s, t) in pos0 else "–" for t in tasks]
+        print(f"| {name} | {a / max(n, 1):.2f} | {n} | {da / max(dn, 1):.2f} | {dn} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
