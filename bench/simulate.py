@@ -125,6 +125,54 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
 
 
 CARRY_OVER = ("carry", "keep", "text_carry", "text_keep")  # AutoPolicy.new_generation's arguments
+ROUNDS = 3  # --orders replays a prompt this many times in a row, as bench.run --repeat 3 runs it
+
+
+def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n_orders: int, doubt: bool = True,
+                 seed: int = 1) -> dict:
+    """How much a prompt's speed-up depends on the prompts before it: every (task, prompt, answer) of `flat` replayed
+    through ONE policy (as one LLM serves them) in the given order and in n_orders - 1 shuffled ones, each prompt
+    ROUNDS times in a row (its speed-up: the median of its rounds). -> {"spread": per prompt, max - min over the
+    orders; "speedup": per prompt, the median over the orders; "task": per prompt, its task}"""
+    import random
+
+    from specllm import _core
+
+    rng = random.Random(seed)
+    ids = list(range(len(flat)))
+    orders = [ids] + [rng.sample(ids, len(ids)) for _ in range(n_orders - 1)]
+    index = _core.NgramIndex(2, 4)
+    by_order = []
+    for order in orders:
+        policy = _core.AutoPolicy()
+        policy.set_verify_costs(costs)
+        policy.set_verify_rows(chunk)
+        got = {}
+        for i in order:
+            _, prompt, answer = flat[i]
+            rounds = []
+            for _ in range(ROUNDS):
+                policy.new_generation(**carry_over)
+                ms, plain_ms, *_ = simulate(policy, index, prompt, answer, costs, chunk, doubt, _core.AutoPolicy.n_max)
+                rounds.append(plain_ms / ms)
+            got[i] = statistics.median(rounds)
+        by_order.append(got)
+    return {"spread": [max(o[i] for o in by_order) - min(o[i] for o in by_order) for i in ids],
+            "speedup": [statistics.median(o[i] for o in by_order) for i in ids], "task": [t for t, _, _ in flat]}
+
+
+def print_order_spread(r: dict, n_orders: int) -> None:
+    spread = sorted(r["spread"])
+    n = len(spread)
+    print(f"{n_orders} orders, {n} prompts: a prompt's speed-up moves by {statistics.median(spread):.3f} (median), "
+          f"{spread[int(0.9 * (n - 1))]:.3f} (p90), {spread[-1]:.3f} (max); {sum(x <= 0.05 for x in spread)} of {n} "
+          f"within 0.05")
+    print("| task | prompts | speed-up (median over prompts of the median over orders) |")
+    print("|---|---:|---:|")
+    for task in dict.fromkeys(r["task"]):
+        mine = [x for x, t in zip(r["speedup"], r["task"]) if t == task]
+        print(f"| {task} | {len(mine)} | {statistics.median(mine):.3f} |")
+    print(f"| all | {n} | {statistics.median(r['speedup']):.3f} |")
 
 
 def main(argv=None) -> int:
@@ -146,6 +194,9 @@ def main(argv=None) -> int:
                                                                   "(default: the engine's, 0: a new prompt starts from "
                                                                   "the priors)")
     p.add_argument("--fast", action="store_true", help="costs of exact=False (llama.cpp's batch kernels, one batch)")
+    p.add_argument("--orders", type=int, default=0,
+                   help="replay every prompt with one policy in the run's order and N-1 shuffled ones, each prompt "
+                        f"{ROUNDS} times in a row, and print how much a prompt's speed-up depends on the order")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -157,6 +208,7 @@ def main(argv=None) -> int:
 
     llm = None
     answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
+    flat: list = []  # (task, prompt tokens, answer tokens) in run order
     seen: set = set()
     for path in args.results:
         with open(path) as f:
@@ -173,14 +225,18 @@ def main(argv=None) -> int:
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers)
         for task, prompt, answer in plain_answers(llm, run, seen, args.answers):
             answers.setdefault(task, []).append((prompt, answer))
+            flat.append((task, prompt, answer))
     costs = list(llm._engine.verify_costs())
     chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
     print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, T(32) = {costs[31]:.0f} ms; "
           f"verify chunks of {chunk} rows")
+    carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
+    if args.orders > 0:
+        print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt), args.orders)
+        return 0
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
-    carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
     policy = None
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:

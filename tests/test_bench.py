@@ -705,3 +705,18 @@ def test_calibrate_counts_how_often_each_source_proposes_the_next_token():
     assert pos0[clean_short] == [1, 2] and pos0[(clean_short, "t")] == [1, 2]
     assert pos0[_core.AutoPolicy.source_of(True, 3)] == [1, 1]
     assert sum(n for _, n in deeper.values()) >= 1  # along the right proposal "7 8": its second token was seen
+
+
+def test_order_spread_measures_how_much_earlier_prompts_move_a_prompts_speedup():
+    from bench.simulate import order_spread
+
+    costs = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    prompt = list(range(100, 300))
+    flat = [("copy", prompt, prompt[:120]),                                                   # every draft right
+            ("wrong", prompt, [p + (i % 3 == 2) for i, p in enumerate(prompt[:120])]),          # 1 in 3 wrong
+            ("mixed", prompt, [7, 8] + prompt[:40] + list(range(900, 930)) + prompt[60:90])]
+    now = order_spread(flat, costs, 7, {}, 4)
+    assert now["spread"] == [0.0, 0.0, 0.0] and now["task"] == ["copy", "wrong", "mixed"]
+    assert now["speedup"][0] > 1.2  # the copy pays
+    carried = order_spread(flat, costs, 7, {"text_carry": 4, "text_keep": 0.75}, 4)
+    assert max(carried["spread"]) > 0.0  # the check can fail: carried-over estimates make the order matter

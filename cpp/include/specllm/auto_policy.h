@@ -43,13 +43,13 @@ class AutoPolicy : public DraftPolicy {
 
     // a new prompt. The n-gram sources over the text start again from their priors (and from their first
     // exploration): what one text copied says little about the next, and carrying it over made a prompt's speed
-    // depend on the prompts before it -- replaying the fresh set's answers in five orders (bench.simulate --orders 5
-    // on bench/results/fresh-lockstep-8), a prompt's speed-up moved by up to 0.36 (0.03 median) when they kept 0.75
-    // of it; now not at all, with the priors measured (bench.calibrate) the mean is 0.4% higher there and on the dev
-    // set. The drafting memory's sources and the draft model keep what was learned -- the memory exists to carry
-    // earlier requests over, and a model pair's acceptance belongs to the pair -- as a prior worth at most `carry`
+    // depend on the prompts before it. Replaying the fresh set's 64 answers (bench/results/fresh-lockstep-8) in five
+    // orders (`bench.simulate --fast --orders 5`): now a prompt's speed-up does not move; keeping 0.75 of what was
+    // learned (--text-carry 4 --text-keep 0.75) it moves by up to 0.18 (p90 0.13) for a 1% higher mean, and with
+    // the priors of before (guesses, 0.2-0.9) by up to 0.36. The priors are measured (bench.calibrate). The
+    // drafting memory's sources and the draft model keep what was learned -- the memory exists to carry earlier
+    // requests over, and a model pair's acceptance belongs to the pair -- as a prior worth at most `carry`
     // observations per source and position; the memory's estimates move back toward their priors, keeping `keep`.
-    // text_carry and text_keep do the same for the text's sources (bench.simulate --text-carry / --text-keep)
     void new_generation(int carry = default_carry, double keep = default_keep, int text_carry = 0,
                         double text_keep = 0.0);
     static constexpr int default_carry = 4;
