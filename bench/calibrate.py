@@ -12,7 +12,6 @@ Use the dev set's runs: the fresh set is for checking, not tuning.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 

@@ -60,6 +60,16 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     return ms, len(answer) * costs[0], drafted, accepted, steps, mem_steps
 
 
+def new_policy(costs: list[float], chunk: int):
+    """An AutoPolicy costed as the engine's: the profile's T(n), verify chunks of `chunk` rows."""
+    from specllm import _core
+
+    policy = _core.AutoPolicy()
+    policy.set_verify_costs(costs)
+    policy.set_verify_rows(chunk)
+    return policy
+
+
 def sequence_answers(llm, run: dict, system: str = "plain"):
     """(sequence id, request index, prompt tokens, answer tokens) of a bench.multicall run's answers of `system`
     (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies."""
@@ -109,10 +119,7 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for memory_on in (False, True):
-        policy = _core.AutoPolicy()
-        policy.set_verify_costs(costs)
-        policy.set_verify_rows(chunk)
-        rows = simulate_sequences(policy, _core.NgramIndex(2, 4), answers, costs, chunk, memory_on,
+        rows = simulate_sequences(new_policy(costs, chunk), _core.NgramIndex(2, 4), answers, costs, chunk, memory_on,
                                   _core.AutoPolicy.n_max, carry_over)
         every = [row for v in rows.values() for row in v]
         for sid, v in list(rows.items()) + [("all", every)]:
@@ -144,9 +151,7 @@ def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n
     index = _core.NgramIndex(2, 4)
     by_order = []
     for order in orders:
-        policy = _core.AutoPolicy()
-        policy.set_verify_costs(costs)
-        policy.set_verify_rows(chunk)
+        policy = new_policy(costs, chunk)
         got = {}
         for i in order:
             _, prompt, answer = flat[i]
@@ -207,9 +212,9 @@ def main(argv=None) -> int:
     from bench.oracle import plain_answers, replay
 
     llm = None
-    answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
     flat: list = []  # (task, prompt tokens, answer tokens) in run order
     seen: set = set()
+    carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
     for path in args.results:
         with open(path) as f:
             run = json.load(f)
@@ -217,32 +222,26 @@ def main(argv=None) -> int:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
                               exact=not args.fast)
-        if "sequence" in run["records"][0]:  # a bench.multicall run
             costs = list(llm._engine.verify_costs())
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
-            carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
-            print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])} ms; verify chunks of {chunk} rows")
+            print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
+                  f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows")
+        if "sequence" in run["records"][0]:  # a bench.multicall run
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers)
-        for task, prompt, answer in plain_answers(llm, run, seen, args.answers):
-            answers.setdefault(task, []).append((prompt, answer))
-            flat.append((task, prompt, answer))
-    costs = list(llm._engine.verify_costs())
-    chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
-    print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, T(32) = {costs[31]:.0f} ms; "
-          f"verify chunks of {chunk} rows")
-    carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
+        flat.extend(plain_answers(llm, run, seen, args.answers))
     if args.orders > 0:
         print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt), args.orders)
         return 0
+    answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
+    for task, prompt, answer in flat:
+        answers.setdefault(task, []).append((prompt, answer))
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
     policy = None
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
-            policy = _core.AutoPolicy()
-            policy.set_verify_costs(costs)
-            policy.set_verify_rows(chunk)
+            policy = new_policy(costs, chunk)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
