@@ -323,3 +323,63 @@ def test_a_draft_model_pays_with_its_estimated_acceptance_or_is_left_out():
     cpu.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
     cpu.set_draft_token_cost(25.0)
     assert cpu.viable(0) and not cpu.pays(0)
+
+
+# this machine's fast-mode profile (2-core AMD EPYC, Qwen2.5-Coder 1.5B Q4_K_M): short batches dear, 16 rows cheap
+EPYC_COSTS = [26.0, 45, 60, 74, 92, 113, 118, 118, 0, 0, 0, 143, 0, 0, 0, 143, 0, 0, 0, 0, 0, 0, 0, 232, 0, 0, 0, 0,
+              0, 0, 0, 253]
+
+
+def run_text(policy, n_tokens, right, match=20, doubtful=False):
+    """Generate n_tokens with an n-gram match of `match` tokens at every step; right(i) says whether the proposal
+    for token i is the text's. -> (profiled ms, the k of every step)"""
+    costs = policy.verify_costs()
+    i = ms = 0
+    ks = []
+    while i < n_tokens:
+        k, _ = policy.choose(min(48, n_tokens - i - 1), False, True, match, 1, doubtful)
+        run = 0
+        while run < k and right(i + run):
+            run += 1
+        policy.update(k, run, k > 0, 0.02 * k, costs[k], 0, k + 1)
+        if k == 0:
+            policy.observe_shadow(match, doubtful, right(i))
+        ms += costs[k]
+        ks.append(k)
+        i += run + 1
+    return ms, ks
+
+
+@pytest.mark.parametrize("n_tokens", [13, 40, 96])
+def test_a_generation_loses_at_most_one_step_and_3_percent_to_drafts_that_all_fail(n_tokens):
+    # a long clean match (prior 0.98 at every position) whose proposals are all wrong -- a short answer that starts
+    # like the prompt and then says something else. Without the bound the first step drafts 15 tokens (16 rows cost
+    # 5.5 plain steps here) and a 13-token answer runs at 0.75x plain
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC_COSTS)
+    p.new_generation()
+    ms, ks = run_text(p, n_tokens, lambda i: False)
+    t1 = p.verify_costs()[0]
+    assert ks[0] >= 1  # it does try: the prior says the copy goes on
+    assert ms <= (n_tokens + 1 + 0.03 * n_tokens) * t1 + 1e-6, ks
+    assert ms > n_tokens * t1  # the tries cost something (so the bound is what held, not a policy that never drafts)
+
+
+def test_a_copy_earns_its_long_drafts_within_a_few_steps():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC_COSTS)
+    p.new_generation()
+    ms, ks = run_text(p, 96, lambda i: True)
+    assert ks[0] <= 2 < max(ks[:5]) and max(ks[:5]) >= 15, ks  # short first, then the cheap 16-row batch
+    assert 96 * p.verify_costs()[0] / ms > 2.5  # plain would take 96 steps
+
+
+def test_the_loss_bound_starts_again_with_every_generation():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC_COSTS)
+    p.new_generation()
+    _, ks = run_text(p, 96, lambda i: True)  # a copy: drafting gained a lot
+    assert max(ks) >= 15
+    p.new_generation()
+    _, ks = run_text(p, 13, lambda i: False)  # the next answer may not spend it
+    assert ks[0] <= 2
