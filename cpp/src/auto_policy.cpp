@@ -16,12 +16,6 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-// The loss bound: a draft is made only if, were every drafted token rejected, drafting would still not have lost
-// more in this generation than risk_start plain steps plus risk_per_token of a plain step per token generated so
-// far, on top of what it has gained (all in profiled costs). So the first drafts of a prompt are short and a
-// copy earns its long drafts; a generation is at worst (n + 1 + 0.03 n) / n of plain decoding's time.
-constexpr double risk_start = 1.0;
-constexpr double risk_per_token = 0.03;
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
 // was the answer's, over the plain answers of the dev set's runs (bench/results default-vs-fixed-k,
@@ -49,7 +43,6 @@ double AutoPolicy::learn_rate(int s, int j) {
 }
 
 void AutoPolicy::new_generation(int carry, double keep, int text_carry, double text_keep) {
-    risk_earned_ = 0.0;
     // the next observations weigh 1/(carry+2), 1/(carry+3), ... until the EMA, and the n-gram estimates start from
     // `keep` of the way between their prior and what was learned
     keep = std::min(1.0, std::max(0.0, keep));
@@ -226,13 +219,6 @@ double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms) const {
     return e / ms;
 }
 
-double AutoPolicy::worst_loss(int source, int k) const {
-    // every draft token rejected: the first chunk's rows (later chunks are skipped) and the draft, instead of T(1)
-    const int first = verify_rows_ > 0 ? std::min(verify_rows_, k + 1) : k + 1;
-    const double draft = source == 0 ? cost_draft(0, k) / std::max(verify_scale_, 1e-3) : 0.0; // n-grams: ~free
-    return t_verify_[std::min(first, n_max + 1)] + draft - t_verify_[1];
-}
-
 double AutoPolicy::cost_rows(int n_rows) const {
     const int chunk = verify_rows_ > 0 ? verify_rows_ : std::max(1, n_rows);
     double ms = 0.0;
@@ -258,9 +244,6 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
         const auto alpha = planning_alpha(s);
         for (int k = 1; k <= k_cap; ++k) {
-            if (worst_loss(s, k) > risk_start * t_verify_[1] + risk_earned_) {
-                break;
-            }
             const double rate = this->rate(alpha.data(), k, cost_draft(s, k) + catchup);
             if (rate > best_rate) {
                 best_rate = rate;
@@ -268,8 +251,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
                 best.ngram = s != 0;
             }
         }
-        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) && viable(s) &&
-            worst_loss(s, 1) <= risk_start * t_verify_[1] + risk_earned_) {
+        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) && viable(s)) {
             explore = s;
         }
     }
@@ -295,13 +277,6 @@ void AutoPolicy::update(const StepOutcome & o) {
     const double profiled = cost_rows(n);
     if (o.verify_ms > 0.0 && profiled > 0.0) {
         verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / profiled);
-    }
-    // what drafting has gained over plain decoding in this generation (profiled costs, so that timing noise does
-    // not move it), plus the allowance that grows with every token
-    risk_earned_ += risk_per_token * t_verify_[1] * (o.n_accepted + 1);
-    if (o.n_drafted > 0) {
-        const double draft = o.from_ngram ? 0.0 : o.draft_ms / std::max(verify_scale_, 1e-3);
-        risk_earned_ += (o.n_accepted + 1) * t_verify_[1] - cost_rows(n) - draft;
     }
     if (o.n_drafted == 0) {
         return;

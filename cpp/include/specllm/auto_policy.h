@@ -10,9 +10,7 @@
 // T(n) comes from a profile at load, scaled online by one factor that follows the context length; draft costs
 // (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. A source that is not used is
-// explored with k = 1 now and then, so that estimates recover when the text changes. A draft is made only if, all
-// rejected, it would not take drafting's loss in this generation past a bound (see auto_policy.cpp: one plain step
-// plus 3% of one per token, on top of what drafting has gained): short answers are never much slower.
+// explored with k = 1 now and then, so that estimates recover when the text changes.
 #pragma once
 
 #include "specllm/policy.h"
@@ -79,8 +77,7 @@ class AutoPolicy : public DraftPolicy {
     double learn_rate(int source, int pos);
     double cost_draft(int source, int k) const;
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
-    double cost_rows(int n_rows) const;
-    double worst_loss(int source, int k) const; // profiled ms a k-token draft loses against a plain step if all rejected  // profiled ms to decode n_rows verify rows in chunks (unscaled)
+    double cost_rows(int n_rows) const;  // profiled ms to decode n_rows verify rows in chunks (unscaled)
     // expected tokens per ms of a k-token draft with per-position acceptance alpha (chunks after a rejection
     // are not decoded, so later chunks count with the probability that they are reached)
     double rate(const double * alpha, int k, double c_draft_ms) const;
@@ -97,7 +94,6 @@ class AutoPolicy : public DraftPolicy {
     int k_limit_ = n_max;
     int verify_rows_ = 0;
     int last_source_ = 0;
-    double risk_earned_ = 0.0; // profiled ms drafting gained in this generation, plus the allowance per token
 };
 
 } // namespace specllm
