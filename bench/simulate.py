@@ -131,6 +131,18 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     return 0
 
 
+def parse_costs(text: str) -> list[float]:
+    """"T(1),T(2),..." (ms; 0 = not measured) -> T(1..49) as the policy fills them in (interpolated, monotone)."""
+    try:
+        given = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--costs: comma-separated ms for T(1), T(2), ..., got {text!r}") from None
+    try:
+        return list(new_policy(given, 0).verify_costs())
+    except ValueError as e:  # T(1) missing or not > 0
+        raise SystemExit(f"--costs: {e}") from None
+
+
 CARRY_OVER = ("carry", "keep", "text_carry", "text_keep")  # AutoPolicy.new_generation's arguments
 ROUNDS = 3  # --orders replays a prompt this many times in a row, as bench.run --repeat 3 runs it
 
@@ -202,6 +214,10 @@ def main(argv=None) -> int:
     p.add_argument("--orders", type=int, default=0,
                    help="replay every prompt with one policy in the run's order and N-1 shuffled ones, each prompt "
                         f"{ROUNDS} times in a row, and print how much a prompt's speed-up depends on the order")
+    p.add_argument("--costs", default=None,
+                   help="replay with another machine's verify costs instead of this one's profile: T(1),T(2),... in "
+                        "ms (0 = not measured; interpolated as the policy does), e.g. the first dev VM's fast-mode "
+                        "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -222,7 +238,7 @@ def main(argv=None) -> int:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
                               exact=not args.fast)
-            costs = list(llm._engine.verify_costs())
+            costs = list(llm._engine.verify_costs()) if args.costs is None else parse_costs(args.costs)
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows")
