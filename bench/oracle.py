@@ -5,7 +5,7 @@
 For each prompt's plain (greedy) answer of the run, replays the answer through specllm's n-gram index; at every
 step an oracle drafts exactly the proposal tokens that the answer continues with (none when the first is wrong),
 so it never pays for a rejected token. Its time uses the target's verify costs T(n) from specllm's profile of
-this machine (exact mode: chunks of at most 7 rows). Prints, per task, the oracle's speedup over plain decoding
+this machine (exact mode: chunks of at most 3 rows). Prints, per task, the oracle's speedup over plain decoding
 and the fraction of answer tokens that came from drafts. A bar above the oracle cannot be reached by any draft
 length policy with this drafter on this machine. First turns only.
 """

@@ -7,7 +7,7 @@ on a shared 2-core machine moves by 0.1x between runs. For each task, the prompt
 replayed in run order through one AutoPolicy (its state carries over, as in an LLM object) and the n-gram index:
 each step the policy picks k, the drafter proposes, and the draft is accepted as far as it agrees with the
 answer (greedy verification of the target's own output). Time is the profiled T(n) of this machine, verify rows
-in exact chunks of 7, each decoded only if reached. Prints the simulated speedup per task and the oracle's (every
+in exact chunks of 3, each decoded only if reached. Prints the simulated speedup per task and the oracle's (every
 step drafts exactly the agreeing tokens). It ignores what a real run adds: context growth, near-tie flips,
 timing noise.
 """

@@ -23,8 +23,8 @@ SPECLLM_SYSTEMS = {
     # the default (exact=False) spelled out: llama.cpp's CPU batch kernels allowed (cheaper long verify batches;
     # output may differ from plain on near-ties)
     "hybrid-fast": ("{draft}", "auto", {"ngram": True, "exact": False}),
-    # exact mode (exact=True): greedy output equal to plain decoding on short contexts; and plain decoding without
-    # weight repacking, its plain counterpart
+    # exact mode (exact=True): greedy output equal to plain decoding on short contexts (verify chunks of <= 3 rows);
+    # and plain decoding with exact=True, which is the same as plain (both load repacked weights)
     "hybrid-exact": ("{draft}", "auto", {"ngram": True, "exact": True}),
     "plain-exact": (None, None, {"exact": True}),
     # the default without the drafting memory (memory on: earlier prompts' outputs, never the same prompt's)

@@ -38,7 +38,7 @@ CONFIGS = {
     "ngram-auto": (dict(draft="ngram"), dict(draft_length="auto")),
     "hybrid-k4": (dict(draft="near_draft", ngram=True), dict(draft_length=4)),
     "hybrid-heuristic": (dict(draft="draft", ngram=True), dict(draft_length="heuristic")),
-    "draft-k20": (dict(draft="draft"), dict(draft_length=20)),   # exact mode: verify chunks of <= 7 rows
+    "draft-k20": (dict(draft="draft"), dict(draft_length=20)),   # exact mode: verify chunks of <= 3 rows
     "near-k20": (dict(draft="near_draft"), dict(draft_length=20)),
     "near-k20-one-batch": (dict(draft="near_draft", exact=False), dict(draft_length=20)),
     "ngram-k30-one-batch": (dict(draft="ngram", exact=False), dict(draft_length=30)),
@@ -187,9 +187,9 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
         llm = load(tiny, make_llm, drafter, profile_costs=True, exact=True)
         assert llm.profile is not None
         measured = [t for t in llm.profile["verify_ms"] if t > 0]  # 0 = a size not measured
-        # exact mode verifies in chunks of at most 7 rows: only those batch sizes are measured
-        assert llm.profile["sizes"] == specllm.profile.sizes_for(_core.exact_verify_rows) == [1, 2, 3, 4, 5, 6, 7]
-        assert llm.profile["verify_ms"] == measured and len(measured) == 7, llm.profile
+        # exact mode verifies in chunks of at most 3 rows: only those batch sizes are measured
+        assert llm.profile["sizes"] == specllm.profile.sizes_for(_core.exact_verify_rows) == [1, 2, 3]
+        assert llm.profile["verify_ms"] == measured and len(measured) == 3, llm.profile
         for p in PROMPTS:
             c = llm.generate(p, max_tokens=N)  # draft_length="auto" is the default
             assert c.tokens == plain[p].tokens, (drafter, p)
@@ -257,7 +257,7 @@ def test_module_level_generate_and_default_draft(tiny, plain):
 
 def test_exact_mode_skips_verify_chunks_after_a_rejection(tiny, make_llm, plain):
     # near_draft agrees with the target only part of the time: long drafts are rejected early, and exact mode
-    # (chunks of <= 7 rows) decodes only the chunks up to the first rejection; one batch decodes every row
+    # (chunks of <= 3 rows) decodes only the chunks up to the first rejection; one batch decodes every row
     rows = {}
     for exact in (True, False):
         llm = load(tiny, make_llm, "near_draft", exact=exact)

@@ -181,7 +181,8 @@ def test_a_draft_model_far_behind_is_not_caught_up_for_one_step():
 
 
 def test_chunked_verification_still_lets_a_reliable_copy_draft_long():
-    # exact mode verifies in chunks of 7 rows (each decoded only if the drafts before it were accepted)
+    # verification in chunks of 7 rows, as exact mode's chunks (3 rows now; each decoded only if the drafts before
+    # it were accepted)
     p = _core.AutoPolicy()
     p.set_verify_costs([cpu_costs(n) for n in range(1, 49)])
     p.set_verify_rows(7)

@@ -104,9 +104,9 @@ class LLM:
         exact: False (default): llama.cpp's fastest kernels (weight repacking; tiled K-quant matmuls for batches of
             8+ rows), whose rows differ slightly from single-token decoding, so greedy output can differ from
             plain decoding where two tokens are nearly tied (the README states how often). True: greedy output
-            equal to plain decoding on short contexts: loads without repacking and verifies in chunks of at
-            most 7 rows, decoding a chunk only when every draft before it was accepted (slower on copy-heavy
-            work).
+            equal to plain decoding on short contexts: verifies in chunks of at most 3 rows (the rows llama.cpp
+            computes with a single-token step's kernels), decoding a chunk only when every draft before it was
+            accepted (slower on copy-heavy work).
         stream_idle_timeout: seconds a caller waits behind an open stream that nobody advances before closing it
             (an abandoned stream must not block the LLM forever).
         memory_tokens: the drafting memory: the n-gram drafter also looks up this LLM's earlier outputs (at most
@@ -134,7 +134,7 @@ class LLM:
         opts = _core.EngineOptions()
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
         _check_ngram_sizes(draft, ngram, opts.ngram)
-        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, not exact)
+        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, True)
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
         opts.memory_tokens = memory_tokens

@@ -30,10 +30,13 @@ struct EngineOptions {
                                         // looks up (at most this many tokens, oldest dropped first); 0 = off
 };
 
-// llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends K-quant matmuls of 8 or more rows to its
-// tiled kernels, whose rows differ from single-token decoding (measured: up to 0.65 in a logit). Verify batches
-// of at most 7 rows use the same kernel as a plain step, so greedy speculative output equals plain decoding.
-constexpr int exact_verify_rows = 7;
+// llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends the rows of a batch through other kernels
+// than a single-token step's once there are enough of them: repacked weights (Q4_K/Q4_0/IQ4_NL on AVX2 and NEON)
+// go to a GEMM in groups of 4 rows, other K-quant matmuls to tiled kernels from 8 rows, and those rows round
+// differently (measured: up to 0.65 in a logit). A verify batch of at most 3 rows takes the single-row kernels
+// everywhere, so exact mode keeps the repacked weights (plain decoding's speed) and greedy speculative output
+// equals plain decoding's.
+constexpr int exact_verify_rows = 3;
 
 struct Stats {
     int n_prompt = 0;        // prompt tokens

@@ -13,8 +13,8 @@ struct ModelOptions {
     int n_threads = 0;         // CPU threads for decoding; 0 = all hardware threads
     int n_gpu_layers = 0;      // layers offloaded to the GPU (CUDA/Metal builds of llama.cpp); -1 = all
     int n_batch = 512;         // most tokens in one llama_decode while processing a prompt
-    bool repack = false;       // let llama.cpp repack weights for its CPU GEMM kernels; off: batched (verify) and
-                               // single-row (plain) logits then agree, so greedy speculative == greedy plain
+    bool repack = false;       // let llama.cpp repack weights for its CPU GEMM kernels (specllm.LLM always does: its
+                               // batches of 4+ rows then round differently; exact mode verifies <= 3 rows a decode)
 };
 
 enum class DraftKind {
