@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         run = json.load(f)
     meta = run["meta"]
     llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096))
-    costs = [c for c in llm._engine.verify_costs()]  # T(1..49), profiled and interpolated
+    costs = [c for c in llm._engine.verify_costs()]  # T(1..49), profiled (a size not measured: padded to one that was)
     chunk = _core.exact_verify_rows
     index = _core.NgramIndex(2, 4)
     by_task: dict[str, list[tuple[float, float]]] = {}

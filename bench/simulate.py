@@ -132,7 +132,8 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
 
 
 def parse_costs(text: str) -> list[float]:
-    """"T(1),T(2),..." (ms; 0 = not measured) -> T(1..49) as the policy fills them in (interpolated, monotone)."""
+    """"T(1),T(2),..." (ms; 0 = not measured) -> T(1..49) as the policy fills them in (a size not measured costs
+    the next measured one, as the engine pads it)."""
     try:
         given = [float(x) for x in text.split(",")]
     except ValueError:
@@ -216,7 +217,8 @@ def main(argv=None) -> int:
                         f"{ROUNDS} times in a row, and print how much a prompt's speed-up depends on the order")
     p.add_argument("--costs", default=None,
                    help="replay with another machine's verify costs instead of this one's profile: T(1),T(2),... in "
-                        "ms (0 = not measured; interpolated as the policy does), e.g. the first dev VM's fast-mode "
+                        "ms (0 = not measured; padded to the next measured size, as the engine does), e.g. the first "
+                        "dev VM's fast-mode "
                         "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "

@@ -725,8 +725,8 @@ def test_order_spread_measures_how_much_earlier_prompts_move_a_prompts_speedup()
 def test_simulate_takes_another_machines_costs():
     from bench.simulate import parse_costs
 
-    costs = parse_costs("54,86,0,115")  # T(3) not measured: interpolated, as the engine's policy does
-    assert costs[:4] == pytest.approx([54, 86, 100.5, 115]) and len(costs) == 49
+    costs = parse_costs("54,86,0,115")  # T(3) not measured: padded to 4 rows, as the engine's policy does
+    assert costs[:4] == pytest.approx([54, 86, 115, 115]) and len(costs) == 49
     assert all(b >= a for a, b in zip(costs, costs[1:]))  # beyond the last point: a line with slope >= 0
     for bad in ("fast", "0,86", ""):
         with pytest.raises(SystemExit, match="--costs"):

@@ -299,3 +299,28 @@ def test_the_draft_model_is_prefilled_only_where_it_pays(tiny, make_llm, plain, 
         assert model_steps > 0
     else:
         assert model_steps == 0 and ngram_steps > 0
+
+
+# the verify costs of a 2-core EPYC (ms), where 16 rows cost less than 10-15 (tests/test_policy.py)
+DIP = [22, 42, 56, 69, 82, 101, 112, 118, 127, 136, 141, 138, 151, 157, 166, 135, 160, 171]
+
+
+@pytest.mark.parametrize("draft", ["near_draft", "ngram"])
+def test_a_verify_batch_is_padded_to_a_cheaper_size(tiny, make_llm, plain, draft):
+    # fast mode decodes a 13-row batch as 16 rows (3 filler rows, no logits) where the profile says 16 is cheaper;
+    # the filler leaves the KV cache with the rejected tail and the output stays plain decoding's
+    for exact in (False, True):
+        llm = load(tiny, make_llm, draft, exact=exact)
+        llm._engine.set_verify_costs(DIP)
+        pads = steps = drafted = 0
+        for p in PROMPTS:
+            c = llm.generate(p, max_tokens=N, draft_length=12)
+            assert c.tokens == plain[p].tokens, (draft, exact, p, first_divergence(c.tokens, plain[p].tokens))
+            check_stats(c, k_max=12)
+            check_kv(llm, llm.tokenize(p), c)
+            pads, steps, drafted = pads + c.stats.n_pad_rows, steps + c.stats.n_steps, drafted + c.stats.n_drafted
+        assert drafted > 0
+        if exact:  # chunks of <= 3 rows: never padded
+            assert pads == 0
+        else:
+            assert 0 < pads <= 6 * steps, (pads, steps)  # 1-6 filler rows a padded step (10-15 rows -> 16)

@@ -58,20 +58,32 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     assert any("measuring" in r.getMessage() for r in caplog.records)
     assert profile.increasing(llm.profile["verify_ms"])
     assert not profile.increasing([50.0, 20.0]) and not profile.increasing([0.0, 1.0])
+    assert not profile.increasing([]) and not profile.increasing([10.0, 20.0, 0.0, 9.0])  # T(4) below T(2)
     assert profile.increasing([10.0, 9.5, 12.0])  # a dip within timing noise
-    # what stays noisy after every attempt is cached smoothed, so the next LLM takes it instead of measuring
-    assert profile.smoothed([50.0, 20.0, 0.0, 30.0, 25.0]) == [20.0, 20.0, 0.0, 25.0, 25.0]
-    assert profile.increasing(profile.smoothed([61, 94, 128, 132, 160, 199, 225, 318, 0, 431, 388, 603]))
+    # the measured shape of a 2-core EPYC (ms): T(13..15) above T(16), T(31) above T(32) -- real, padded past
+    epyc = [22, 42, 56, 69, 82, 101, 112, 118, 127, 136, 141, 138, 151, 157, 166, 135, 0, 0, 0, 179, 0, 0, 0, 208,
+            0, 0, 0, 235, 0, 0, 0, 234, 0, 0, 0, 0, 0, 0, 0, 315, 0, 0, 0, 0, 0, 0, 0, 328]
+    assert profile.increasing(epyc)
 
 
-def test_a_profile_that_stays_noisy_is_cached_smoothed(tiny, tmp_path, monkeypatch):
+def test_a_profile_that_stays_noisy_is_cached_as_measured(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
-    # T(1) above every larger batch, every time
-    monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps: [50.0] + [10.0] * (len(sizes) - 1))
+    calls = []
+
+    def busy(self, sizes, n_reps):  # T(1) above every larger batch, every time
+        calls.append(sizes)
+        return [50.0] + [10.0] * (max(sizes) - 1)
+
+    monkeypatch.setattr(_core.Engine, "profile_verify", busy)
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
-    assert profile.increasing(llm.profile["verify_ms"])
+    assert len(calls) == profile.MAX_MEASURES
+    assert llm.profile["noisy"] is True and llm.profile["verify_ms"][:2] == [50.0, 10.0]
     assert profile.cached(llm.model_path, "", 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack,
-                          llm._opts.verify_rows) == llm.profile
+                          llm._opts.verify_rows) == llm.profile  # the next LLM takes it instead of measuring
+    specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert len(calls) == profile.MAX_MEASURES
+    # the policy reads it padded: a plain step costs T(2) = 10 (and is never padded: only drafts are)
+    assert llm._engine.verify_costs()[0] == 10.0
 
 
 # --- checked indices

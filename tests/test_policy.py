@@ -324,3 +324,27 @@ def test_a_draft_model_pays_with_its_estimated_acceptance_or_is_left_out():
     cpu.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
     cpu.set_draft_token_cost(25.0)
     assert cpu.viable(0) and not cpu.pays(0)
+
+
+# a 2-core EPYC's measured shape (ms; 0 = not measured): ggml's repacked GEMM takes rows in groups of 4, and 16,
+# 32, 48 rows fill its tiles, so T(13..15) > T(16) and T(29..31) > T(32)
+EPYC = [22, 42, 56, 69, 82, 101, 112, 118, 127, 136, 141, 138, 151, 157, 166, 135, 0, 0, 0, 179, 0, 0, 0, 208,
+        0, 0, 0, 235, 0, 0, 0, 234, 0, 0, 0, 0, 0, 0, 0, 315, 0, 0, 0, 0, 0, 0, 0, 328]
+
+
+def test_a_batch_is_costed_and_padded_as_the_cheapest_measured_size_at_least_as_large():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC)
+    t = p.verify_costs()
+    pads = {n: p.padded_rows(n) for n in range(1, 50)}
+    assert [pads[n] for n in range(1, 10)] == list(range(1, 10))  # each measured and cheaper than any larger
+    assert all(pads[n] == 16 and t[n - 1] == 135 for n in range(10, 17))  # 10-15 rows cost more than 16
+    assert pads[17] == 20 and t[16] == 179  # not measured: the next measured size
+    assert pads[25] == 32 and pads[28] == 32 and t[27] == 234  # T(28) = 235 > T(32) = 234
+    assert pads[33] == 40 and t[32] == 315 and pads[41] == 48 and t[40] == 328
+    assert pads[49] == 49 and t[48] > 328  # beyond the last measured size: the line, not padded
+    assert all(b >= a for a, b in zip(t, t[1:]))  # what the policy reads never falls with the size
+    assert p.padded_rows(0) == 0 and p.padded_rows(100) == 100  # out of the table: itself
+    # an unprofiled policy (linear placeholder) pads nothing
+    q = _core.AutoPolicy()
+    assert all(q.padded_rows(n) == n for n in range(1, 50))

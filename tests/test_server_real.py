@@ -25,8 +25,13 @@ def test_default_pair_through_the_openai_client(real_models, tmp_path):
             model="qwen2.5-coder-1.5b", messages=MESSAGES, max_tokens=48, stream=True) if c.choices)
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
-    llm = specllm.LLM("qwen2.5-coder-1.5b", n_threads=2, n_ctx=2048)  # the same default configuration
+    # the same default configuration and the same two calls: in fast mode (the default) the second, identical
+    # request may read differently from the first (it reuses the first's KV cache and drafting memory, which
+    # changes batch shapes and can flip a near-tie), so each answer is compared with its in-process counterpart
+    llm = specllm.LLM("qwen2.5-coder-1.5b", n_threads=2, n_ctx=2048)
     want = llm.chat(MESSAGES, max_tokens=48)
-    assert r.choices[0].message.content == want.text == streamed
+    want_streamed = "".join(c.text for c in llm.chat(MESSAGES, max_tokens=48, stream=True))
+    assert r.choices[0].message.content == want.text
+    assert streamed == want_streamed
     assert r.usage.completion_tokens == want.stats.n_generated == 48
     assert r.model_extra["speculative"]["steps"] <= 48

@@ -28,6 +28,7 @@ constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.73, 0.81, 0.8
 AutoPolicy::AutoPolicy() {
     for (int n = 0; n < n_max + 2; ++n) {
         t_verify_[n] = n == 0 ? 0.0 : 1.0 * n; // placeholder: linear (no speedup) until profiled
+        pad_to_[n] = n;
     }
     for (int s = 0; s < n_sources; ++s) {
         const double prior = s == 0 ? alpha_prior_model : alpha_prior_ngram[s - 1];
@@ -121,10 +122,16 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
             t_at.push_back(costs[n - 1]);
         }
     }
-    // non-decreasing: timing noise only ever adds time (the profile keeps the fastest of several rounds), so a
-    // point above a larger batch's cost is an outlier measured high and is pulled down to it
+    // a batch is padded to the cheapest measured size at least as large (the engine decodes filler rows), so the
+    // cost of n rows is the least measured cost of any size >= n: on a 2-core EPYC, T(13..15) = 151-166 ms but
+    // T(16) = 135 (ggml's repacked GEMM takes rows in groups of 4, and 16 fill its tiles). A measured point that
+    // is only noise (measured high) is padded past alike
+    std::vector<int> pad_at(n_at);
     for (size_t i = t_at.size() - 1; i-- > 0;) {
-        t_at[i] = std::min(t_at[i], t_at[i + 1]);
+        if (t_at[i + 1] < t_at[i]) {
+            t_at[i] = t_at[i + 1];
+            pad_at[i] = pad_at[i + 1];
+        }
     }
     // beyond the last measured size: a least-squares line through all fitted points, slope >= 0 (one point:
     // linear in n, the pessimistic guess)
@@ -147,17 +154,18 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
     for (int n = 1; n <= n_max + 1; ++n) {
         const auto hi = std::lower_bound(n_at.begin(), n_at.end(), n);
         const size_t i = (size_t) (hi - n_at.begin());
-        if (hi != n_at.end() && *hi == n) {
-            t_verify_[n] = t_at[i];
-        } else if (i == 0) {
-            t_verify_[n] = t_at.front();
-        } else if (hi == n_at.end()) {
+        pad_to_[n] = n;
+        if (hi == n_at.end()) { // beyond the last measured size: the line, not padded
             t_verify_[n] = t_at.back() + slope * (n - n_at.back());
-        } else {
-            const int a = n_at[i - 1], b = n_at[i];
-            t_verify_[n] = t_at[i - 1] + (t_at[i] - t_at[i - 1]) * (n - a) / (double) (b - a);
+        } else { // measured, or padded to the next measured size (or a cheaper larger one)
+            t_verify_[n] = t_at[i];
+            pad_to_[n] = pad_at[i];
         }
     }
+}
+
+int AutoPolicy::padded_rows(int n) const {
+    return n >= 1 && n <= n_max + 1 ? pad_to_[n] : n;
 }
 
 std::vector<double> AutoPolicy::verify_costs() const {

@@ -198,7 +198,7 @@ int Model::n_batch() const {
     return (int) llama_n_batch(ctx_.get());
 }
 
-void Model::decode(const llama_token * tokens, int n, bool all_logits) {
+void Model::decode(const llama_token * tokens, int n, bool all_logits, int n_filler) {
     if (n <= 0) {
         return;
     }
@@ -220,7 +220,7 @@ void Model::decode(const llama_token * tokens, int n, bool all_logits) {
             batch_.pos[j] = n_past() + j;
             batch_.n_seq_id[j] = 1;
             batch_.seq_id[j][0] = 0;
-            batch_.logits[j] = all_logits || (i0 + j == n - 1);
+            batch_.logits[j] = all_logits ? i0 + j < n - n_filler : i0 + j == n - 1;
         }
         const int32_t rc = llama_decode(ctx_.get(), batch_);
         if (rc != 0) {

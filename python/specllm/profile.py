@@ -13,33 +13,28 @@ from . import _core
 
 log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
-# batch sizes measured at load (the policy interpolates between them). Large batches matter where llama.cpp's
-# batch kernels are allowed (exact=False, GPU): they cost far less per token than small ones, so a copy in
-# progress pays with long n-gram drafts. Exact mode verifies in chunks of at most verify_rows rows: only the
-# sizes up to that are ever decoded, so only those are measured.
-SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48]
+# batch sizes measured at load. The engine pads a verify batch to the cheapest measured size at least as large
+# (AutoPolicy::padded_rows), so every size up to 16 is measured: on a 2-core EPYC T(13..15) = 151-166 ms but
+# T(16) = 135, and interpolating T(12) and T(16) under-costed 13-15 rows by up to 30 ms. Large batches matter
+# where llama.cpp's batch kernels are allowed (exact=False, GPU): they cost far less per token than small ones,
+# so a copy in progress pays with long n-gram drafts. Exact mode verifies in chunks of at most verify_rows rows:
+# only the sizes up to that are ever decoded, so only those are measured.
+SIZES = list(range(1, 17)) + [20, 24, 28, 32, 40, 48]
 N_REPS = 2
-N_REPS_EXACT = 4  # exact mode measures 7 small sizes (~1.3 s a round here): more rounds, a steadier T(1)
+N_REPS_EXACT = 4  # exact mode measures 3 small sizes: more rounds, a steadier T(1)
 
 
-MAX_MEASURES = 3  # a profile that is not increasing is measured again, at most this many times in all
+MAX_MEASURES = 3  # a profile that looks busy is measured again, at most this many times in all
 
 
 def increasing(verify_ms, tolerance: float = 0.9) -> bool:
-    """Whether measured costs grow with the batch size, allowing each to dip to `tolerance` of the one before
-    (timing noise); T(1) must be > 0. A profile taken while the machine was busy fails this."""
-    vals = [v for v in verify_ms if v > 0]
-    return bool(vals) and verify_ms[0] > 0 and all(b >= tolerance * a for a, b in zip(vals, vals[1:]))
-
-
-def smoothed(verify_ms) -> list:
-    """Measured costs made non-decreasing as the policy reads them (a point above a larger batch's cost is pulled
-    down to it; 0 = not measured stays): what is cached after every measurement stayed noisy."""
-    out, floor = list(verify_ms), float("inf")
-    for i in range(len(out) - 1, -1, -1):
-        if out[i] > 0:
-            floor = out[i] = min(out[i], floor)
-    return out
+    """Whether measured costs grow with the batch size: T(n) >= `tolerance` x T(m) for every measured m <= n/2,
+    and T(1) > 0. A profile taken while the machine was busy (one size measured far above a larger one) fails
+    this; the dips of real kernels (T(16) below T(13..15) on some CPUs, padded past) pass."""
+    if not verify_ms or not verify_ms[0] > 0:
+        return False
+    at = {n: v for n, v in enumerate(verify_ms, 1) if v > 0}
+    return all(t >= tolerance * at[m] for n, t in at.items() for m in at if 2 * m <= n)
 
 
 def sizes_for(verify_rows: int) -> list[int]:
@@ -70,7 +65,7 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     try:
         prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack).read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
-                and increasing(prof["verify_ms"])):
+                and (increasing(prof["verify_ms"]) or prof.get("noisy") is True)):
             return prof
     except (OSError, ValueError, AttributeError):
         pass
@@ -96,11 +91,11 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                 if increasing(verify_ms):
                     break
                 log.warning("the measured verify costs do not grow with the batch size (%s ms): the machine was "
-                            "busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms),
-                            "measuring again" if attempt + 1 < MAX_MEASURES else "using them smoothed")
-            else:
-                verify_ms = smoothed(verify_ms)  # cached as used: the next LLM takes it instead of measuring
+                            "busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
+                            "measuring again" if attempt + 1 < MAX_MEASURES else "using them as measured")
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
+        if not increasing(verify_ms):
+            prof["noisy"] = True  # cached all the same: the next LLM takes it instead of measuring again
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ class Stats:
     n_ngram_steps: int = 0     # steps drafted by n-gram lookup
     n_memory_steps: int = 0    # of them, drafted from the memory of earlier outputs
     n_verify_rows: int = 0     # rows the target decoded to verify (exact mode skips chunks after a rejection)
+    n_pad_rows: int = 0        # filler rows decoded beside them: a batch padded to a size the profile found cheaper
     prefill_ms: float = 0.0    # prompt processing (target and draft)
     draft_ms: float = 0.0      # drafting
     verify_ms: float = 0.0     # the target's batched decodes
@@ -54,6 +55,7 @@ class Stats:
             n_drafted=s.n_drafted, n_accepted=s.n_accepted, n_ngram_steps=s.n_ngram_steps,
             n_memory_steps=s.n_memory_steps,
             n_verify_rows=s.n_verify_rows,
+            n_pad_rows=s.n_pad_rows,
             prefill_ms=s.prefill_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms, sample_ms=s.sample_ms,
             generate_ms=s.generate_ms, seed=s.seed,
             k_histogram={k: n for k, n in enumerate(s.k_hist) if n},

@@ -28,11 +28,14 @@ class AutoPolicy : public DraftPolicy {
 
     AutoPolicy();
 
-    // verify costs: costs[n-1] = ms for a batch of n tokens (n = 1..size; 0 = not measured). A measured point
-    // above a larger batch's is pulled down to it, sizes between points are interpolated, sizes beyond the last
-    // follow a least-squares line through all points with slope >= 0. Throws InvalidArgument unless T(1) > 0
+    // verify costs: costs[n-1] = ms for a batch of n tokens (n = 1..size; 0 = not measured). A batch of n rows
+    // costs the least measured cost of any size >= n, since the engine pads it to that size (padded_rows): an
+    // unmeasured size, or one dearer than a larger one (T(13) > T(16) on some CPUs), is decoded as the larger.
+    // Sizes beyond the last measured follow a least-squares line through all points with slope >= 0, unpadded.
+    // Throws InvalidArgument unless T(1) > 0
     void set_verify_costs(const std::vector<double> & costs);
     std::vector<double> verify_costs() const;
+    int padded_rows(int n) const; // the rows to decode for a verify batch of n (>= n; n if not padded)
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
     // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
@@ -83,6 +86,7 @@ class AutoPolicy : public DraftPolicy {
     double rate(const double * alpha, int k, double c_draft_ms) const;
 
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
+    std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
     double verify_scale_ = 1.0;                                // measured / profiled: grows with the context
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
     std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position

@@ -48,6 +48,7 @@ struct Stats {
     int n_ngram_steps = 0;   // steps drafted by the n-gram drafter
     int n_memory_steps = 0;  // of them, drafted from the memory of earlier generations
     int n_verify_rows = 0;   // rows the target decoded to verify (chunks after a rejection are skipped)
+    int n_pad_rows = 0;      // filler rows decoded beside them (a batch padded to a cheaper size)
     double prefill_ms = 0.0; // prompt processing (target and draft)
     double draft_ms = 0.0;   // drafting
     double verify_ms = 0.0;  // target batched decode

@@ -51,9 +51,10 @@ class Model {
                                                                   // n_past() after it
     void clear() { truncate(0); }
 
-    // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits) or
-    // only the last row. Throws ContextOverflowError / DecodeError; on error the cache is cut back.
-    void decode(const llama_token * tokens, int n, bool all_logits);
+    // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits; but the last
+    // n_filler rows, padding) or only the last row. Throws ContextOverflowError / DecodeError; on error the cache
+    // is cut back.
+    void decode(const llama_token * tokens, int n, bool all_logits, int n_filler = 0);
     // decode a prompt (no logits but the last row's) in batches of at most prompt_batch tokens, calling poll
     // before every batch but the first; poll may throw to abandon it (what was decoded stays cached)
     void decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll);
