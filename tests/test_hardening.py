@@ -251,3 +251,25 @@ def test_llama_memory_agrees_after_every_step(tiny, make_llm, draft, ngram, k):
             steps += 1
             rejected += chunk.n_accepted < chunk.n_drafted
     assert steps > 20 and rejected > 0
+
+
+def test_exact_and_fast_mode_keep_their_own_cached_profiles(tiny, tmp_path, monkeypatch):
+    # both load the same (repacked) weights but measure other batch sizes: one cache file would make every load
+    # of the other mode measure again
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    calls = []
+    measure = _core.Engine.profile_verify
+
+    def counted(self, sizes, n_reps):
+        calls.append(list(sizes))
+        return measure(self, sizes, n_reps)
+
+    monkeypatch.setattr(_core.Engine, "profile_verify", counted)
+    n_calls = []
+    for exact in (False, True, False, True):
+        llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, exact=exact)
+        assert llm.profile["sizes"] == profile.sizes_for(llm._opts.verify_rows)
+        n_calls.append(len(calls))
+    assert {len(c) for c in calls} == {len(profile.sizes_for(_core.exact_verify_rows)), len(profile.SIZES)}, calls
+    assert n_calls[1] == n_calls[2] == n_calls[3], n_calls  # the second load of each mode measured nothing
+    assert len(list(tmp_path.glob("*.json"))) == 2

@@ -45,9 +45,10 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECLLM_PROFILES", Path.home() / ".cache" / "specllm" / "profiles"))
 
 
-def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> str:
+def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool, verify_rows: int) -> str:
+    # verify_rows: exact mode (chunks of 3 rows) and fast mode load the same weights but measure other sizes
     parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers),
-             str(repack)]
+             str(repack), str(verify_rows)]
     for path in (target, draft):
         if path:
             st = os.stat(path)
@@ -55,15 +56,15 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: boo
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool) -> Path:
-    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack)}.json"
+def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool, verify_rows: int) -> Path:
+    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack, verify_rows)}.json"
 
 
 def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
            verify_rows: int = 0) -> dict | None:
     """The cached profile of this pair and settings, or None (none yet, unreadable, or for other batch sizes)."""
     try:
-        prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack).read_text())
+        prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows).read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
                 and (increasing(prof["verify_ms"]) or prof.get("noisy") is True)):
             return prof
@@ -78,7 +79,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     profile of the same target and settings with another drafter, whose verify costs are taken instead of
     measured (measuring clears the target's KV cache)."""
     sizes = sizes_for(verify_rows)
-    path = _path(target, draft, n_threads, n_gpu_layers, repack)
+    path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     if prof is None:
         if known is not None and known.get("sizes") == sizes:
