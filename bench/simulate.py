@@ -27,6 +27,8 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
     text's (one index over both picks the same occurrence; ties go to the text, the newer)."""
+    from specllm import _core
+
     index.clear()
     index.extend(list(memory) + list(prompt))
     n_mem = len(memory)
@@ -44,8 +46,13 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
             while run < len(proposal) and proposal[run] == answer[i + run]:
                 run += 1
         rows = len(proposal) + 1
-        reached = min(rows, -(-(run + 1) // chunk) * chunk)  # chunks after the rejecting one are skipped
-        cost = verify_ms(costs, reached, chunk)
+        first = policy.first_rows() if chunk > _core.AutoPolicy.n_max else 0  # fast mode: a first chunk alone
+        if 0 < first < rows:
+            reached = first if run < first else rows  # the rest only if every draft in the first was accepted
+            cost = costs[first - 1] + (costs[rows - first - 1] if reached == rows else 0.0)
+        else:
+            reached = min(rows, -(-(run + 1) // chunk) * chunk)  # chunks after the rejecting one are skipped
+            cost = verify_ms(costs, reached, chunk)
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
             _, first = index.lookup(1)

@@ -324,3 +324,21 @@ def test_a_verify_batch_is_padded_to_a_cheaper_size(tiny, make_llm, plain, draft
             assert pads == 0
         else:
             assert 0 < pads <= 6 * steps, (pads, steps)  # 1-6 filler rows a padded step (10-15 rows -> 16)
+
+
+def test_a_probe_row_stops_a_wrong_draft_before_its_batch(tiny, make_llm, plain):
+    # on a CPU-like profile the first n-gram draft of each generation is verified behind a 1-row probe: the probe
+    # decodes alone, the rest only if draft 1 was right; the output stays plain decoding's and the KV cache clean
+    llm = load(tiny, make_llm, "ngram", exact=False)
+    llm._engine.set_verify_costs(DIP)
+    base = load(tiny, make_llm)
+    rows = drafted = steps = 0
+    for p in PROMPTS + [(p + plain[p].text) * 2 for p in PROMPTS]:  # these repeat themselves: n-gram matches
+        want = plain[p] if p in plain else base.generate(p, max_tokens=N)
+        c = llm.generate(p, max_tokens=N, draft_length="auto")
+        assert c.tokens == want.tokens, (p, first_divergence(c.tokens, want.tokens))
+        check_stats(c, k_max=specllm.options.AUTO_K_LIMIT)
+        check_kv(llm, llm.tokenize(p), c)
+        rows, drafted, steps = rows + c.stats.n_verify_rows, drafted + c.stats.n_drafted, steps + c.stats.n_steps
+    assert drafted > 0, "auto drafted nothing: the test exercised nothing"
+    assert rows < steps + drafted, (rows, steps, drafted)  # a probe that rejected skipped its batch's rows

@@ -348,3 +348,30 @@ def test_a_batch_is_costed_and_padded_as_the_cheapest_measured_size_at_least_as_
     # an unprofiled policy (linear placeholder) pads nothing
     q = _core.AutoPolicy()
     assert all(q.padded_rows(n) == n for n in range(1, 50))
+
+
+def test_the_first_draft_of_a_source_in_a_generation_is_verified_behind_a_one_row_probe():
+    # on a CPU curve a 1-row probe costs one plain step and saves the batch if draft 1 is wrong: the first draft
+    # of a source in a generation (made on its priors) goes behind one; later drafts of that source do not
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC)
+    p.new_generation()
+    k, ngram = p.choose(48, False, True, 10)
+    assert ngram and k >= 4 and p.first_rows() == 1
+    p.update(k, k, True, 0.0, 150.0, 0, k + 1)  # all accepted
+    k, ngram = p.choose(48, False, True, 10)
+    assert ngram and k >= 4 and p.first_rows() == 0
+    p.new_generation()  # a new prompt: probed again
+    assert p.choose(48, False, True, 10)[0] >= 4 and p.first_rows() == 1
+    # where T(n) is flat (a GPU) a probe would nearly double the step's cost: never
+    g = _core.AutoPolicy()
+    g.set_verify_costs([10.0 + 0.1 * n for n in range(49)])
+    g.new_generation()
+    assert g.choose(48, False, True, 10)[0] >= 4 and g.first_rows() == 0
+    # exact mode verifies in its own chunks
+    e = _core.AutoPolicy()
+    e.set_verify_costs(EPYC)
+    e.set_verify_rows(3)
+    e.new_generation()
+    e.choose(48, False, True, 10)
+    assert e.first_rows() == 0

@@ -88,6 +88,7 @@ void register_policy(py::module_ & m) {
         .def("set_verify_costs", &AutoPolicy::set_verify_costs)
         .def("verify_costs", &AutoPolicy::verify_costs)
         .def("padded_rows", &AutoPolicy::padded_rows, py::arg("n"))
+        .def("first_rows", &AutoPolicy::first_rows)
         .def("set_draft_token_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);
             p.set_draft_token_cost(ms);

@@ -48,6 +48,7 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     // `keep` of the way between their prior and what was learned
     keep = std::min(1.0, std::max(0.0, keep));
     text_keep = std::min(1.0, std::max(0.0, text_keep));
+    drafted_.fill(false);
     for (int s = 0; s < n_sources; ++s) {
         const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
         for (int j = 0; j < n_max; ++j) {
@@ -82,8 +83,9 @@ void AutoPolicy::forget_draft_model() {
 
 bool AutoPolicy::beats_plain(int source, const double * alpha) const {
     const double plain = margin / cost_verify(1);
+    int first = 0;
     for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
-        if (rate(alpha, k, cost_draft(source, k)) > plain) {
+        if (best_rate(alpha, k, cost_draft(source, k), &first) > plain) {
             return true;
         }
     }
@@ -212,26 +214,48 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     return a;
 }
 
-double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms) const {
+double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms, int first) const {
     const int chunk = verify_rows_ > 0 ? verify_rows_ : k + 1;
     double e = 1.0, run = 1.0, ms = c_draft_ms, reach = 1.0;
-    for (int r0 = 0; r0 <= k; r0 += chunk) { // rows r0.. verify draft positions r0..
-        const int n = std::min(chunk, k + 1 - r0);
+    for (int r0 = 0; r0 <= k;) { // rows r0.. verify draft positions r0..
+        const int n = std::min(r0 == 0 && first > 0 && one_batch() ? first : chunk, k + 1 - r0);
         ms += reach * cost_verify(n);
         for (int j = r0; j < std::min(r0 + n, k); ++j) {
             run *= alpha[j];
             e += run;
         }
         reach = run; // the next chunk is decoded only if every draft so far was accepted
+        r0 += n;
     }
     return e / ms;
 }
 
-double AutoPolicy::cost_rows(int n_rows) const {
+double AutoPolicy::best_rate(const double * alpha, int k, double c_draft_ms, int * first) const {
+    double best = rate(alpha, k, c_draft_ms);
+    *first = 0;
+    if (!one_batch()) {
+        return best;
+    }
+    for (int f : first_chunks) {
+        if (f > k) { // the rest would be empty (f = k + 1) or the chunk not a split at all
+            break;
+        }
+        const double r = rate(alpha, k, c_draft_ms, f);
+        if (r > best) {
+            best = r;
+            *first = f;
+        }
+    }
+    return best;
+}
+
+double AutoPolicy::cost_rows(int n_rows, int first) const {
     const int chunk = verify_rows_ > 0 ? verify_rows_ : std::max(1, n_rows);
     double ms = 0.0;
-    for (int r0 = 0; r0 < n_rows; r0 += chunk) {
-        ms += t_verify_[std::min(std::min(chunk, n_rows - r0), n_max + 1)];
+    for (int r0 = 0; r0 < n_rows;) {
+        const int n = std::min(r0 == 0 && first > 0 && one_batch() ? first : chunk, n_rows - r0);
+        ms += t_verify_[std::min(n, n_max + 1)];
+        r0 += n;
     }
     return ms;
 }
@@ -252,11 +276,13 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
         const auto alpha = planning_alpha(s);
         for (int k = 1; k <= k_cap; ++k) {
-            const double rate = this->rate(alpha.data(), k, cost_draft(s, k) + catchup);
+            int first = 0;
+            const double rate = this->best_rate(alpha.data(), k, cost_draft(s, k) + catchup, &first);
             if (rate > best_rate) {
                 best_rate = rate;
                 best.k = k;
                 best.ngram = s != 0;
+                best.first_rows = first;
             }
         }
         if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) && viable(s)) {
@@ -266,9 +292,18 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     if (best.k == 0 && explore >= 0) {
         best.k = 1;
         best.ngram = explore != 0;
+        best.first_rows = 0;
         exploring_ = true;
     }
     last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory);
+    if (one_batch() && best.k >= probe_k_min && best.first_rows == 0 && !drafted_[last_source_]) {
+        const auto alpha = planning_alpha(last_source_);
+        const double c = cost_draft(last_source_, best.k) + (best.ngram ? 0.0 : cost_catchup(ctx.model_lag));
+        if (rate(alpha.data(), best.k, c, 1) >= probe_keep * rate(alpha.data(), best.k, c)) {
+            best.first_rows = 1;
+        }
+    }
+    last_first_ = best.first_rows;
     if (best.k > 0) {
         since_tried_[last_source_] = 0;
         if (!exploring_) {
@@ -282,7 +317,7 @@ void AutoPolicy::update(const StepOutcome & o) {
     // the profile gives the shape of T(n) on a short context; a longer context makes every batch dearer, so one
     // factor (measured / profiled) follows it, whatever n the steps use
     const int n = o.n_verified > 0 ? o.n_verified : o.n_drafted + 1;
-    const double profiled = cost_rows(n);
+    const double profiled = cost_rows(n, last_first_);
     if (o.verify_ms > 0.0 && profiled > 0.0) {
         verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / profiled);
     }
@@ -290,6 +325,7 @@ void AutoPolicy::update(const StepOutcome & o) {
         return;
     }
     const int s = o.from_ngram ? last_source_ : 0;
+    drafted_[s] = true;
     if (exploring_) { // a failed try makes the next one come later, a successful one sooner
         int & after = explore_after_[s];
         after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);

@@ -246,26 +246,35 @@ StepResult Engine::step_locked() {
     batch_.assign(1, id_last_);
     batch_.insert(batch_.end(), draft_.tokens.begin(), draft_.tokens.end());
     const int n_rows = (int) batch_.size();
-    const int chunk = opts_.verify_rows > 0 ? opts_.verify_rows : n_rows;
-    // one batch is padded with filler rows (no logits) to the size the profile found cheapest (T(16) < T(13) on
-    // some CPUs); the filler is cut from the KV cache with the rejected tail
+    // the rows go to the target in chunks, each decoded only when the verifier reaches it (every draft before it
+    // accepted): exact mode's chunks of verify_rows; in fast mode one batch, or the first rows the policy chose
+    // (first_rows: a 1-row probe costs one plain step and saves the batch when draft 1 is wrong) and then the
+    // rest. A fast-mode chunk is padded with filler rows (no logits) to the size the profile found cheapest
+    // (T(16) < T(13) on some CPUs); the filler leaves the KV cache right after its decode
     Model & tgt = *target_;
-    int n_pad = 0;
-    if (opts_.verify_rows == 0 && n_rows > 1) {
-        const int m = auto_.padded_rows(n_rows);
-        if (m > n_rows && tgt.n_past() + m <= tgt.n_ctx() && m <= tgt.n_batch()) {
-            n_pad = m - n_rows;
-            batch_.resize((size_t) m, batch_.back());
-        }
-    }
-    int n_decoded = 0, chunk_start = 0;
+    const bool fast = opts_.verify_rows == 0;
+    const int first = fast && choice.first_rows > 0 && choice.first_rows < n_rows ? choice.first_rows : 0;
+    int n_decoded = 0, chunk_start = 0, n_pad = 0;
     double verify_ms = 0.0;
     const LogitsRow row = [&](int i) {
         while (i >= n_decoded) {
-            const int n = std::min(chunk, n_rows - n_decoded);
+            const int n = !fast ? std::min(opts_.verify_rows, n_rows - n_decoded)
+                                : n_decoded == 0 && first > 0 ? first : n_rows - n_decoded;
+            const int m = fast && n_rows > 1 ? auto_.padded_rows(n) : n;
+            const int pad = m > n && tgt.n_past() + m <= tgt.n_ctx() && m <= tgt.n_batch() ? m - n : 0;
+            const llama_token * rows = batch_.data() + n_decoded;
+            if (pad > 0) {
+                padded_.assign(rows, rows + n);
+                padded_.resize((size_t) m, rows[n - 1]);
+                rows = padded_.data();
+            }
             const double t = now_ms();
-            tgt.decode(batch_.data() + n_decoded, n + n_pad, true, n_pad);
+            tgt.decode(rows, n + pad, true, pad);
+            if (pad > 0) {
+                tgt.truncate(tgt.n_past() - pad); // the logits of the decode stay readable
+            }
             verify_ms += now_ms() - t;
+            n_pad += pad;
             chunk_start = n_decoded;
             n_decoded += n;
         }
@@ -303,7 +312,7 @@ StepResult Engine::step_locked() {
     stats_.draft_ms += draft_ms;
     stats_.verify_ms += verify_ms;
     stats_.n_verify_rows += n_decoded;
-    stats_.n_pad_rows += n_decoded > 0 ? n_pad : 0;
+    stats_.n_pad_rows += n_pad;
     stats_.k_hist[(size_t) outcome.n_drafted] += 1;
     for (int j = 0; j < outcome.n_drafted; ++j) {
         stats_.n_drafted_at[(size_t) j] += 1;

@@ -36,6 +36,8 @@ struct StepContext {
 struct Choice {
     int k = 0;          // tokens to draft; 0 = plain step
     bool ngram = false; // draft with the n-gram drafter (else the draft model)
+    int first_rows = 0; // verify the first this many rows alone and the rest only if all their drafts were
+                        // accepted (0 = as the mode verifies: one batch, or exact mode's chunks)
 };
 
 class DraftPolicy {
