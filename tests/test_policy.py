@@ -375,3 +375,26 @@ def test_the_first_draft_of_a_source_in_a_generation_is_verified_behind_a_one_ro
     e.new_generation()
     e.choose(48, False, True, 10)
     assert e.first_rows() == 0
+
+
+def test_what_one_source_saw_of_a_text_moves_the_others_first_estimates():
+    # 15 n-gram sources start from their priors in each generation; position-0 outcomes of any of them (drafts and
+    # free shadow observations) tell the others how this text copies
+    def fresh():
+        p = _core.AutoPolicy()
+        p.set_verify_costs(EPYC)
+        p.new_generation()
+        return p
+
+    assert fresh().choose(48, False, True, 3)[0] == 0  # a 3-token match on its prior (0.81) does not pay here
+    p = fresh()
+    for _ in range(6):  # 1-token matches whose next token was right, on plain steps
+        p.observe_shadow(1, False, True)
+    assert p.choose(48, False, True, 3)[0] > 0  # this text copies: the 3-token match drafts
+    assert p.acceptance(_core.AutoPolicy.source_of(True, 3))[0] == pytest.approx(0.81)  # its own estimate untouched
+    p.new_generation()  # the next text starts from the priors again
+    assert p.choose(48, False, True, 3)[0] == 0
+    q = fresh()
+    for _ in range(6):  # misses do not stop a copy on their own: they make its first draft go behind a probe
+        q.observe_shadow(1, False, False)
+    assert q.choose(48, False, True, 10)[0] > 0 and q.first_rows() == 1

@@ -16,6 +16,7 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
+constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
 // was the answer's, over the plain answers of the dev set's runs (bench/results default-vs-fixed-k,
@@ -49,6 +50,7 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     keep = std::min(1.0, std::max(0.0, keep));
     text_keep = std::min(1.0, std::max(0.0, text_keep));
     drafted_.fill(false);
+    text_hits_ = text_expected_ = 0.0;
     for (int s = 0; s < n_sources; ++s) {
         const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
         for (int j = 0; j < n_max; ++j) {
@@ -204,6 +206,14 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     // a position never observed counts with the acceptance of the deepest one observed before it: optimism
     // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
     std::array<double, n_max> a = alpha_[source];
+    if (source >= 1 && source <= 2 * n_buckets) {
+        // the text's factor moves the prior's share of the position-0 estimate (1 / (observations + 1) while
+        // the estimate is a running mean): what the other sources saw of this text tells this one
+        const double prior = alpha_prior_ngram[source - 1];
+        const double f = (text_hits_ + text_pseudo) / (text_expected_ + text_pseudo);
+        const double moved = a[0] + (prior * f - prior) / (n_obs_[source][0] + 1.0);
+        a[0] = std::min(std::max(a[0], 0.99), std::max(std::min(a[0], 0.01), moved));
+    }
     for (int j = 1; j < n_max; ++j) {
         if (n_obs_[source][j] == 0 && n_obs_[source][j - 1] > 0) {
             a[j] = a[j - 1];
@@ -326,6 +336,7 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
     const int s = o.from_ngram ? last_source_ : 0;
     drafted_[s] = true;
+    observe_text(s, o.n_accepted > 0);
     if (exploring_) { // a failed try makes the next one come later, a successful one sooner
         int & after = explore_after_[s];
         after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);
@@ -357,10 +368,18 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
         return;
     }
     const int s = source_of(true, ngram_match, doubtful, memory);
+    observe_text(s, would_accept);
     const double w = learn_rate(s, 0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {
         alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][0];
+    }
+}
+
+void AutoPolicy::observe_text(int source, bool accepted) {
+    if (source >= 1 && source <= 2 * n_buckets) { // matches in the text itself (not the memory, not the model)
+        text_hits_ += accepted ? 1.0 : 0.0;
+        text_expected_ += alpha_prior_ngram[source - 1];
     }
 }
 
