@@ -70,7 +70,7 @@ def test_a_profile_that_stays_noisy_is_cached_as_measured(tiny, tmp_path, monkey
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
     calls = []
 
-    def busy(self, sizes, n_reps):  # T(1) above every larger batch, every time
+    def busy(self, sizes, n_reps, n_prefix=32):  # T(1) above every larger batch, every time
         calls.append(sizes)
         return [50.0] + [10.0] * (max(sizes) - 1)
 
@@ -260,9 +260,9 @@ def test_exact_and_fast_mode_keep_their_own_cached_profiles(tiny, tmp_path, monk
     calls = []
     measure = _core.Engine.profile_verify
 
-    def counted(self, sizes, n_reps):
+    def counted(self, sizes, n_reps, n_prefix=32):
         calls.append(list(sizes))
-        return measure(self, sizes, n_reps)
+        return measure(self, sizes, n_reps, n_prefix)
 
     monkeypatch.setattr(_core.Engine, "profile_verify", counted)
     n_calls = []
@@ -273,3 +273,24 @@ def test_exact_and_fast_mode_keep_their_own_cached_profiles(tiny, tmp_path, monk
     assert {len(c) for c in calls} == {len(profile.sizes_for(_core.exact_verify_rows)), len(profile.SIZES)}, calls
     assert n_calls[1] == n_calls[2] == n_calls[3], n_calls  # the second load of each mode measured nothing
     assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_the_profile_measures_a_rows_context_cost_and_an_older_profile_is_measured_again(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
+    cost = llm.profile["context_row_ms"]
+    assert isinstance(cost, float) and 0.0 <= cost < 1.0, llm.profile
+    (path,) = tmp_path.glob("*.json")
+    older = json.loads(path.read_text())
+    del older["context_row_ms"]  # a profile from before the context term
+    path.write_text(json.dumps(older))
+    calls = []
+    measure = _core.Engine.profile_verify
+    monkeypatch.setattr(_core.Engine, "profile_verify",
+                        lambda self, sizes, n_reps, n_prefix=32: calls.append(n_prefix) or measure(self, sizes, n_reps,
+                                                                                                   n_prefix))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
+    assert calls and max(calls) == profile.LONG_CONTEXT and "context_row_ms" in llm.profile
+    # a context too small to measure at: 0, and the tiny LLM still loads
+    small = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=True)
+    assert small.profile["context_row_ms"] >= 0.0

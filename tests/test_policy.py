@@ -398,3 +398,28 @@ def test_what_one_source_saw_of_a_text_moves_the_others_first_estimates():
     for _ in range(6):  # misses do not stop a copy on their own: they make its first draft go behind a probe
         q.observe_shadow(1, False, False)
     assert q.choose(48, False, True, 10)[0] > 0 and q.first_rows() == 1
+
+
+def test_long_batches_are_costed_with_the_context_they_attend_to():
+    # each verify row after the first adds context_row_cost ms per token of context beyond the profile's (32): at
+    # 2,000 tokens a 16-row batch on this machine's curve costs 135 + 15 * 1,968 * 0.0016 = 182 ms, not 135
+    p = _core.AutoPolicy()
+    p.set_verify_costs(EPYC)
+    p.set_context_row_cost(0.0016)
+    assert p.context_row_cost() == 0.0016
+    p.new_generation()
+    p.choose(48, False, True, 10, n_past=2000)
+    t = p.verify_costs()
+    assert t[0] == pytest.approx(22) and t[15] == pytest.approx(135 + 15 * 1968 * 0.0016)
+    p.choose(48, False, True, 10, n_past=32)
+    short = p.verify_costs()
+    assert short[15] == pytest.approx(135)
+    # the online scale follows what the context term leaves: steps that cost what the model says keep it at 1
+    for _ in range(50):
+        k, _ = p.choose(48, False, True, 10, n_past=2000)
+        first = p.first_rows()
+        cost = short[k] + k * 1968 * 0.0016 if first == 0 else short[0] + short[k - 1] + (k - 1) * 1968 * 0.0016
+        p.update(k, k, True, 0.0, cost, 0, k + 1)
+    assert p.verify_costs()[0] == pytest.approx(22, rel=0.02)
+    with pytest.raises(ValueError):
+        p.set_context_row_cost(-1.0)

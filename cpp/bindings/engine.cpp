@@ -107,6 +107,12 @@ void register_engine(py::module_ & m) {
             }
             e.auto_policy().set_draft_token_cost(ms);
         })
+        .def("set_context_row_cost", [](Engine & e, double ms) {
+            if (!std::isfinite(ms) || ms < 0.0) {
+                throw py::value_error("the context row cost must be a finite number of ms >= 0");
+            }
+            e.auto_policy().set_context_row_cost(ms);
+        })
         .def("acceptance_estimate", [](Engine & e, int source) {
             if (source < 0 || source >= AutoPolicy::n_sources) {
                 throw py::index_error("source must be in [0, " + std::to_string(AutoPolicy::n_sources) + "), got " +

@@ -16,6 +16,7 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
+constexpr int profile_context = 32; // the context T(n) is profiled at (Engine::profile_verify's default prefix)
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
@@ -181,7 +182,11 @@ std::vector<double> AutoPolicy::verify_costs() const {
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    return verify_scale_ * t_verify_[std::min(n, n_max + 1)];
+    return verify_scale_ * t_verify_[std::min(n, n_max + 1)] + context_extra(n);
+}
+
+double AutoPolicy::context_extra(int n) const {
+    return c_context_row_ * std::max(0, n - 1) * std::max(0, n_past_ - profile_context);
 }
 
 double AutoPolicy::cost_catchup(int lag) const {
@@ -272,6 +277,7 @@ double AutoPolicy::cost_rows(int n_rows, int first) const {
 
 Choice AutoPolicy::choose(const StepContext & ctx) {
     Choice best;
+    n_past_ = ctx.n_past;
     double best_rate = margin / cost_verify(1);
     exploring_ = false;
     const int k_cap = std::min({ctx.k_max, k_limit_, n_max});
@@ -328,8 +334,17 @@ void AutoPolicy::update(const StepOutcome & o) {
     // factor (measured / profiled) follows it, whatever n the steps use
     const int n = o.n_verified > 0 ? o.n_verified : o.n_drafted + 1;
     const double profiled = cost_rows(n, last_first_);
+    // what the context adds per row beyond the first is costed apart; the scale follows the rest
+    double extra = 0.0;
+    const int chunk = one_batch() ? n : verify_rows_;
+    for (int r0 = 0; r0 < n;) {
+        const int m = std::min(r0 == 0 && last_first_ > 0 && one_batch() ? last_first_ : chunk, n - r0);
+        extra += context_extra(m);
+        r0 += m;
+    }
     if (o.verify_ms > 0.0 && profiled > 0.0) {
-        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (o.verify_ms / profiled);
+        const double seen = std::max(0.1 * o.verify_ms, o.verify_ms - extra);
+        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (seen / profiled);
     }
     if (o.n_drafted == 0) {
         return;

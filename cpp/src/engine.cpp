@@ -205,6 +205,7 @@ StepResult Engine::step_locked() {
     sctx.has_model = draft_model_ != nullptr && model_in_step_;
     sctx.has_ngram = opts_.draft_kind == DraftKind::ngram || opts_.draft_kind == DraftKind::hybrid;
     sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
+    sctx.n_past = n_past;
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
         const NgramMatch m = drafter_->ngram_match(history_, id_last_);
         sctx.ngram_match = m.length;

@@ -25,6 +25,26 @@ N_REPS_EXACT = 4  # exact mode measures 3 small sizes: more rounds, a steadier T
 
 
 MAX_MEASURES = 3  # a profile that looks busy is measured again, at most this many times in all
+SHORT_CONTEXT = 32    # the context T(n) is measured at (Engine.profile_verify's default prefix)
+LONG_CONTEXT = 1024   # ... and the context the cost of a row of context is measured at
+CONTEXT_ROWS = 16     # the batch size that measurement uses (exact mode: its largest chunk)
+
+
+def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
+    """ms that each verify row after the first adds per token of context beyond SHORT_CONTEXT: T(1) and T(n) at a
+    long context against the short profile. The policy scales T(n) by one factor that plain steps keep up to date;
+    this is what a batch's rows add beyond it (each attends to the whole context). 0 if the context is too small
+    to measure."""
+    n = min(CONTEXT_ROWS, max(sizes))
+    prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
+    if n < 2 or prefix < 8 * SHORT_CONTEXT:
+        return 0.0
+    # short and long measured back to back (the profile's own T(1), taken seconds earlier, moves by 10% on a
+    # shared machine, and the term is the small difference of two ratios)
+    short = engine.profile_verify([1, n], N_REPS + 1, SHORT_CONTEXT)
+    long = engine.profile_verify([1, n], N_REPS + 1, prefix)
+    scale = long[0] / short[0]
+    return max(0.0, (long[n - 1] - scale * short[n - 1]) / ((n - 1) * (prefix - SHORT_CONTEXT)))
 
 
 def increasing(verify_ms, tolerance: float = 0.9) -> bool:
@@ -66,6 +86,7 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     try:
         prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows).read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
+                and isinstance(prof.get("context_row_ms"), float)
                 and (increasing(prof["verify_ms"]) or prof.get("noisy") is True)):
             return prof
     except (OSError, ValueError, AttributeError):
@@ -83,7 +104,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     if prof is None:
         if known is not None and known.get("sizes") == sizes:
-            verify_ms = known["verify_ms"]
+            verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine and thread count; a few seconds)", ", ".join(map(str, sizes)))
@@ -94,7 +115,9 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                 log.warning("the measured verify costs do not grow with the batch size (%s ms): the machine was "
                             "busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
                             "measuring again" if attempt + 1 < MAX_MEASURES else "using them as measured")
-        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3)}
+            context_ms = context_row_cost(engine, sizes, verify_ms)
+        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
+                "context_row_ms": float(context_ms)}
         if not increasing(verify_ms):
             prof["noisy"] = True  # cached all the same: the next LLM takes it instead of measuring again
         tmp = None
@@ -110,6 +133,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             if not isinstance(e, OSError):
                 raise
     engine.set_verify_costs(prof["verify_ms"])
+    engine.set_context_row_cost(prof["context_row_ms"])
     if prof.get("draft_token_ms"):
         engine.set_draft_token_cost(prof["draft_token_ms"])
     return prof

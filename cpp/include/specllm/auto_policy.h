@@ -37,6 +37,11 @@ class AutoPolicy : public DraftPolicy {
     std::vector<double> verify_costs() const;
     int padded_rows(int n) const; // the rows to decode for a verify batch of n (>= n; n if not padded)
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
+    // ms that each verify row after the first adds per token of context beyond the profile's: a batch's rows
+    // each attend to the whole context, so long batches grow with it faster than a plain step (measured on a
+    // 2-core EPYC: T(16) = 5.16 T(1) at 32 tokens, 5.81 T(1) at 900), which the one online scale cannot follow
+    void set_context_row_cost(double ms) { c_context_row_ = ms; }
+    double context_row_cost() const { return c_context_row_; }
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
     // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
     // `keep`, so a model left out after poor prompts is tried again a few prompts later where its prior pays
@@ -103,6 +108,9 @@ class AutoPolicy : public DraftPolicy {
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
     std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
     double verify_scale_ = 1.0;                                // measured / profiled: grows with the context
+    double c_context_row_ = 0.0;                               // see set_context_row_cost
+    int n_past_ = 0;                                           // the context of the last choice
+    double context_extra(int n) const;                         // ms the context adds to a batch of n rows
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
     std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position
     std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted

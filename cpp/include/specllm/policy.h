@@ -31,6 +31,7 @@ struct StepContext {
     int model_lag = 0;        // tokens the draft model must decode before it can draft (it falls behind on
                               // plain and n-gram steps; catching up after a long prompt costs seconds)
     int hybrid_min_match = 3; // fixed policies use the n-gram proposal from this match length on
+    int n_past = 0;           // tokens in the target's context before this step
 };
 
 struct Choice {
