@@ -323,7 +323,7 @@ def test_the_first_load_on_a_machine_says_it_measures_costs_and_why(tiny, env):
     again = run(tiny, env, "generate", "Hello", "--max-tokens", "4")
     assert first.returncode == again.returncode == 0, first.stderr + again.stderr
     assert "measuring this machine's verify costs" in first.stderr
-    assert "to decide how many tokens to draft (once per model, machine and thread count" in first.stderr
+    assert "to decide how many tokens to draft (once per model, machine, thread count and mode" in first.stderr
     assert "measuring" not in again.stderr  # the profile is cached in the (test's) home
     assert first.stdout == again.stdout
 

@@ -362,7 +362,7 @@ def _stderr_handler() -> logging.Handler:
 
 
 def _show_profile_notes() -> None:
-    """The first load on a machine measures verify costs for a few seconds: say so on stderr."""
+    """The first load on a machine measures verify costs (10-20 s on a 2-core CPU): say so on stderr."""
     log = logging.getLogger("specllm.profile")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
         log.addHandler(_stderr_handler())

@@ -107,7 +107,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
-                     "draft (once per model, machine and thread count; a few seconds)", ", ".join(map(str, sizes)))
+                     "draft (once per model, machine, thread count and mode; 10-20 s on a 2-core CPU)",
+                     ", ".join(map(str, sizes)))
             for attempt in range(MAX_MEASURES):
                 verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
                 if increasing(verify_ms):
