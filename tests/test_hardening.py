@@ -50,13 +50,17 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     (path,) = tmp_path.glob("*.json")
     good = json.loads(path.read_text())
-    assert profile.increasing(good["verify_ms"])
-    path.write_text(json.dumps(dict(good, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0])))  # a busy machine
+    # the tiny model's steps take ~0.1 ms: under a sanitizer build even three measurements can stay noisy, and
+    # such a profile is cached as measured, marked noisy
+    assert profile.increasing(good["verify_ms"]) or good.get("noisy") is True
+    busy = {k: v for k, v in good.items() if k != "noisy"}
+    path.write_text(json.dumps(dict(busy, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0])))  # a busy machine
     caplog.clear()
     with caplog.at_level("INFO", logger="specllm.profile"):
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     assert any("measuring" in r.getMessage() for r in caplog.records)
-    assert profile.increasing(llm.profile["verify_ms"])
+    assert llm.profile["verify_ms"] != busy["verify_ms"]
+    assert profile.increasing(llm.profile["verify_ms"]) or llm.profile.get("noisy") is True
     assert not profile.increasing([50.0, 20.0]) and not profile.increasing([0.0, 1.0])
     assert not profile.increasing([]) and not profile.increasing([10.0, 20.0, 0.0, 9.0])  # T(4) below T(2)
     assert profile.increasing([10.0, 9.5, 12.0])  # a dip within timing noise
