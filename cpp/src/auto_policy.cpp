@@ -16,7 +16,6 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-constexpr int profile_context = 32; // the context T(n) is profiled at (Engine::profile_verify's default prefix)
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
@@ -113,100 +112,6 @@ int AutoPolicy::source_of(bool ngram, int match, bool doubtful, bool memory) {
     return 1 + bucket + (memory ? 2 * n_buckets : doubtful ? n_buckets : 0);
 }
 
-void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
-    if (costs.empty() || !std::isfinite(costs[0]) || costs[0] <= 0.0) {
-        throw InvalidArgument("verify costs need T(1) > 0 ms (costs[0]), got " +
-                              (costs.empty() ? std::string("none") : std::to_string(costs[0])));
-    }
-    // the measured points (sizes with a finite cost > 0; 0 = not measured)
-    std::vector<int> n_at;
-    std::vector<double> t_at;
-    for (int n = 1; n <= (int) costs.size() && n <= n_max + 1; ++n) {
-        if (std::isfinite(costs[n - 1]) && costs[n - 1] > 0.0) {
-            n_at.push_back(n);
-            t_at.push_back(costs[n - 1]);
-        }
-    }
-    // a batch is padded to the cheapest measured size at least as large (the engine decodes filler rows), so the
-    // cost of n rows is the least measured cost of any size >= n: on a 2-core EPYC, T(13..15) = 151-166 ms but
-    // T(16) = 135 (ggml's repacked GEMM takes rows in groups of 4, and 16 fill its tiles). A measured point that
-    // is only noise (measured high) is padded past alike
-    std::vector<int> pad_at(n_at);
-    for (size_t i = t_at.size() - 1; i-- > 0;) {
-        if (t_at[i + 1] < t_at[i]) {
-            t_at[i] = t_at[i + 1];
-            pad_at[i] = pad_at[i + 1];
-        }
-    }
-    // beyond the last measured size: a least-squares line through all fitted points, slope >= 0 (one point:
-    // linear in n, the pessimistic guess)
-    double slope = t_at.back() / n_at.back();
-    if (n_at.size() >= 2) {
-        double mn = 0.0, mt = 0.0;
-        for (size_t i = 0; i < n_at.size(); ++i) {
-            mn += n_at[i];
-            mt += t_at[i];
-        }
-        mn /= n_at.size();
-        mt /= n_at.size();
-        double cov = 0.0, var = 0.0;
-        for (size_t i = 0; i < n_at.size(); ++i) {
-            cov += (n_at[i] - mn) * (t_at[i] - mt);
-            var += (n_at[i] - mn) * (n_at[i] - mn);
-        }
-        slope = std::max(0.0, var > 0.0 ? cov / var : 0.0);
-    }
-    for (int n = 1; n <= n_max + 1; ++n) {
-        const auto hi = std::lower_bound(n_at.begin(), n_at.end(), n);
-        const size_t i = (size_t) (hi - n_at.begin());
-        pad_to_[n] = n;
-        if (hi == n_at.end()) { // beyond the last measured size: the line, not padded
-            t_verify_[n] = t_at.back() + slope * (n - n_at.back());
-        } else { // measured, or padded to the next measured size (or a cheaper larger one)
-            t_verify_[n] = t_at[i];
-            pad_to_[n] = pad_at[i];
-        }
-    }
-}
-
-int AutoPolicy::padded_rows(int n) const {
-    return n >= 1 && n <= n_max + 1 ? pad_to_[n] : n;
-}
-
-std::vector<double> AutoPolicy::verify_costs() const {
-    std::vector<double> out;
-    for (int n = 1; n <= n_max + 1; ++n) {
-        out.push_back(cost_verify(n));
-    }
-    return out;
-}
-
-double AutoPolicy::cost_verify(int n) const {
-    return verify_scale_ * t_verify_[std::min(n, n_max + 1)] + context_extra(n);
-}
-
-double AutoPolicy::context_extra(int n) const {
-    return c_context_row_ * std::max(0, n - 1) * std::max(0, n_past_ - profile_context);
-}
-
-double AutoPolicy::cost_catchup(int lag) const {
-    // id_last (and the last draft token) are decoded on every model step anyway: only a longer lag is extra
-    const int extra = std::max(0, lag - 2);
-    if (extra == 0) {
-        return 0.0;
-    }
-    const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * cost_verify(1));
-    return c * extra;
-}
-
-double AutoPolicy::cost_draft(int source, int k) const {
-    if (source != 0) {
-        return 0.02 * k; // an n-gram lookup costs microseconds
-    }
-    const double c = c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1];
-    return c * k;
-}
-
 std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) const {
     // a position never observed counts with the acceptance of the deepest one observed before it: optimism
     // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
@@ -230,10 +135,9 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
 }
 
 double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms, int first) const {
-    const int chunk = verify_rows_ > 0 ? verify_rows_ : k + 1;
     double e = 1.0, run = 1.0, ms = c_draft_ms, reach = 1.0;
     for (int r0 = 0; r0 <= k;) { // rows r0.. verify draft positions r0..
-        const int n = std::min(r0 == 0 && first > 0 && one_batch() ? first : chunk, k + 1 - r0);
+        const int n = chunk_rows(r0, k + 1, first);
         ms += reach * cost_verify(n);
         for (int j = r0; j < std::min(r0 + n, k); ++j) {
             run *= alpha[j];
@@ -262,17 +166,6 @@ double AutoPolicy::best_rate(const double * alpha, int k, double c_draft_ms, int
         }
     }
     return best;
-}
-
-double AutoPolicy::cost_rows(int n_rows, int first) const {
-    const int chunk = verify_rows_ > 0 ? verify_rows_ : std::max(1, n_rows);
-    double ms = 0.0;
-    for (int r0 = 0; r0 < n_rows;) {
-        const int n = std::min(r0 == 0 && first > 0 && one_batch() ? first : chunk, n_rows - r0);
-        ms += t_verify_[std::min(n, n_max + 1)];
-        r0 += n;
-    }
-    return ms;
 }
 
 Choice AutoPolicy::choose(const StepContext & ctx) {
@@ -334,14 +227,7 @@ void AutoPolicy::update(const StepOutcome & o) {
     // factor (measured / profiled) follows it, whatever n the steps use
     const int n = o.n_verified > 0 ? o.n_verified : o.n_drafted + 1;
     const double profiled = cost_rows(n, last_first_);
-    // what the context adds per row beyond the first is costed apart; the scale follows the rest
-    double extra = 0.0;
-    const int chunk = one_batch() ? n : verify_rows_;
-    for (int r0 = 0; r0 < n;) {
-        const int m = std::min(r0 == 0 && last_first_ > 0 && one_batch() ? last_first_ : chunk, n - r0);
-        extra += context_extra(m);
-        r0 += m;
-    }
+    const double extra = context_rows(n, last_first_); // costed apart: the scale follows the rest
     if (o.verify_ms > 0.0 && profiled > 0.0) {
         const double seen = std::max(0.1 * o.verify_ms, o.verify_ms - extra);
         verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (seen / profiled);

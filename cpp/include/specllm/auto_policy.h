@@ -98,6 +98,8 @@ class AutoPolicy : public DraftPolicy {
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
     // profiled ms to decode n_rows verify rows in chunks (unscaled), the first chunk of `first` rows if > 0
     double cost_rows(int n_rows, int first = 0) const;
+    double context_rows(int n_rows, int first = 0) const; // what the context adds to those chunks
+    int chunk_rows(int r0, int n_rows, int first) const;   // rows of the chunk starting at row r0
     // expected tokens per ms of a k-token draft with per-position acceptance alpha (chunks after a rejection
     // are not decoded, so later chunks count with the probability that they are reached); first > 0: the first
     // `first` rows alone, then the rest in one batch
