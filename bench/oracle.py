@@ -42,10 +42,14 @@ def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"
             yield rec["task"], llm.tokenize(text), answer
 
 
-def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, k_max: int):
-    """-> (oracle ms, plain ms, tokens drafted and accepted)"""
+def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, k_max: int,
+           row_ms: float = 0.0, n_context: int | None = None):
+    """-> (oracle ms, plain ms, tokens drafted and accepted). `row_ms`: what a verify row adds per token of context
+    beyond the profile's 32 (charged to each chunk); `n_context`: the context before the answer (default: the
+    prompt's length; a drafting memory indexed before the prompt is not in the context)."""
     ngram_index.clear()
     ngram_index.extend(prompt)
+    n_context = len(prompt) if n_context is None else n_context
     i = ms = covered = 0
     while i < len(answer):
         _, proposal = ngram_index.lookup(k_max)
@@ -53,6 +57,7 @@ def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float]
         while run < len(proposal) and i + run < len(answer) and proposal[run] == answer[i + run]:
             run += 1
         ms += verify_ms(costs, run + 1, chunk)
+        ms += sum(row_ms * (min(chunk, run + 1 - r0) - 1) * max(0, n_context + i - 32) for r0 in range(0, run + 1, chunk))
         covered += run
         ngram_index.extend(answer[i:i + run + 1])
         i += run + 1

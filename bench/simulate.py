@@ -21,12 +21,22 @@ import sys
 from bench.oracle import verify_ms
 
 
+def context_ms(row_ms: float, rows: int, n_past: int) -> float:
+    """What the context adds to a batch of `rows` verify rows (the engine's cost model, AutoPolicy::context_extra)."""
+    return row_ms * max(0, rows - 1) * max(0, n_past - PROFILE_CONTEXT)
+
+
+PROFILE_CONTEXT = 32  # the context the profile measures T(n) at
+
+
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
-             k_limit: int, memory: list[int] = ()):
+             k_limit: int, memory: list[int] = (), row_ms: float = 0.0):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
-    text's (one index over both picks the same occurrence; ties go to the text, the newer)."""
+    text's (one index over both picks the same occurrence; ties go to the text, the newer). `row_ms`: what a verify
+    row adds per token of context beyond the profile's (the profile's context_row_ms; 0 = context costs nothing):
+    the policy is told it and the context, and a batch is charged it, as on the machine that measured it."""
     from specllm import _core
 
     index.clear()
@@ -38,7 +48,8 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         from_memory = length > 0 and source < n_mem
         doubtful = doubt and not from_memory and (ambiguous or source >= n_mem + len(prompt))
         k_max = min(k_limit, len(answer) - i - 1)
-        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory)[0]
+        n_past = len(prompt) + i
+        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past)[0]
              if k_max > 0 and length > 0 else 0)
         run, proposal = 0, []
         if k > 0:
@@ -49,10 +60,13 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         first = policy.first_rows() if chunk > _core.AutoPolicy.n_max else 0  # fast mode: a first chunk alone
         if 0 < first < rows:
             reached = first if run < first else rows  # the rest only if every draft in the first was accepted
-            cost = costs[first - 1] + (costs[rows - first - 1] if reached == rows else 0.0)
+            cost = costs[first - 1] + context_ms(row_ms, first, n_past)
+            if reached == rows:
+                cost += costs[rows - first - 1] + context_ms(row_ms, rows - first, n_past)
         else:
             reached = min(rows, -(-(run + 1) // chunk) * chunk)  # chunks after the rejecting one are skipped
-            cost = verify_ms(costs, reached, chunk)
+            cost = verify_ms(costs, reached, chunk) + sum(context_ms(row_ms, min(chunk, reached - r0), n_past)
+                                                          for r0 in range(0, reached, chunk))
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
             _, first = index.lookup(1)
@@ -67,13 +81,15 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     return ms, len(answer) * costs[0], drafted, accepted, steps, mem_steps
 
 
-def new_policy(costs: list[float], chunk: int):
-    """An AutoPolicy costed as the engine's: the profile's T(n), verify chunks of `chunk` rows."""
+def new_policy(costs: list[float], chunk: int, row_ms: float = 0.0):
+    """An AutoPolicy costed as the engine's: the profile's T(n), verify chunks of `chunk` rows, what a row adds per
+    token of context."""
     from specllm import _core
 
     policy = _core.AutoPolicy()
     policy.set_verify_costs(costs)
     policy.set_verify_rows(chunk)
+    policy.set_context_row_cost(row_ms)
     return policy
 
 
@@ -97,7 +113,7 @@ def sequence_answers(llm, run: dict, system: str = "plain"):
 
 
 def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, memory_on: bool, k_limit: int,
-                       carry_over: dict) -> dict:
+                       carry_over: dict, row_ms: float = 0.0) -> dict:
     """Replay multi-call sequences with one policy carried through all of them (as one LLM in bench.multicall)
     and, with memory_on, a drafting memory of the sequence's earlier answers. -> {sequence: [(request, policy
     speedup, oracle speedup, memory steps, steps)]}"""
@@ -112,22 +128,23 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
         mem = memory if memory_on else []
         policy.new_generation(**carry_over)
         ms, plain_ms, _, _, steps, mem_steps = simulate(policy, index, prompt, answer, costs, chunk, True, k_limit,
-                                                        mem)
-        oms, oplain, _ = replay(index, mem + prompt, answer, costs, chunk, k_limit)
+                                                        mem, row_ms)
+        oms, oplain, _ = replay(index, mem + prompt, answer, costs, chunk, k_limit, row_ms, len(prompt))
         out[sid].append((request, plain_ms / ms, oplain / oms, mem_steps, steps))
         memory = memory + answer + [-1]
     return out
 
 
-def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str) -> int:
+def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str,
+                   row_ms: float = 0.0) -> int:
     from specllm import _core
 
     answers = list(sequence_answers(llm, run, answers_of))
     print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for memory_on in (False, True):
-        rows = simulate_sequences(new_policy(costs, chunk), _core.NgramIndex(2, 4), answers, costs, chunk, memory_on,
-                                  _core.AutoPolicy.n_max, carry_over)
+        rows = simulate_sequences(new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), answers, costs, chunk,
+                                  memory_on, _core.AutoPolicy.n_max, carry_over, row_ms)
         every = [row for v in rows.values() for row in v]
         for sid, v in list(rows.items()) + [("all", every)]:
             def med(col, late):
@@ -156,7 +173,7 @@ ROUNDS = 3  # --orders replays a prompt this many times in a row, as bench.run -
 
 
 def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n_orders: int, doubt: bool = True,
-                 seed: int = 1) -> dict:
+                 seed: int = 1, row_ms: float = 0.0) -> dict:
     """How much a prompt's speed-up depends on the prompts before it: every (task, prompt, answer) of `flat` replayed
     through ONE policy (as one LLM serves them) in the given order and in n_orders - 1 shuffled ones, each prompt
     ROUNDS times in a row (its speed-up: the median of its rounds). -> {"spread": per prompt, max - min over the
@@ -171,14 +188,15 @@ def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n
     index = _core.NgramIndex(2, 4)
     by_order = []
     for order in orders:
-        policy = new_policy(costs, chunk)
+        policy = new_policy(costs, chunk, row_ms)
         got = {}
         for i in order:
             _, prompt, answer = flat[i]
             rounds = []
             for _ in range(ROUNDS):
                 policy.new_generation(**carry_over)
-                ms, plain_ms, *_ = simulate(policy, index, prompt, answer, costs, chunk, doubt, _core.AutoPolicy.n_max)
+                ms, plain_ms, *_ = simulate(policy, index, prompt, answer, costs, chunk, doubt, _core.AutoPolicy.n_max,
+                                            (), row_ms)
                 rounds.append(plain_ms / ms)
             got[i] = statistics.median(rounds)
         by_order.append(got)
@@ -227,6 +245,9 @@ def main(argv=None) -> int:
                         "ms (0 = not measured; padded to the next measured size, as the engine does), e.g. the first "
                         "dev VM's fast-mode "
                         "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
+    p.add_argument("--context-ms", type=float, default=None,
+                   help="ms a verify row adds per token of context beyond the profile's, told to the policy and charged "
+                        "to every batch (default: this machine's profile's context_row_ms; 0: context costs nothing)")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -249,13 +270,16 @@ def main(argv=None) -> int:
                               exact=not args.fast)
             costs = list(llm._engine.verify_costs()) if args.costs is None else parse_costs(args.costs)
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
+            row_ms = (llm.profile or {}).get("context_row_ms", 0.0) if args.context_ms is None else args.context_ms
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
-                  f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows")
+                  f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
+                  "of context")
         if "sequence" in run["records"][0]:  # a bench.multicall run
-            return main_sequences(run, llm, costs, chunk, carry_over, args.answers)
+            return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms)
         flat.extend(plain_answers(llm, run, seen, args.answers))
     if args.orders > 0:
-        print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt), args.orders)
+        print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms),
+                           args.orders)
         return 0
     answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
     for task, prompt, answer in flat:
@@ -266,14 +290,14 @@ def main(argv=None) -> int:
     policy = None
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
-            policy = new_policy(costs, chunk)
+            policy = new_policy(costs, chunk, row_ms)
         sims, oracles, tot = [], [], [0, 0, 0, 0]
         for prompt, answer in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
             ms, plain_ms, d, a, s, _ = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
-                                             _core.AutoPolicy.n_max)
+                                             _core.AutoPolicy.n_max, (), row_ms)
             sims.append(plain_ms / ms)
-            oms, oplain, _ = replay(index, prompt, answer, costs, chunk, _core.AutoPolicy.n_max)
+            oms, oplain, _ = replay(index, prompt, answer, costs, chunk, _core.AutoPolicy.n_max, row_ms)
             oracles.append(oplain / oms)
             for j, v in enumerate((d, a, s, len(answer))):
                 tot[j] += v

@@ -449,6 +449,27 @@ def test_simulate_replays_answers_through_the_policy():
     assert drafted == 0 and steps == 100 and ms == plain_ms
 
 
+def test_simulate_and_the_oracle_charge_what_the_context_adds_to_a_batch():
+    from bench.oracle import replay
+    from bench.simulate import new_policy, simulate
+    from specllm import _core
+
+    costs = [20.0, 30, 40, 50] + [50 + 5.0 * n for n in range(1, 46)]  # long batches cheap per row
+    prompt = list(range(100, 1100))  # 1,000 distinct tokens, copied back
+    answer = [100, 101] + prompt[2:300]
+    got = {}
+    for row_ms in (0.0, 0.01):  # 0.01 ms per row per token of context: a 16-row batch at 1,000 tokens pays +145 ms
+        index = _core.NgramIndex(2, 4)
+        ms, plain_ms, drafted, accepted, *_ = simulate(new_policy(costs, 49, row_ms), index, prompt, answer, costs, 49,
+                                                       True, 48, (), row_ms)
+        oms, oplain, covered = replay(index, prompt, answer, costs, 49, 48, row_ms)
+        got[row_ms] = (ms, plain_ms, accepted, oms, covered)
+    assert got[0.0][1] == got[0.01][1] == 300 * 20.0  # plain steps are what the online scale follows: not charged
+    assert got[0.01][0] > got[0.0][0] and got[0.01][3] > got[0.0][3]  # the copy's batches pay for the context
+    assert got[0.01][4] == got[0.0][4]  # the oracle drafts the same tokens
+    assert got[0.01][0] < got[0.01][1]  # a verbatim copy still pays with the context charged
+
+
 def test_simulated_sequences_draft_a_repeated_answer_from_the_memory_only_when_it_is_on():
     from bench.simulate import simulate_sequences
     from specllm import _core
