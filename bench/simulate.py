@@ -245,6 +245,9 @@ def main(argv=None) -> int:
                         "ms (0 = not measured; padded to the next measured size, as the engine does), e.g. the first "
                         "dev VM's fast-mode "
                         "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
+    p.add_argument("--memory", action="store_true",
+                   help="a drafting memory of the earlier prompts' answers in run order, as bench.run's default system "
+                        "keeps (one LLM; a prompt never finds its own answer there)")
     p.add_argument("--context-ms", type=float, default=None,
                    help="ms a verify row adds per token of context beyond the profile's, told to the policy and charged "
                         "to every batch (default: this machine's profile's context_row_ms; 0: context costs nothing)")
@@ -284,25 +287,28 @@ def main(argv=None) -> int:
     answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
     for task, prompt, answer in flat:
         answers.setdefault(task, []).append((prompt, answer))
-    print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token | memory steps |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
     policy = None
+    memory: list[int] = []
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
             policy = new_policy(costs, chunk, row_ms)
-        sims, oracles, tot = [], [], [0, 0, 0, 0]
+        sims, oracles, tot = [], [], [0, 0, 0, 0, 0]
         for prompt, answer in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
-            ms, plain_ms, d, a, s, _ = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
-                                             _core.AutoPolicy.n_max, (), row_ms)
+            ms, plain_ms, d, a, s, m = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
+                                                _core.AutoPolicy.n_max, memory, row_ms)
+            if args.memory:
+                memory = memory + answer + [-1]
             sims.append(plain_ms / ms)
             oms, oplain, _ = replay(index, prompt, answer, costs, chunk, _core.AutoPolicy.n_max, row_ms)
             oracles.append(oplain / oms)
-            for j, v in enumerate((d, a, s, len(answer))):
+            for j, v in enumerate((d, a, s, len(answer), m)):
                 tot[j] += v
         print(f"| {task} | {len(pairs)} | {statistics.median(sims):.2f} | {statistics.median(oracles):.2f} | "
-              f"{tot[0]} | {tot[1]} ({tot[1] / max(1, tot[0]):.0%}) | {tot[2] / tot[3]:.2f} |")
+              f"{tot[0]} | {tot[1]} ({tot[1] / max(1, tot[0]):.0%}) | {tot[2] / tot[3]:.2f} | {tot[4]} |")
     return 0
 
 
