@@ -8,6 +8,13 @@ the text so far has a match, the match's source (its length bucket; clean, or do
 from the answer itself) gets one observation: was the proposal's next token the answer's? ("pos 0"), and, along the
 proposal while it stays right, were its later tokens ("deeper")? Prints the rates per source, overall and per task.
 Use the dev set's runs: the fresh set is for checking, not tuning.
+
+Given a `bench.multicall` run, it measures the drafting memory's sources instead: each sequence's plain answers in
+order, each request with the sequence's earlier answers as the memory (as bench.multicall runs them), a match
+found in the memory counting for the memory's bucket (the engine takes the memory's match when it agrees further
+back than the text's). The memory's priors come from
+
+    python -m bench.calibrate bench/results/multicall-text-factor/2026-11-24-vm.json
 """
 from __future__ import annotations
 
@@ -18,17 +25,23 @@ import sys
 from bench.oracle import plain_answers
 
 NAMES = ["clean 1-2", "clean 3", "clean 4-7", "clean 8-15", "clean 16+",
-         "doubtful 1-2", "doubtful 3", "doubtful 4-7", "doubtful 8-15", "doubtful 16+"]
+         "doubtful 1-2", "doubtful 3", "doubtful 4-7", "doubtful 8-15", "doubtful 16+",
+         "memory 1-2", "memory 3", "memory 4-7", "memory 8-15", "memory 16+"]
 
 
-def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, deeper: dict, task: str = "") -> None:
-    """Add one answer's observations: pos0[source] / deeper[source] / pos0[(source, task)] = [right, seen]."""
+def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, deeper: dict, task: str = "",
+          memory: list[int] = ()) -> None:
+    """Add one answer's observations: pos0[source] / deeper[source] / pos0[(source, task)] = [right, seen].
+    `memory`: earlier answers (each followed by the separator -1) indexed before the prompt; a match there is the
+    memory's (one index over both picks the occurrence that agrees furthest back; ties go to the text)."""
     index.clear()
-    index.extend(prompt)
+    index.extend(list(memory) + list(prompt))
+    n_mem = len(memory)
     for i, token in enumerate(answer):
         length, ambiguous, source = index.match()
         if length > 0:
-            s = source_of(True, length, ambiguous or source >= len(prompt))
+            from_memory = source < n_mem
+            s = source_of(True, length, not from_memory and (ambiguous or source >= n_mem + len(prompt)), from_memory)
             _, proposal = index.lookup(8)
             for key in (s, (s, task)):
                 pos0.setdefault(key, [0, 0])
@@ -62,6 +75,17 @@ def main(argv=None) -> int:
     index = _core.NgramIndex(2, 4)
     n_prompts = 0
     for run in runs:
+        if "sequence" in run["records"][0]:  # a bench.multicall run: the memory's sources
+            from bench.simulate import sequence_answers
+
+            memory, current = [], None
+            for sid, _, prompt, answer in sequence_answers(llm, run):
+                if sid != current:
+                    memory, current = [], sid  # bench.multicall clears the memory at each sequence's start
+                tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, sid, memory)
+                memory = memory + answer + [-1]
+                n_prompts += 1
+            continue
         for task, prompt, answer in plain_answers(llm, run, seen):
             tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, task)
             n_prompts += 1

@@ -31,8 +31,11 @@ SHORT = [
     "    return 2 * (w + h)\n",
 ]
 LONG_IDS = ("fresh-summarization-6", "fresh-rag-5")  # 838 and 864 tokens with the chat template
-# the rates the README states (Limits): at least this many of the 12 prompts equal plain decoding
-MIN_EQUAL = {"exact": 11, "fast": 5}
+# the rates the README states (Limits): exact mode equals plain decoding on every short prompt (its 3-row verify
+# chunks run the single-token kernels); on the two long ones llama.cpp's multi-threaded attention may flip a
+# near-tie in either mode (one of them matched on the second VM, neither on the third), so they are reported, not
+# counted. Fast mode: at least this many of all 12
+MIN_EQUAL_FAST = 5
 
 
 def long_prompts():
@@ -70,4 +73,9 @@ def test_the_default_configuration_matches_plain_decoding(mode_runs):
     print(f"\n{mode}: {equal}/12 equal to plain decoding\n" + "\n".join(report))
     drafted = sum(r[2].stats.n_drafted for r in runs)
     assert drafted > 0, "auto drafted nothing on 12 prompts: the test exercised nothing"
-    assert equal >= MIN_EQUAL[mode], f"{mode}: {equal}/12 equal to plain decoding\n" + "\n".join(report)
+    message = f"{mode}: {equal}/12 equal to plain decoding\n" + "\n".join(report)
+    if mode == "exact":
+        short_equal = sum(first_divergence(p.tokens, s.tokens) is None for _, p, s in runs if p.stats.n_prompt < 512)
+        assert short_equal == 10, message
+    else:
+        assert equal >= MIN_EQUAL_FAST, message
