@@ -19,8 +19,19 @@ import sys
 from bench import tasks
 
 
-def verify_ms(costs: list[float], rows: int, chunk: int) -> float:
-    return sum(costs[min(chunk, rows - r0) - 1] for r0 in range(0, rows, chunk))
+def verify_ms(costs: list[float], rows: int, chunk: int, row_ms: float = 0.0, n_past: int = 0) -> float:
+    """ms to verify `rows` rows in chunks of at most `chunk`, each chunk also paying what the context adds."""
+    return sum(costs[min(chunk, rows - r0) - 1] + context_ms(row_ms, min(chunk, rows - r0), n_past)
+               for r0 in range(0, rows, chunk))
+
+
+PROFILE_CONTEXT = 32  # the context the profile measures T(n) at
+
+
+def context_ms(row_ms: float, rows: int, n_past: int) -> float:
+    """What the context adds to a batch of `rows` verify rows (the engine's cost model, AutoPolicy::context_extra):
+    `row_ms` per row after the first per token of context beyond the profile's."""
+    return row_ms * max(0, rows - 1) * max(0, n_past - PROFILE_CONTEXT)
 
 
 def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"):
@@ -56,8 +67,7 @@ def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float]
         run = 0
         while run < len(proposal) and i + run < len(answer) and proposal[run] == answer[i + run]:
             run += 1
-        ms += verify_ms(costs, run + 1, chunk)
-        ms += sum(row_ms * (min(chunk, run + 1 - r0) - 1) * max(0, n_context + i - 32) for r0 in range(0, run + 1, chunk))
+        ms += verify_ms(costs, run + 1, chunk, row_ms, n_context + i)
         covered += run
         ngram_index.extend(answer[i:i + run + 1])
         i += run + 1

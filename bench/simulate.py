@@ -18,15 +18,7 @@ import json
 import statistics
 import sys
 
-from bench.oracle import verify_ms
-
-
-def context_ms(row_ms: float, rows: int, n_past: int) -> float:
-    """What the context adds to a batch of `rows` verify rows (the engine's cost model, AutoPolicy::context_extra)."""
-    return row_ms * max(0, rows - 1) * max(0, n_past - PROFILE_CONTEXT)
-
-
-PROFILE_CONTEXT = 32  # the context the profile measures T(n) at
+from bench.oracle import context_ms, verify_ms
 
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
@@ -65,8 +57,7 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
                 cost += costs[rows - first - 1] + context_ms(row_ms, rows - first, n_past)
         else:
             reached = min(rows, -(-(run + 1) // chunk) * chunk)  # chunks after the rejecting one are skipped
-            cost = verify_ms(costs, reached, chunk) + sum(context_ms(row_ms, min(chunk, reached - r0), n_past)
-                                                          for r0 in range(0, reached, chunk))
+            cost = verify_ms(costs, reached, chunk, row_ms, n_past)
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
             _, first = index.lookup(1)
