@@ -129,7 +129,8 @@ def markdown(summary: dict, meta: dict) -> str:
              f"Target `{meta.get('target')}`, draft `{meta.get('draft')}`, max tokens {meta.get('max_tokens')}, "
              f"temperature {meta.get('temperature')}, threads {meta.get('threads')}, "
              f"{meta.get('limit') or 'all'} prompts per task"
-             + (" of the fresh set (bench/prompts/fresh.jsonl)" if meta.get("prompts") == "fresh" else "")
+             + (f" of the {meta['prompts']} set (bench/prompts/{meta['prompts']}.jsonl)"
+                if meta.get("prompts") in ("fresh", "holdout") else "")
              + (f", each run {meta['repeat']} times" if (meta.get("repeat") or 1) > 1 else "")
              + ("; the specllm systems in lockstep (one speculative step each in turn)" if meta.get("lockstep") else "")
              + f"; CPU: {meta.get('cpu', '?')}."]

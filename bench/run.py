@@ -49,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--specbench", type=Path, default=None, help="Spec-Bench questions (default: shared/specbench)")
     p.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="dev",
                    help="dev: Spec-Bench dev half, HumanEval, prompts/code_edit.jsonl; fresh: prompts/fresh.jsonl, "
-                        "for checking only (default: %(default)s)")
+                        "holdout: prompts/holdout.jsonl, both for checking only (default: %(default)s)")
     p.add_argument("--lockstep", action="store_true",
                    help="advance the specllm systems one speculative step each in turn on every prompt (the other "
                         "systems run before them, per prompt): a ratio measured under the same load, much steadier "

@@ -1,7 +1,10 @@
 """Benchmark prompts: Spec-Bench (dev half), HumanEval code completion, and our code-editing prompts.
 
 A prompt is a list of user turns; the model's own answer to each turn goes between them (multi_turn has two).
-The "fresh" set (prompts/fresh.jsonl) has the same eight tasks from other sources, and is used only to check.
+The "fresh" set (prompts/fresh.jsonl) has the same eight tasks from other sources, and is used only to check. The
+"holdout" set (prompts/holdout.jsonl, 4 prompts per task, added 2026-11-25 after every fresh prompt had been looked
+at while the policy changed) is the next check: real documentation and articles for RAG and summaries, real code
+from open-source projects for code edits; each line says where it came from.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ ALL_TASKS = SPEC_BENCH_TASKS + CODE_TASKS
 BENCH_DIR = Path(__file__).resolve().parent
 CODE_EDIT_PATH = BENCH_DIR / "prompts" / "code_edit.jsonl"
 FRESH_PATH = BENCH_DIR / "prompts" / "fresh.jsonl"
-PROMPT_SETS = ("dev", "fresh")  # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; fresh: FRESH_PATH
+HOLDOUT_PATH = BENCH_DIR / "prompts" / "holdout.jsonl"
+PROMPT_SETS = ("dev", "fresh", "holdout")  # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; FRESH_PATH; HOLDOUT_PATH
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
 
@@ -84,6 +88,8 @@ def load_fresh(task: str | None = None, path: Path = FRESH_PATH) -> list[Prompt]
 def load_task(task: str, specbench: Path | None = None, prompt_set: str = "dev") -> list[Prompt]:
     if prompt_set == "fresh":
         return load_fresh(task)
+    if prompt_set == "holdout":
+        return load_fresh(task, HOLDOUT_PATH)
     if prompt_set != "dev":
         raise ValueError(f"unknown prompt set {prompt_set!r}: expected one of {', '.join(PROMPT_SETS)}")
     if task in SPEC_BENCH_TASKS:
