@@ -34,9 +34,10 @@ def context_ms(row_ms: float, rows: int, n_past: int) -> float:
     return row_ms * max(0, rows - 1) * max(0, n_past - PROFILE_CONTEXT)
 
 
-def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"):
+def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain", ends: bool = False):
     """(task, prompt tokens, answer tokens) of a run's plain first-turn answers (or another system's), in run order
-    (a (task, id) in `seen` is skipped, and added)."""
+    (a (task, id) in `seen` is skipped, and added). ends=True: a fourth item, the token that ended the answer (the
+    template's end of turn) if the model ended it before max_tokens, else None (cut at max_tokens)."""
     meta = run["meta"]
     prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"),
                                                             prompt_set=meta.get("prompts", "dev"),
@@ -50,7 +51,20 @@ def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"
         text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}], add_generation_prompt=True)
         answer = llm.tokenize(rec["text"], add_special=False)
         if answer:
-            yield rec["task"], llm.tokenize(text), answer
+            prompt = llm.tokenize(text)
+            if ends:
+                yield rec["task"], prompt, answer, end_token(llm, prompt, rec.get("n_gen"), meta.get("max_tokens"))
+            else:
+                yield rec["task"], prompt, answer
+
+
+def end_token(llm, prompt: list[int], n_gen: int | None, max_tokens: int | None) -> int | None:
+    """The token that ended an answer of n_gen tokens: None if it was cut at max_tokens (or either is unknown),
+    else the end-of-turn token the chat template put after the user's message (the first end-of-generation token of
+    the prompt), which the model emits to end its turn."""
+    if n_gen is None or max_tokens is None or n_gen >= max_tokens:
+        return None
+    return next((t for t in prompt if llm._engine.target.is_eog(t)), None)
 
 
 def replay(ngram_index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, k_max: int,

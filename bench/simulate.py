@@ -22,31 +22,42 @@ from bench.oracle import context_ms, verify_ms
 
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
-             k_limit: int, memory: list[int] = (), row_ms: float = 0.0):
+             k_limit: int, memory: list[int] = (), row_ms: float = 0.0, end: int | None = None,
+             max_tokens: int | None = None, boundary_of=None):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
     text's (one index over both picks the same occurrence; ties go to the text, the newer). `row_ms`: what a verify
     row adds per token of context beyond the profile's (the profile's context_row_ms; 0 = context costs nothing):
-    the policy is told it and the context, and a batch is charged it, as on the machine that measured it."""
+    the policy is told it and the context, and a batch is charged it, as on the machine that measured it.
+    `end`: the token that ended the answer (None: it was cut at max_tokens). The engine does not know where an
+    answer ends: it drafts up to max_tokens, and a draft that runs past the answer's end is rejected there (the
+    model emits `end` instead); without `end` the answer's last token is the last that can be drafted.
+    `boundary_of(last, proposal)`: the first position of a proposal right after the end of a sentence, or -1 (the
+    target Model's sentence_boundary, as the engine tells the policy); None: no boundaries."""
     from specllm import _core
 
     index.clear()
     index.extend(list(memory) + list(prompt))
     n_mem = len(memory)
+    text = list(answer) + ([] if end is None else [end])  # what the model emits, its end of turn included
+    budget = len(answer) if end is None or max_tokens is None else max(max_tokens, len(answer))
     i = ms = drafted = accepted = steps = mem_steps = 0
     while i < len(answer):
         length, ambiguous, source = index.match()
         from_memory = length > 0 and source < n_mem
         doubtful = doubt and not from_memory and (ambiguous or source >= n_mem + len(prompt))
-        k_max = min(k_limit, len(answer) - i - 1)
+        k_max = min(k_limit, budget - i - 1)
         n_past = len(prompt) + i
-        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past)[0]
+        boundary = -1
+        if boundary_of is not None and k_max > 0 and length > 0:
+            boundary = boundary_of(text[i - 1] if i > 0 else prompt[-1], index.lookup(k_max)[1])
+        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary)[0]
              if k_max > 0 and length > 0 else 0)
         run, proposal = 0, []
         if k > 0:
             _, proposal = index.lookup(k)
-            while run < len(proposal) and proposal[run] == answer[i + run]:
+            while run < len(proposal) and i + run < len(text) and proposal[run] == text[i + run]:
                 run += 1
         rows = len(proposal) + 1
         first = policy.first_rows() if chunk > _core.AutoPolicy.n_max else 0  # fast mode: a first chunk alone
@@ -61,14 +72,14 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
             _, first = index.lookup(1)
-            policy.observe_shadow(length, doubtful, first[0] == answer[i], from_memory)
+            policy.observe_shadow(length, doubtful, first[0] == text[i], from_memory, boundary == 0)
         ms += cost
         mem_steps += bool(proposal) and from_memory
         drafted += len(proposal)
         accepted += run
         steps += 1
-        index.extend(answer[i:i + run + 1])
-        i += run + 1
+        index.extend(text[i:i + run + 1])
+        i += run + 1  # past len(answer) when the step emitted the end of turn
     return ms, len(answer) * costs[0], drafted, accepted, steps, mem_steps
 
 
@@ -84,9 +95,12 @@ def new_policy(costs: list[float], chunk: int, row_ms: float = 0.0):
     return policy
 
 
-def sequence_answers(llm, run: dict, system: str = "plain"):
+def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
     """(sequence id, request index, prompt tokens, answer tokens) of a bench.multicall run's answers of `system`
-    (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies."""
+    (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies.
+    ends=True: a fifth item, the token that ended the answer or None (bench.oracle.end_token)."""
+    from bench.oracle import end_token
+
     from bench import multicall
 
     seqs = {s.id: s for s in multicall.load_sequences(ids=run["meta"]["sequences"])}
@@ -100,26 +114,32 @@ def sequence_answers(llm, run: dict, system: str = "plain"):
             history += [{"role": "user", "content": request}, {"role": "assistant", "content": r["text"]}]
             answer = llm.tokenize(r["text"], add_special=False)
             if answer:
-                yield sid, r["request"], llm.tokenize(text), answer
+                prompt = llm.tokenize(text)
+                if ends:
+                    yield sid, r["request"], prompt, answer, end_token(llm, prompt, r.get("n_gen"),
+                                                                       run["meta"].get("max_tokens"))
+                else:
+                    yield sid, r["request"], prompt, answer
 
 
 def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, memory_on: bool, k_limit: int,
-                       carry_over: dict, row_ms: float = 0.0) -> dict:
+                       carry_over: dict, row_ms: float = 0.0, max_tokens: int | None = None,
+                       boundary_of=None) -> dict:
     """Replay multi-call sequences with one policy carried through all of them (as one LLM in bench.multicall)
-    and, with memory_on, a drafting memory of the sequence's earlier answers. -> {sequence: [(request, policy
-    speedup, oracle speedup, memory steps, steps)]}"""
+    and, with memory_on, a drafting memory of the sequence's earlier answers. `answers`: sequence_answers' items,
+    with or without the end token. -> {sequence: [(request, policy speedup, oracle speedup, memory steps, steps)]}"""
     from bench.oracle import replay
 
     out: dict = {}
     memory: list[int] = []
-    for sid, request, prompt, answer in answers:
+    for sid, request, prompt, answer, *end in answers:
         if sid not in out:
             memory = []  # bench.multicall clears the memory at the start of each sequence (the policy stays)
             out[sid] = []
         mem = memory if memory_on else []
         policy.new_generation(**carry_over)
         ms, plain_ms, _, _, steps, mem_steps = simulate(policy, index, prompt, answer, costs, chunk, True, k_limit,
-                                                        mem, row_ms)
+                                                        mem, row_ms, end[0] if end else None, max_tokens, boundary_of)
         oms, oplain, _ = replay(index, mem + prompt, answer, costs, chunk, k_limit, row_ms, len(prompt))
         out[sid].append((request, plain_ms / ms, oplain / oms, mem_steps, steps))
         memory = memory + answer + [-1]
@@ -127,15 +147,16 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
 
 
 def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str,
-                   row_ms: float = 0.0) -> int:
+                   row_ms: float = 0.0, ends: bool = True, boundary_of=None) -> int:
     from specllm import _core
 
-    answers = list(sequence_answers(llm, run, answers_of))
+    answers = list(sequence_answers(llm, run, answers_of, ends))
     print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for memory_on in (False, True):
         rows = simulate_sequences(new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), answers, costs, chunk,
-                                  memory_on, _core.AutoPolicy.n_max, carry_over, row_ms)
+                                  memory_on, _core.AutoPolicy.n_max, carry_over, row_ms, run["meta"].get("max_tokens"),
+                                  boundary_of)
         every = [row for v in rows.values() for row in v]
         for sid, v in list(rows.items()) + [("all", every)]:
             def med(col, late):
@@ -164,8 +185,9 @@ ROUNDS = 3  # --orders replays a prompt this many times in a row, as bench.run -
 
 
 def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n_orders: int, doubt: bool = True,
-                 seed: int = 1, row_ms: float = 0.0) -> dict:
-    """How much a prompt's speed-up depends on the prompts before it: every (task, prompt, answer) of `flat` replayed
+                 seed: int = 1, row_ms: float = 0.0, boundary_of=None) -> dict:
+    """How much a prompt's speed-up depends on the prompts before it: every (task, prompt, answer[, end, max_tokens]) of
+    `flat` replayed
     through ONE policy (as one LLM serves them) in the given order and in n_orders - 1 shuffled ones, each prompt
     ROUNDS times in a row (its speed-up: the median of its rounds). -> {"spread": per prompt, max - min over the
     orders; "speedup": per prompt, the median over the orders; "task": per prompt, its task}"""
@@ -182,17 +204,18 @@ def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n
         policy = new_policy(costs, chunk, row_ms)
         got = {}
         for i in order:
-            _, prompt, answer = flat[i]
+            _, prompt, answer, *ends = flat[i]
+            end, max_tokens = ends or (None, None)
             rounds = []
             for _ in range(ROUNDS):
                 policy.new_generation(**carry_over)
                 ms, plain_ms, *_ = simulate(policy, index, prompt, answer, costs, chunk, doubt, _core.AutoPolicy.n_max,
-                                            (), row_ms)
+                                            (), row_ms, end, max_tokens, boundary_of)
                 rounds.append(plain_ms / ms)
             got[i] = statistics.median(rounds)
         by_order.append(got)
     return {"spread": [max(o[i] for o in by_order) - min(o[i] for o in by_order) for i in ids],
-            "speedup": [statistics.median(o[i] for o in by_order) for i in ids], "task": [t for t, _, _ in flat]}
+            "speedup": [statistics.median(o[i] for o in by_order) for i in ids], "task": [item[0] for item in flat]}
 
 
 def print_order_spread(r: dict, n_orders: int) -> None:
@@ -242,6 +265,12 @@ def main(argv=None) -> int:
     p.add_argument("--context-ms", type=float, default=None,
                    help="ms a verify row adds per token of context beyond the profile's, told to the policy and charged "
                         "to every batch (default: this machine's profile's context_row_ms; 0: context costs nothing)")
+    p.add_argument("--no-end", action="store_true",
+                   help="never draft past an answer's last token (as replays did before 2026-11-25: they knew where "
+                        "each answer ends, which the engine does not)")
+    p.add_argument("--no-boundary", action="store_true",
+                   help="do not tell the policy where a proposal crosses the end of a sentence (as the engine did "
+                        "before 2026-11-25)")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -252,7 +281,7 @@ def main(argv=None) -> int:
     from bench.oracle import plain_answers, replay
 
     llm = None
-    flat: list = []  # (task, prompt tokens, answer tokens) in run order
+    flat: list = []  # (task, prompt tokens, answer tokens, end token or None, max_tokens) in run order
     seen: set = set()
     carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
     for path in args.results:
@@ -265,19 +294,23 @@ def main(argv=None) -> int:
             costs = list(llm._engine.verify_costs()) if args.costs is None else parse_costs(args.costs)
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
             row_ms = (llm.profile or {}).get("context_row_ms", 0.0) if args.context_ms is None else args.context_ms
+            boundary_of = None if args.no_boundary else llm._engine.target.sentence_boundary
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
         if "sequence" in run["records"][0]:  # a bench.multicall run
-            return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms)
-        flat.extend(plain_answers(llm, run, seen, args.answers))
+            return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
+                                  boundary_of)
+        flat.extend((t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
+                    for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True))
     if args.orders > 0:
-        print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms),
+        print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms,
+                                        boundary_of),
                            args.orders)
         return 0
-    answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens)] in run order
-    for task, prompt, answer in flat:
-        answers.setdefault(task, []).append((prompt, answer))
+    answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens, end, max_tokens)] in run order
+    for task, *item in flat:
+        answers.setdefault(task, []).append(item)
     print("| task | prompts | policy (median) | oracle (median) | drafted | accepted | steps/token | memory steps |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     index = _core.NgramIndex(2, 4)
@@ -287,10 +320,10 @@ def main(argv=None) -> int:
         if policy is None or not args.one_policy:
             policy = new_policy(costs, chunk, row_ms)
         sims, oracles, tot = [], [], [0, 0, 0, 0, 0]
-        for prompt, answer in pairs:
+        for prompt, answer, end, max_tokens in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
             ms, plain_ms, d, a, s, m = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
-                                                _core.AutoPolicy.n_max, memory, row_ms)
+                                                _core.AutoPolicy.n_max, memory, row_ms, end, max_tokens, boundary_of)
             if args.memory:
                 memory = memory + answer + [-1]
             sims.append(plain_ms / ms)

@@ -752,3 +752,33 @@ def test_simulate_takes_another_machines_costs():
     for bad in ("fast", "0,86", ""):
         with pytest.raises(SystemExit, match="--costs"):
             parse_costs(bad)
+
+
+def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():
+    # the engine does not know where an answer ends: a copy that the answer stops short of is drafted on to
+    # max_tokens and rejected where the model ends its turn; replays that knew the end never paid for it
+    from bench.simulate import new_policy, simulate
+    from specllm import _core
+
+    costs = [58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 35.0 * n for n in range(1, 41)]
+    prompt = list(range(100, 400))
+    answer = [7, 8] + prompt[:70]  # copies 70 tokens of the prompt, then ends (the prompt goes on)
+    end = 5
+    runs = {}
+    for name, kw in (("knows", {}), ("engine", {"end": end, "max_tokens": 96})):
+        index = _core.NgramIndex(2, 4)
+        runs[name] = simulate(new_policy(costs, 49), index, prompt, answer, costs, 49, True, 48, **kw)
+    (ms_k, plain_k, drafted_k, acc_k, _, _), (ms_e, plain_e, drafted_e, acc_e, _, _) = runs["knows"], runs["engine"]
+    assert plain_k == plain_e == len(answer) * 58.0  # plain decoding's cost is the same answer's
+    assert drafted_k == acc_k and drafted_e - acc_e > 0  # only the engine's replay drafts past the end: rejected
+    assert ms_e > ms_k, runs
+    # an answer cut at max_tokens (end None) is the old replay
+    index = _core.NgramIndex(2, 4)
+    assert simulate(new_policy(costs, 49), index, prompt, answer, costs, 49, True, 48, end=None, max_tokens=96) == \
+        runs["knows"]
+    # the end of turn itself can be a correct draft: the prompt has it after the copied span
+    prompt2 = prompt[:60] + [end] + prompt[60:]
+    index = _core.NgramIndex(2, 4)
+    ms2, _, drafted2, acc2, _, _ = simulate(new_policy(costs, 49), index, prompt2, prompt[:60], costs, 49, True, 48,
+                                            end=end, max_tokens=96)
+    assert acc2 >= 1 and ms2 < len(prompt[:60]) * 58.0

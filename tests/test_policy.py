@@ -423,3 +423,57 @@ def test_long_batches_are_costed_with_the_context_they_attend_to():
     assert p.verify_costs()[0] == pytest.approx(22, rel=0.02)
     with pytest.raises(ValueError):
         p.set_context_row_cost(-1.0)
+
+
+def test_a_draft_that_crosses_the_end_of_a_sentence_risks_no_more_rows_on_it():
+    # a copy of prose seldom survives the end of a sentence (boundary.h: 0.54 against 0.96 elsewhere), so a long
+    # copy in progress drafts up to it, or verifies up to it in a first chunk, and no longer risks a whole batch
+    costs = [58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 35.0 * n for n in range(1, 41)]
+
+    def choose(boundary):
+        p = _core.AutoPolicy()
+        p.set_verify_costs(costs)
+        p.set_verify_rows(0)  # fast mode: one batch, or a first chunk and the rest
+        p.new_generation()
+        k, ngram = p.choose(k_max=16, has_model=False, has_ngram=True, ngram_match=20, ngram_boundary=boundary)
+        assert ngram and k > 0
+        return k, p.first_rows()
+
+    k_free, first_free = choose(-1)
+    assert first_free == 0 and k_free + 1 > 5  # no boundary: one batch of k + 1 rows
+    for b in range(4):
+        k, first = choose(b)
+        at_risk = first if first > 0 else k + 1  # rows decoded before the boundary's outcome is known
+        assert at_risk <= b + 2, (b, k, first)
+
+
+def test_the_end_of_a_sentence_has_an_acceptance_estimate_of_its_own():
+    costs = [58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 35.0 * n for n in range(1, 41)]
+    p = _core.AutoPolicy()
+    p.set_verify_costs(costs)
+    p.set_verify_rows(0)
+    p.new_generation()
+    prior = _core.AutoPolicy.alpha_prior_boundary
+    assert p.boundary_acceptance() == pytest.approx(prior)
+    source = _core.AutoPolicy.source_of(True, 20)
+    before = list(p.acceptance(source))
+    k, _ = p.choose(k_max=16, has_model=False, has_ngram=True, ngram_match=20, ngram_boundary=2)
+    assert k > 2  # the prior lets it draft across the boundary (behind a first chunk)
+    first = p.first_rows()
+    p.update(k, 2, True, 0.0, 200.0, 0, first if 0 < first < k + 1 else k + 1)  # rejected right at the boundary
+    assert p.boundary_acceptance() < 0.7 * prior
+    after = p.acceptance(source)
+    assert after[2] == pytest.approx(before[2])  # the boundary's rejections are not the source's
+    assert after[0] >= before[0] and after[1] >= before[1]  # the positions before it were accepted
+    k, _ = p.choose(k_max=16, has_model=False, has_ngram=True, ngram_match=20, ngram_boundary=2)
+    assert k <= 3 or 0 < p.first_rows() <= 4  # still nothing risked past the boundary
+    # a plain step's shadow check at a boundary (position 0) teaches the boundary, not the source
+    p.new_generation()
+    assert p.boundary_acceptance() == pytest.approx(prior)  # each generation starts afresh, as the text's sources
+    a0 = p.acceptance(source)[0]
+    p.observe_shadow(20, False, True, False, True)
+    assert p.boundary_acceptance() > prior and p.acceptance(source)[0] == pytest.approx(a0)
+    p.observe_shadow(20, False, False)  # without the flag: the source's position 0
+    assert p.acceptance(source)[0] < a0
+    with pytest.raises(ValueError):
+        p.choose(k_max=8, has_ngram=True, ngram_match=3, ngram_boundary=-2)

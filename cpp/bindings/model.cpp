@@ -1,6 +1,8 @@
 #include "bindings.h"
 
+#include "specllm/boundary.h"
 #include "specllm/chat.h"
+#include "specllm/errors.h"
 #include "specllm/model.h"
 
 using namespace specllm;
@@ -28,6 +30,17 @@ void register_model(py::module_ & m) {
             return utf8_str(s);
         })
         .def("is_eog", &Model::is_eog)
+        .def("sentence_boundary", [](const Model & self, llama_token last, const std::vector<llama_token> & draft) {
+            // boundary.h: the first draft position right after the end of a sentence (-1 = none)
+            for (llama_token t : draft) {
+                if (t < 0 || t >= self.n_vocab()) {
+                    throw InvalidArgument("sentence_boundary: token " + std::to_string(t) + " is not in the vocabulary "
+                                          "(0.." + std::to_string(self.n_vocab() - 1) + ")");
+                }
+            }
+            return sentence_boundary(self, last >= 0 && last < self.n_vocab() ? last : -1, draft.data(),
+                                     (int) draft.size());
+        }, py::arg("last"), py::arg("draft"))
         .def("apply_chat_template", [](const Model & self, const std::vector<ChatMessage> & msgs, bool add_assistant,
                                        const std::string & tmpl) {
             return apply_chat_template(self, msgs, add_assistant, tmpl);

@@ -31,8 +31,9 @@ void check_ms(const char * name, double v) {
 }
 
 StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful,
-                    bool memory, int n_past = 0) {
+                    bool memory, int n_past = 0, int boundary = -1) {
     StepContext c;
+    c.ngram_boundary = boundary;
     c.n_past = n_past;
     c.ngram_memory = memory;
     c.ngram_doubtful = doubtful;
@@ -65,17 +66,18 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 
 template <class P> void def_policy(py::class_<P> & c) {
     c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag,
-                       bool ngram_doubtful, bool ngram_memory, int n_past) {
+                       bool ngram_doubtful, bool ngram_memory, int n_past, int ngram_boundary) {
          check_range("k_max", k_max, 0, AutoPolicy::n_max);
+         check_range("ngram_boundary", ngram_boundary, -1, 1 << 24);
          check_range("ngram_match", ngram_match, 0, 1 << 24);
          check_range("model_lag", model_lag, 0, 1 << 24);
          check_range("n_past", n_past, 0, 1 << 24);
          Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful,
-                                      ngram_memory, n_past));
+                                      ngram_memory, n_past, ngram_boundary));
          return py::make_tuple(ch.k, ch.ngram);
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
         py::arg("model_lag") = 1, py::arg("ngram_doubtful") = false, py::arg("ngram_memory") = false,
-        py::arg("n_past") = 0)
+        py::arg("n_past") = 0, py::arg("ngram_boundary") = -1)
         .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
                           int n_catchup, int n_verified) {
             p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup, n_verified));
@@ -129,10 +131,14 @@ void register_policy(py::module_ & m) {
             check_range("match", match, 0, 1 << 24);
             return AutoPolicy::source_of(ngram, match, doubtful, memory);
         }, py::arg("ngram"), py::arg("match"), py::arg("doubtful") = false, py::arg("memory") = false)
-        .def("observe_shadow", [](AutoPolicy & p, int ngram_match, bool doubtful, bool would_accept, bool memory) {
+        .def("observe_shadow", [](AutoPolicy & p, int ngram_match, bool doubtful, bool would_accept, bool memory,
+                                  bool boundary) {
             check_range("ngram_match", ngram_match, 0, 1 << 24);
-            p.observe_shadow(ngram_match, doubtful, would_accept, memory);
-        }, py::arg("ngram_match"), py::arg("doubtful"), py::arg("would_accept"), py::arg("memory") = false)
+            p.observe_shadow(ngram_match, doubtful, would_accept, memory, boundary);
+        }, py::arg("ngram_match"), py::arg("doubtful"), py::arg("would_accept"), py::arg("memory") = false,
+            py::arg("boundary") = false)
+        .def("boundary_acceptance", &AutoPolicy::boundary_acceptance)
+        .def_readonly_static("alpha_prior_boundary", &AutoPolicy::alpha_prior_boundary)
         .def_readonly_static("n_max", &AutoPolicy::n_max)
         .def_readonly_static("n_sources", &AutoPolicy::n_sources);
     def_policy(a);

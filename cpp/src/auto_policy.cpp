@@ -55,6 +55,8 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     text_keep = std::min(1.0, std::max(0.0, text_keep));
     drafted_.fill(false);
     text_hits_ = text_expected_ = 0.0;
+    alpha_boundary_ = alpha_prior_boundary;
+    n_boundary_obs_ = 0;
     for (int s = 0; s < n_sources; ++s) {
         const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
         for (int j = 0; j < n_max; ++j) {
@@ -138,6 +140,20 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     return a;
 }
 
+std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
+    auto a = planning_alpha(source);
+    if (source != 0 && boundary >= 0 && boundary < n_max) {
+        a[boundary] = alpha_boundary_;
+    }
+    return a;
+}
+
+void AutoPolicy::observe_boundary(bool accepted) {
+    // a running mean with the prior worth two observations, then an EMA
+    const double w = std::max(ema_alpha, 1.0 / (++n_boundary_obs_ + 2.0));
+    alpha_boundary_ = (1.0 - w) * alpha_boundary_ + w * (accepted ? 1.0 : 0.0);
+}
+
 double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms, int first) const {
     double e = 1.0, run = 1.0, ms = c_draft_ms, reach = 1.0;
     for (int r0 = 0; r0 <= k;) { // rows r0.. verify draft positions r0..
@@ -187,7 +203,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
             continue;
         }
         const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
-        const auto alpha = planning_alpha(s);
+        const auto alpha = step_alpha(s, ctx.ngram_boundary);
         for (int k = 1; k <= k_cap; ++k) {
             int first = 0;
             const double rate = this->best_rate(alpha.data(), k, cost_draft(s, k) + catchup, &first);
@@ -209,8 +225,9 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         exploring_ = true;
     }
     last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory);
+    last_boundary_ = best.ngram ? ctx.ngram_boundary : -1;
     if (one_batch() && best.k >= probe_k_min && best.first_rows == 0 && !drafted_[last_source_]) {
-        const auto alpha = planning_alpha(last_source_);
+        const auto alpha = step_alpha(last_source_, last_boundary_);
         const double c = cost_draft(last_source_, best.k) + (best.ngram ? 0.0 : cost_catchup(ctx.model_lag));
         if (rate(alpha.data(), best.k, c, 1) >= probe_keep * rate(alpha.data(), best.k, c)) {
             best.first_rows = 1;
@@ -240,8 +257,14 @@ void AutoPolicy::update(const StepOutcome & o) {
         return;
     }
     const int s = o.from_ngram ? last_source_ : 0;
+    const int b = s != 0 ? last_boundary_ : -1; // the boundary's outcome is its own, not the source's
     drafted_[s] = true;
-    observe_text(s, o.n_accepted > 0);
+    if (b >= 0 && b < o.n_drafted && o.n_accepted >= b) {
+        observe_boundary(o.n_accepted > b);
+    }
+    if (b != 0) {
+        observe_text(s, o.n_accepted > 0);
+    }
     if (exploring_) { // a failed try makes the next one come later, a successful one sooner
         int & after = explore_after_[s];
         after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);
@@ -255,6 +278,9 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
     const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome
     for (int j = 0; j <= j_last; ++j) {
+        if (j == b) {
+            continue;
+        }
         const double seen = j < o.n_accepted ? 1.0 : 0.0;
         const double w = learn_rate(s, j);
         alpha_[s][j] = (1.0 - w) * alpha_[s][j] + w * seen;
@@ -266,10 +292,14 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
 }
 
-void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accept, bool memory) {
+void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accept, bool memory, bool boundary) {
     // a plain step whose emitted token was compared with the n-gram drafter's first proposal: a free sample
     // of position 0's acceptance (P(match) equals p(d), the one-hot acceptance probability, when sampling too)
     if (ngram_match <= 0) {
+        return;
+    }
+    if (boundary) {
+        observe_boundary(would_accept);
         return;
     }
     const int s = source_of(true, ngram_match, doubtful, memory);

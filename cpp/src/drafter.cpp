@@ -112,6 +112,13 @@ NgramMatch NgramDrafter::ngram_match(const std::vector<llama_token> & history, l
     return find(1, seq_);
 }
 
+void NgramDrafter::ngram_continuation(int n, std::vector<llama_token> & out) const {
+    out.clear();
+    if (match_valid_ && match_.length > 0) {
+        (match_.memory ? memory_->index() : index_).continuation(match_.source, n, out);
+    }
+}
+
 void NgramDrafter::propose(const DraftRequest & req, Draft & out) {
     out.q.clear();
     out.from_ngram = true;

@@ -1,5 +1,7 @@
 #include "specllm/engine.h"
 
+#include "specllm/boundary.h"
+
 #include "specllm/errors.h"
 #include "specllm/log.h"
 
@@ -211,6 +213,10 @@ StepResult Engine::step_locked() {
         sctx.ngram_match = m.length;
         sctx.ngram_memory = m.memory;
         sctx.ngram_doubtful = !m.memory && (m.ambiguous || m.source >= (size_t) stats_.n_prompt);
+        if (m.length > 0) {
+            drafter_->ngram_continuation(sctx.k_max, peek_);
+            sctx.ngram_boundary = sentence_boundary(*target_, id_last_, peek_.data(), (int) peek_.size());
+        }
     }
     if (sctx.has_model && sctx.k_max > 0 && gen_.policy == PolicyKind::automatic) { // only "auto" costs the lag
         const auto & cached = draft_model_->cached();
@@ -302,7 +308,7 @@ StepResult Engine::step_locked() {
         policy().update(outcome);
         if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
             auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next,
-                                 sctx.ngram_memory);
+                                 sctx.ngram_memory, sctx.ngram_boundary == 0);
         }
     }
     stats_.n_steps += 1;

@@ -46,6 +46,8 @@ class Drafter {
     }
     // the first token the n-gram drafter would propose after the last ngram_match() call (-1 = none)
     virtual llama_token ngram_peek() const { return -1; }
+    // up to n tokens the n-gram drafter would propose after the last ngram_match() call (empty = none)
+    virtual void ngram_continuation(int /*n*/, std::vector<llama_token> & out) const { out.clear(); }
     virtual bool has_model() const { return false; }
 };
 
@@ -77,6 +79,7 @@ class NgramDrafter : public Drafter {
     void propose(const DraftRequest & req, Draft & out) override;
     NgramMatch ngram_match(const std::vector<llama_token> & history, llama_token id_last) override;
     llama_token ngram_peek() const override { return seq_.empty() ? -1 : seq_[0]; }
+    void ngram_continuation(int n, std::vector<llama_token> & out) const override;
 
   private:
     bool sync(const std::vector<llama_token> & history, llama_token id_last); // true if the index changed
@@ -103,6 +106,9 @@ class HybridDrafter : public Drafter {
         return ngram_.ngram_match(history, id_last);
     }
     llama_token ngram_peek() const override { return ngram_.ngram_peek(); }
+    void ngram_continuation(int n, std::vector<llama_token> & out) const override {
+        ngram_.ngram_continuation(n, out);
+    }
     bool has_model() const override { return true; }
 
   private:

@@ -136,6 +136,7 @@ class Engine {
     std::vector<llama_token> history_;   // prompt + committed tokens before id_last
     std::vector<llama_token> batch_;
     std::vector<llama_token> padded_;    // a verify chunk with its filler rows
+    std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())

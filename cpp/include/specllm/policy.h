@@ -32,6 +32,8 @@ struct StepContext {
                               // plain and n-gram steps; catching up after a long prompt costs seconds)
     int hybrid_min_match = 3; // fixed policies use the n-gram proposal from this match length on
     int n_past = 0;           // tokens in the target's context before this step
+    int ngram_boundary = -1;  // the first position of the n-gram proposal (up to k_max) right after the end of a
+                              // sentence (boundary.h), -1 = none: a copy of prose seldom survives it
 };
 
 struct Choice {
