@@ -30,6 +30,9 @@ SPECLLM_SYSTEMS = {
     # the default without the drafting memory (memory on: earlier prompts' outputs, never the same prompt's)
     "hybrid-nomem": ("{draft}", "auto", {"ngram": True, "memory_tokens": 0}),
     "hybrid-fast-nomem": ("{draft}", "auto", {"ngram": True, "exact": False, "memory_tokens": 0}),
+    # the default as before 2026-11-25: "auto" not told where a proposal crosses the end of a sentence (settings
+    # under "engine" are Engine setters applied after the load)
+    "hybrid-noboundary": ("{draft}", "auto", {"ngram": True, "engine": {"sentence_boundaries": False}}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each)
@@ -66,7 +69,8 @@ class Config:
 class SpecllmSystem:
     def __init__(self, name: str, cfg: Config):
         draft, self.draft_length, *extra = SPECLLM_SYSTEMS[name]
-        self.name, self.cfg, self.llm_kwargs = name, cfg, (extra[0] if extra else {})
+        self.name, self.cfg, self.llm_kwargs = name, cfg, dict(extra[0] if extra else {})
+        self.engine_settings = self.llm_kwargs.pop("engine", {})
         self.draft = draft.format(draft=cfg.draft) if draft else None
         self.llm = None
         self._memory_for = (None, None)  # (prompt, the drafting memory before its first run)
@@ -77,6 +81,8 @@ class SpecllmSystem:
         t0 = time.perf_counter()
         self.llm = specllm.LLM(self.cfg.target, draft=self.draft, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads,
                                **self.llm_kwargs)
+        for name, value in self.engine_settings.items():
+            getattr(self.llm._engine, "set_" + name)(value)
         return (time.perf_counter() - t0) * 1e3
 
     def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:

@@ -782,3 +782,19 @@ def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():
     ms2, _, drafted2, acc2, _, _ = simulate(new_policy(costs, 49), index, prompt2, prompt[:60], costs, 49, True, 48,
                                             end=end, max_tokens=96)
     assert acc2 >= 1 and ms2 < len(prompt[:60]) * 58.0
+
+
+def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
+    # hybrid-noboundary: the default as before 2026-11-25 ("auto" not told where proposals cross a sentence end)
+    from bench.systems import Config, SpecllmSystem
+
+    got = {}
+    for name in ("hybrid", "hybrid-noboundary"):
+        system = SpecllmSystem(name, Config(tiny["target"], tiny["draft"], n_ctx=256, n_threads=1))
+        system.load()
+        got[name] = system.llm._engine.sentence_boundaries
+        assert "engine" not in system.llm_kwargs  # not an LLM keyword
+        out = system.run("hello hello hello", 8)
+        assert out.n_gen > 0
+        system.llm.close()
+    assert got == {"hybrid": True, "hybrid-noboundary": False}

@@ -26,7 +26,8 @@ void register_engine(py::module_ & m) {
         .def_readwrite("draft_kind", &EngineOptions::draft_kind)
         .def_readwrite("ngram", &EngineOptions::ngram)
         .def_readwrite("verify_rows", &EngineOptions::verify_rows)
-        .def_readwrite("memory_tokens", &EngineOptions::memory_tokens);
+        .def_readwrite("memory_tokens", &EngineOptions::memory_tokens)
+        .def_readwrite("sentence_boundaries", &EngineOptions::sentence_boundaries);
     m.attr("exact_verify_rows") = exact_verify_rows;
     m.attr("max_threads") = max_threads;
 
@@ -96,6 +97,9 @@ void register_engine(py::module_ & m) {
         .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
         .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("memory_tokens", &Engine::memory_tokens)
+        .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),
+             py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("sentence_boundaries", &Engine::sentence_boundaries)
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2, py::arg("n_prefix") = 32,
              py::call_guard<py::gil_scoped_release>())
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())

@@ -49,4 +49,9 @@ void Engine::set_memory_tokens(int n) {
     memory_.set_max_tokens((size_t) n);
 }
 
+void Engine::set_sentence_boundaries(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    opts_.sentence_boundaries = on;
+}
+
 } // namespace specllm

@@ -28,6 +28,8 @@ struct EngineOptions {
                                         // exact_verify_rows
     int memory_tokens = 0;              // the drafting memory: earlier generations' outputs the n-gram drafter
                                         // looks up (at most this many tokens, oldest dropped first); 0 = off
+    bool sentence_boundaries = true;    // tell "auto" where an n-gram proposal crosses the end of a sentence
+                                        // (boundary.h); false: as before 2026-11-25 (bench's hybrid-noboundary)
 };
 
 // llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends the rows of a batch through other kernels
@@ -103,6 +105,8 @@ class Engine {
     void clear_memory();
     void set_memory_tokens(int n); // its size in tokens (0 = off; a smaller size drops the oldest outputs)
     int memory_tokens() const { return opts_.memory_tokens; }
+    void set_sentence_boundaries(bool on);
+    bool sentence_boundaries() const { return opts_.sentence_boundaries; }
     const Stats & stats() const { return stats_; }
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
