@@ -49,14 +49,14 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         doubtful = doubt and not from_memory and (ambiguous or source >= n_mem + len(prompt))
         k_max = min(k_limit, budget - i - 1)
         n_past = len(prompt) + i
-        boundary = -1
-        if boundary_of is not None and k_max > 0 and length > 0:
-            boundary = boundary_of(text[i - 1] if i > 0 else prompt[-1], index.lookup(k_max)[1])
+        # what the drafter would propose, looked up once: a draft of k is its first k tokens (the match does not
+        # depend on the length asked for), and the policy is told where it crosses a sentence end
+        ahead = index.lookup(k_max)[1] if k_max > 0 and length > 0 else []
+        boundary = -1 if boundary_of is None or not ahead else boundary_of(text[i - 1] if i > 0 else prompt[-1], ahead)
         k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary)[0]
              if k_max > 0 and length > 0 else 0)
-        run, proposal = 0, []
+        run, proposal = 0, ahead[:k]
         if k > 0:
-            _, proposal = index.lookup(k)
             while run < len(proposal) and i + run < len(text) and proposal[run] == text[i + run]:
                 run += 1
         rows = len(proposal) + 1
@@ -99,9 +99,8 @@ def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
     """(sequence id, request index, prompt tokens, answer tokens) of a bench.multicall run's answers of `system`
     (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies.
     ends=True: a fifth item, the token that ended the answer or None (bench.oracle.end_token)."""
-    from bench.oracle import end_token
-
     from bench import multicall
+    from bench.oracle import end_token
 
     seqs = {s.id: s for s in multicall.load_sequences(ids=run["meta"]["sequences"])}
     for sid in run["meta"]["sequences"]:
