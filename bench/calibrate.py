@@ -6,7 +6,9 @@
 Replays each plain (greedy) first-turn answer of the runs through specllm's n-gram index. At every position where
 the text so far has a match, the match's source (its length bucket; clean, or doubtful: an ambiguous key or a copy
 from the answer itself) gets one observation: was the proposal's next token the answer's? ("pos 0"), and, along the
-proposal while it stays right, were its later tokens ("deeper")? Prints the rates per source, overall and per task.
+proposal while it stays right, were its later tokens ("deeper")? An answer the model ended before max_tokens is
+tallied with its end-of-turn token (bench.oracle.end_token), as the engine meets it: a proposal at the last step, or
+one that runs past the answer's last token, is rejected there. Prints the rates per source, overall and per task.
 Use the dev set's runs: the fresh set is for checking, not tuning.
 
 Given a `bench.multicall` run, it measures the drafting memory's sources instead: each sequence's plain answers in
@@ -30,14 +32,16 @@ NAMES = ["clean 1-2", "clean 3", "clean 4-7", "clean 8-15", "clean 16+",
 
 
 def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, deeper: dict, task: str = "",
-          memory: list[int] = ()) -> None:
+          memory: list[int] = (), end: int | None = None) -> None:
     """Add one answer's observations: pos0[source] / deeper[source] / pos0[(source, task)] = [right, seen].
+    `end`: the token that ended the answer (None: it was cut at max_tokens, and nothing is known past it).
     `memory`: earlier answers (each followed by the separator -1) indexed before the prompt; a match there is the
     memory's (one index over both picks the occurrence that agrees furthest back; ties go to the text)."""
     index.clear()
     index.extend(list(memory) + list(prompt))
     n_mem = len(memory)
-    for i, token in enumerate(answer):
+    text = list(answer) + ([end] if end is not None else [])
+    for i, token in enumerate(text):
         length, ambiguous, source = index.match()
         if length > 0:
             from_memory = source < n_mem
@@ -49,9 +53,9 @@ def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, de
                 pos0[key][1] += 1
             deeper.setdefault(s, [0, 0])
             for j in range(1, len(proposal)):
-                if i + j >= len(answer) or proposal[j - 1] != answer[i + j - 1]:
+                if i + j >= len(text) or proposal[j - 1] != text[i + j - 1]:
                     break
-                deeper[s][0] += proposal[j] == answer[i + j]
+                deeper[s][0] += proposal[j] == text[i + j]
                 deeper[s][1] += 1
         index.push(token)
 
@@ -79,15 +83,15 @@ def main(argv=None) -> int:
             from bench.simulate import sequence_answers
 
             memory, current = [], None
-            for sid, _, prompt, answer in sequence_answers(llm, run):
+            for sid, _, prompt, answer, end in sequence_answers(llm, run, ends=True):
                 if sid != current:
                     memory, current = [], sid  # bench.multicall clears the memory at each sequence's start
-                tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, sid, memory)
+                tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, sid, memory, end)
                 memory = memory + answer + [-1]
                 n_prompts += 1
             continue
-        for task, prompt, answer in plain_answers(llm, run, seen):
-            tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, task)
+        for task, prompt, answer, end in plain_answers(llm, run, seen, ends=True):
+            tally(index, prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, task, end=end)
             n_prompts += 1
     tasks = sorted({k[1] for k in pos0 if isinstance(k, tuple)})
     print(f"{n_prompts} answers")

@@ -728,6 +728,27 @@ def test_calibrate_counts_how_often_each_source_proposes_the_next_token():
     assert sum(n for _, n in deeper.values()) >= 1  # along the right proposal "7 8": its second token was seen
 
 
+def test_calibrate_counts_the_end_of_turn_as_a_rejection():
+    from bench.calibrate import tally
+    from specllm import _core
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    answer = [5, 6, 7, 8]  # a copy that the model ends where the prompt goes on ("9 10")
+    counts = []
+    for end in (None, 99):
+        pos0, deeper = {}, {}
+        tally(_core.NgramIndex(2, 4), prompt, answer, _core.AutoPolicy.source_of, pos0, deeper, "t", end=end)
+        seen = sum(n for k, (_, n) in pos0.items() if not isinstance(k, tuple))
+        right = sum(r for k, (r, _) in pos0.items() if not isinstance(k, tuple))
+        counts.append((seen, right, sum(r for r, _ in deeper.values()), sum(n for _, n in deeper.values())))
+    cut, ended = counts
+    # after "5 6" and "5 6 7" the copy is right; the answer ended: after "5 6 7 8" the proposal (9) meets the end
+    assert cut[:2] == (2, 2) and ended[:2] == (3, 2)
+    # along the proposals of "5 6" (7 8 9 ..) and "5 6 7" (8 9 ..), 9 meets the end of turn; cut, nothing is known
+    # past "8"
+    assert ended[3] == cut[3] + 2 and ended[2] == cut[2]
+
+
 def test_order_spread_measures_how_much_earlier_prompts_move_a_prompts_speedup():
     from bench.simulate import order_spread
 
