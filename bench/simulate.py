@@ -23,7 +23,7 @@ from bench.oracle import context_ms, verify_ms
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
              k_limit: int, memory: list[int] = (), row_ms: float = 0.0, end: int | None = None,
-             max_tokens: int | None = None, boundary_of=None):
+             max_tokens: int | None = None, boundary_of=None, cut=None):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
@@ -34,7 +34,9 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     answer ends: it drafts up to max_tokens, and a draft that runs past the answer's end is rejected there (the
     model emits `end` instead); without `end` the answer's last token is the last that can be drafted.
     `boundary_of(last, proposal)`: the first position of a proposal right after the end of a sentence, or -1 (the
-    target Model's sentence_boundary, as the engine tells the policy); None: no boundaries."""
+    target Model's sentence_boundary, as the engine tells the policy); None: no boundaries. `cut(proposal)`: the
+    proposal up to its first end-of-turn token (the target Model's cut_after_end: what follows can never be
+    accepted, and the engine drafts no further); None: proposals are not cut."""
     from specllm import _core
 
     index.clear()
@@ -52,6 +54,8 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         # what the drafter would propose, looked up once: a draft of k is its first k tokens (the match does not
         # depend on the length asked for), and the policy is told where it crosses a sentence end
         ahead = index.lookup(k_max)[1] if k_max > 0 and length > 0 else []
+        if cut is not None:
+            ahead = cut(ahead)
         boundary = -1 if boundary_of is None or not ahead else boundary_of(text[i - 1] if i > 0 else prompt[-1], ahead)
         k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary)[0]
              if k_max > 0 and length > 0 else 0)
@@ -123,7 +127,7 @@ def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
 
 def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, memory_on: bool, k_limit: int,
                        carry_over: dict, row_ms: float = 0.0, max_tokens: int | None = None,
-                       boundary_of=None) -> dict:
+                       boundary_of=None, cut=None) -> dict:
     """Replay multi-call sequences with one policy carried through all of them (as one LLM in bench.multicall)
     and, with memory_on, a drafting memory of the sequence's earlier answers. `answers`: sequence_answers' items,
     with or without the end token. -> {sequence: [(request, policy speedup, oracle speedup, memory steps, steps)]}"""
@@ -138,7 +142,8 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
         mem = memory if memory_on else []
         policy.new_generation(**carry_over)
         ms, plain_ms, _, _, steps, mem_steps = simulate(policy, index, prompt, answer, costs, chunk, True, k_limit,
-                                                        mem, row_ms, end[0] if end else None, max_tokens, boundary_of)
+                                                        mem, row_ms, end[0] if end else None, max_tokens, boundary_of,
+                                                        cut)
         oms, oplain, _ = replay(index, mem + prompt, answer, costs, chunk, k_limit, row_ms, len(prompt))
         out[sid].append((request, plain_ms / ms, oplain / oms, mem_steps, steps))
         memory = memory + answer + [-1]
@@ -146,7 +151,7 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
 
 
 def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str,
-                   row_ms: float = 0.0, ends: bool = True, boundary_of=None) -> int:
+                   row_ms: float = 0.0, ends: bool = True, boundary_of=None, cut=None) -> int:
     from specllm import _core
 
     answers = list(sequence_answers(llm, run, answers_of, ends))
@@ -155,7 +160,7 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     for memory_on in (False, True):
         rows = simulate_sequences(new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), answers, costs, chunk,
                                   memory_on, _core.AutoPolicy.n_max, carry_over, row_ms, run["meta"].get("max_tokens"),
-                                  boundary_of)
+                                  boundary_of, cut)
         every = [row for v in rows.values() for row in v]
         for sid, v in list(rows.items()) + [("all", every)]:
             def med(col, late):
@@ -184,7 +189,7 @@ ROUNDS = 3  # --orders replays a prompt this many times in a row, as bench.run -
 
 
 def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n_orders: int, doubt: bool = True,
-                 seed: int = 1, row_ms: float = 0.0, boundary_of=None) -> dict:
+                 seed: int = 1, row_ms: float = 0.0, boundary_of=None, cut=None) -> dict:
     """How much a prompt's speed-up depends on the prompts before it: every (task, prompt, answer[, end, max_tokens]) of
     `flat` replayed
     through ONE policy (as one LLM serves them) in the given order and in n_orders - 1 shuffled ones, each prompt
@@ -209,7 +214,7 @@ def order_spread(flat: list, costs: list[float], chunk: int, carry_over: dict, n
             for _ in range(ROUNDS):
                 policy.new_generation(**carry_over)
                 ms, plain_ms, *_ = simulate(policy, index, prompt, answer, costs, chunk, doubt, _core.AutoPolicy.n_max,
-                                            (), row_ms, end, max_tokens, boundary_of)
+                                            (), row_ms, end, max_tokens, boundary_of, cut)
                 rounds.append(plain_ms / ms)
             got[i] = statistics.median(rounds)
         by_order.append(got)
@@ -294,17 +299,18 @@ def main(argv=None) -> int:
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
             row_ms = (llm.profile or {}).get("context_row_ms", 0.0) if args.context_ms is None else args.context_ms
             boundary_of = None if args.no_boundary else llm._engine.target.sentence_boundary
+            cut = llm._engine.target.cut_after_end
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
         if "sequence" in run["records"][0]:  # a bench.multicall run
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
-                                  boundary_of)
+                                  boundary_of, cut)
         flat.extend((t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
                     for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True))
     if args.orders > 0:
         print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms,
-                                        boundary_of),
+                                        boundary_of, cut),
                            args.orders)
         return 0
     answers: dict[str, list] = {}  # task -> [(prompt tokens, answer tokens, end, max_tokens)] in run order
@@ -322,7 +328,8 @@ def main(argv=None) -> int:
         for prompt, answer, end, max_tokens in pairs:
             policy.new_generation(**carry_over)  # as Engine::start
             ms, plain_ms, d, a, s, m = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
-                                                _core.AutoPolicy.n_max, memory, row_ms, end, max_tokens, boundary_of)
+                                                _core.AutoPolicy.n_max, memory, row_ms, end, max_tokens, boundary_of,
+                                                cut)
             if args.memory:
                 memory = memory + answer + [-1]
             sims.append(plain_ms / ms)

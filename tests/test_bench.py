@@ -805,6 +805,28 @@ def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():
     assert acc2 >= 1 and ms2 < len(prompt[:60]) * 58.0
 
 
+def test_simulate_cuts_a_proposal_after_its_end_of_turn_as_the_engine_does():
+    from bench.simulate import new_policy, simulate
+    from specllm import _core
+
+    costs = [58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 35.0 * n for n in range(1, 41)]
+    end = 5
+    # the answer copies the prompt's first message up to its end of turn; the prompt goes on with another message
+    prompt = list(range(100, 150)) + [end] + list(range(200, 300))
+    answer = list(range(100, 150))
+
+    def cut(proposal):
+        return proposal[:proposal.index(end) + 1] if end in proposal else proposal
+
+    got = {}
+    for name, c in (("uncut", None), ("cut", cut)):
+        got[name] = simulate(new_policy(costs, 49), _core.NgramIndex(2, 4), prompt, answer, costs, 49, True, 48,
+                             end=end, max_tokens=96, cut=c)
+    (ms_u, _, drafted_u, acc_u, _, _), (ms_c, _, drafted_c, acc_c, _, _) = got["uncut"], got["cut"]
+    assert acc_c == acc_u and drafted_c < drafted_u and ms_c < ms_u, got  # the same copy, minus rows past the end
+    assert drafted_c - acc_c <= drafted_u - acc_u - 1
+
+
 def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
     # hybrid-noboundary: the default as before 2026-11-25 ("auto" not told where proposals cross a sentence end)
     from bench.systems import Config, SpecllmSystem

@@ -41,6 +41,17 @@ void register_model(py::module_ & m) {
             return sentence_boundary(self, last >= 0 && last < self.n_vocab() ? last : -1, draft.data(),
                                      (int) draft.size());
         }, py::arg("last"), py::arg("draft"))
+        .def("cut_after_end", [](const Model & self, std::vector<llama_token> draft) {
+            // boundary.h: the draft up to and including its first end-of-turn token
+            for (llama_token t : draft) {
+                if (t < 0 || t >= self.n_vocab()) {
+                    throw InvalidArgument("cut_after_end: token " + std::to_string(t) + " is not in the vocabulary "
+                                          "(0.." + std::to_string(self.n_vocab() - 1) + ")");
+                }
+            }
+            cut_after_end(self, draft);
+            return draft;
+        }, py::arg("draft"))
         .def("apply_chat_template", [](const Model & self, const std::vector<ChatMessage> & msgs, bool add_assistant,
                                        const std::string & tmpl) {
             return apply_chat_template(self, msgs, add_assistant, tmpl);

@@ -21,9 +21,22 @@ int sentence_boundary(const Model & model, llama_token last, const llama_token *
         if (after_end && starts_with_space(piece)) {
             return j;
         }
+        if (model.is_eog(draft[j]) || (j + 1 < n && model.is_eog(draft[j + 1]))) {
+            return j; // a copied message's last token, or its end of turn
+        }
         after_end = ends_sentence(piece);
     }
     return -1;
+}
+
+int cut_after_end(const Model & model, std::vector<llama_token> & draft) {
+    for (size_t j = 0; j < draft.size(); ++j) {
+        if (model.is_eog(draft[j])) {
+            draft.resize(j + 1);
+            break;
+        }
+    }
+    return (int) draft.size();
 }
 
 } // namespace specllm

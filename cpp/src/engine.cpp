@@ -215,6 +215,9 @@ StepResult Engine::step_locked() {
         sctx.ngram_doubtful = !m.memory && (m.ambiguous || m.source >= (size_t) stats_.n_prompt);
         if (m.length > 0 && opts_.sentence_boundaries && gen_.policy == PolicyKind::automatic) { // only "auto" reads it
             drafter_->ngram_continuation(sctx.k_max, peek_);
+            if (!gen_.ignore_eos) {
+                cut_after_end(*target_, peek_);
+            }
             sctx.ngram_boundary = sentence_boundary(*target_, id_last_, peek_.data(), (int) peek_.size());
         }
     }
@@ -243,6 +246,9 @@ StepResult Engine::step_locked() {
         req.pos0 = n_past + 1;
         req.use_ngram = choice.ngram;
         drafter_->propose(req, draft_);
+        if (!gen_.ignore_eos && cut_after_end(*target_, draft_.tokens) < (int) draft_.q.size()) {
+            draft_.q.resize(draft_.tokens.size());
+        }
     }
     const double draft_ms = now_ms() - t0;
 

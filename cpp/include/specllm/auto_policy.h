@@ -10,9 +10,10 @@
 // T(n) comes from a profile at load, scaled online by one factor that follows the context length; draft costs
 // (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
-// the end of a sentence (boundary.h) counts with an estimate of its own (prior 0.54, learned in each generation):
-// prose copies seldom survive it, so a copy drafts up to a sentence end or verifies up to it in a first chunk. A source that is not used is
-// explored with k = 1 now and then, so that estimates recover when the text changes.
+// the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
+// (prior 0.54, learned in each generation): prose copies seldom survive it, so a copy drafts up to a sentence end or
+// verifies up to it in a first chunk. A source that is not used is explored with k = 1 now and then, so that
+// estimates recover when the text changes.
 #pragma once
 
 #include "specllm/policy.h"
