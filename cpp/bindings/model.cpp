@@ -7,6 +7,20 @@
 
 using namespace specllm;
 
+namespace {
+
+// a token list from Python, each in the model's vocabulary, or InvalidArgument naming `what`
+void check_vocab(const Model & model, const std::vector<llama_token> & tokens, const char * what) {
+    for (llama_token t : tokens) {
+        if (t < 0 || t >= model.n_vocab()) {
+            throw InvalidArgument(std::string(what) + ": token " + std::to_string(t) + " is not in the vocabulary "
+                                  "(0.." + std::to_string(model.n_vocab() - 1) + ")");
+        }
+    }
+}
+
+} // namespace
+
 void register_model(py::module_ & m) {
     py::class_<Model>(m, "Model")
         .def_property_readonly("n_ctx", &Model::n_ctx)
@@ -32,23 +46,13 @@ void register_model(py::module_ & m) {
         .def("is_eog", &Model::is_eog)
         .def("sentence_boundary", [](const Model & self, llama_token last, const std::vector<llama_token> & draft) {
             // boundary.h: the first draft position right after the end of a sentence (-1 = none)
-            for (llama_token t : draft) {
-                if (t < 0 || t >= self.n_vocab()) {
-                    throw InvalidArgument("sentence_boundary: token " + std::to_string(t) + " is not in the vocabulary "
-                                          "(0.." + std::to_string(self.n_vocab() - 1) + ")");
-                }
-            }
+            check_vocab(self, draft, "sentence_boundary");
             return sentence_boundary(self, last >= 0 && last < self.n_vocab() ? last : -1, draft.data(),
                                      (int) draft.size());
         }, py::arg("last"), py::arg("draft"))
         .def("cut_after_end", [](const Model & self, std::vector<llama_token> draft) {
             // boundary.h: the draft up to and including its first end-of-turn token
-            for (llama_token t : draft) {
-                if (t < 0 || t >= self.n_vocab()) {
-                    throw InvalidArgument("cut_after_end: token " + std::to_string(t) + " is not in the vocabulary "
-                                          "(0.." + std::to_string(self.n_vocab() - 1) + ")");
-                }
-            }
+            check_vocab(self, draft, "cut_after_end");
             cut_after_end(self, draft);
             return draft;
         }, py::arg("draft"))

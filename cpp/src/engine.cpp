@@ -214,10 +214,7 @@ StepResult Engine::step_locked() {
         sctx.ngram_memory = m.memory;
         sctx.ngram_doubtful = !m.memory && (m.ambiguous || m.source >= (size_t) stats_.n_prompt);
         if (m.length > 0 && opts_.sentence_boundaries && gen_.policy == PolicyKind::automatic) { // only "auto" reads it
-            drafter_->ngram_continuation(sctx.k_max, peek_);
-            if (!gen_.ignore_eos) {
-                cut_after_end(*target_, peek_);
-            }
+            drafter_->ngram_continuation(sctx.k_max, peek_); // the boundary stops at its first end of turn
             sctx.ngram_boundary = sentence_boundary(*target_, id_last_, peek_.data(), (int) peek_.size());
         }
     }
