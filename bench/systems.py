@@ -33,6 +33,9 @@ SPECLLM_SYSTEMS = {
     # the default as before 2026-11-25: "auto" not told where a proposal crosses the end of a sentence (settings
     # under "engine" are Engine setters applied after the load)
     "hybrid-noboundary": ("{draft}", "auto", {"ngram": True, "engine": {"sentence_boundaries": False}}),
+    # the default as before 2026-11-26: verify batches costed with the profile's shape and one scale learned from
+    # every step, not also a factor per batch size learned from the verify batches
+    "hybrid-noshape": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": False}}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each)

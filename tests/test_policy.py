@@ -477,3 +477,76 @@ def test_the_end_of_a_sentence_has_an_acceptance_estimate_of_its_own():
     assert p.acceptance(source)[0] < a0
     with pytest.raises(ValueError):
         p.choose(k_max=8, has_ngram=True, ngram_match=3, ngram_boundary=-2)
+
+
+# a 2-core EPYC's fast-mode profile measured at a quiet moment (T(5) read as cheap as T(4)) and what batches cost
+# there later, under load (bench/README, "What a batch costs now")
+QUIET = [58, 92, 125, 155, 158, 187, 247, 309, 347, 378, 374, 414, 436, 462, 490, 421]
+LOADED = [77, 121, 170, 191, 256, 294, 329, 441, 474, 518, 550, 691, 630, 652, 761, 648]
+
+
+def test_what_a_batch_size_costs_against_a_plain_step_is_learned_from_the_steps():
+    p = _core.AutoPolicy()
+    p.set_verify_costs(QUIET)
+    assert p.learn_batch_costs and p.batch_factor(5) == 1.0  # nothing seen yet: the profile's shape
+    for _ in range(60):
+        p.update(0, 0, True, 0.0, 58.0)         # plain steps cost what the profile says ...
+        p.update(4, 4, True, 0.0, 1.3 * 158)    # ... batches of 5 rows 30% more
+    c = p.verify_costs()
+    assert c[0] == pytest.approx(58, rel=0.02)  # plain steps are the unit: they keep their cost
+    assert c[4] == pytest.approx(1.3 * 158, rel=0.05)
+    assert p.batch_factor(5) == pytest.approx(1.3, rel=0.05)
+    assert p.batch_factor(3) == pytest.approx(1.3, rel=0.05)  # a size never seen: what all batches cost
+    for _ in range(60):
+        p.update(2, 2, True, 0.0, 125.0)        # batches of 3 rows cost what the profile says
+    assert p.batch_factor(3) < 1.1 and p.batch_factor(5) > 1.2  # each size keeps its own
+    # one step that took 50 times as long (the process was preempted) is not a cost
+    p.update(4, 4, True, 0.0, 50 * 158)
+    assert p.batch_factor(5) < 1.3 * 1.15
+    # off: the profile's shape, and one scale from every step (as before 2026-11-26)
+    p.set_learn_batch_costs(False)
+    assert not p.learn_batch_costs and p.batch_factor(5) == 1.0
+    p.update(4, 4, True, 0.0, 2 * 158)
+    assert p.verify_costs()[0] > 58 * 1.05
+
+
+def copy_speedup(profile, truth, learn, alpha, seed, steps=800):
+    """Tokens per ms against plain decoding of a copy whose tokens are each right with probability alpha, the policy
+    costing batches with `profile` while the machine charges `truth` (with 10% noise per step)."""
+    import math
+
+    p = _core.AutoPolicy()
+    p.set_verify_costs(profile)
+    p.set_learn_batch_costs(learn)
+    rng = random.Random(seed)
+    tokens = ms = 0.0
+    for _ in range(steps):
+        k, ngram = p.choose(15, False, True, 6)
+        rows, first = k + 1, p.first_rows()
+        run = 0
+        while run < k and rng.random() < alpha:
+            run += 1
+        if 0 < first < rows:  # a first chunk alone; the rest only if all of its drafts were accepted
+            verified = first if run < first else rows
+            cost = truth[first - 1] + (truth[rows - first - 1] if verified == rows else 0)
+        else:
+            verified, cost = rows, truth[rows - 1]
+        cost *= math.exp(rng.gauss(0, 0.1))
+        p.update(k, run, ngram, 0.0, cost, 0, verified)
+        tokens += run + 1
+        ms += cost
+    return tokens / ms * truth[0]
+
+
+@pytest.mark.parametrize("alpha", [0.75, 0.85])
+def test_a_profile_of_another_moment_does_not_make_drafting_lose(alpha):
+    def mean(profile, learn):
+        return sum(copy_speedup(profile, LOADED, learn, alpha, seed) for seed in range(4)) / 4
+
+    stale_learned, stale_fixed = mean(QUIET, True), mean(QUIET, False)
+    # with the quiet moment's shape the policy drafts 5-row batches that now cost 3.3 plain steps: it loses or
+    # gains little (0.99 / 1.11 here); learning what they cost gets most of what the right profile gives
+    assert stale_learned > 1.04 * stale_fixed and stale_learned > 1.02
+    assert stale_learned > 0.95 * mean(LOADED, False)
+    # with the right profile, learning costs (next to) nothing
+    assert mean(LOADED, True) > 0.98 * mean(LOADED, False)

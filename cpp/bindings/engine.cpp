@@ -117,6 +117,11 @@ void register_engine(py::module_ & m) {
             }
             e.auto_policy().set_context_row_cost(ms);
         })
+        .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
+             py::arg("on"), "learn what verify batches cost against a plain step from the steps (default: on)")
+        .def_property_readonly("learn_batch_costs", [](Engine & e) { return e.auto_policy().learn_batch_costs(); })
+        .def("batch_cost_factor", [](Engine & e, int n) { return e.auto_policy().batch_factor(n); }, py::arg("n"),
+             "what a verify batch of n rows costs now against the profile's shape (1 = as profiled)")
         .def("acceptance_estimate", [](Engine & e, int source) {
             if (source < 0 || source >= AutoPolicy::n_sources) {
                 throw py::index_error("source must be in [0, " + std::to_string(AutoPolicy::n_sources) + "), got " +

@@ -93,6 +93,9 @@ void register_policy(py::module_ & m) {
         .def("set_verify_costs", &AutoPolicy::set_verify_costs)
         .def("verify_costs", &AutoPolicy::verify_costs)
         .def("padded_rows", &AutoPolicy::padded_rows, py::arg("n"))
+        .def("set_learn_batch_costs", &AutoPolicy::set_learn_batch_costs, py::arg("on"))
+        .def_property_readonly("learn_batch_costs", &AutoPolicy::learn_batch_costs)
+        .def("batch_factor", &AutoPolicy::batch_factor, py::arg("n"))
         .def("first_rows", &AutoPolicy::first_rows)
         .def("set_context_row_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);

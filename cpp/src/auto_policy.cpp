@@ -244,15 +244,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
 }
 
 void AutoPolicy::update(const StepOutcome & o) {
-    // the profile gives the shape of T(n) on a short context; a longer context makes every batch dearer, so one
-    // factor (measured / profiled) follows it, whatever n the steps use
-    const int n = o.n_verified > 0 ? o.n_verified : o.n_drafted + 1;
-    const double profiled = cost_rows(n, last_first_);
-    const double extra = context_rows(n, last_first_); // costed apart: the scale follows the rest
-    if (o.verify_ms > 0.0 && profiled > 0.0) {
-        const double seen = std::max(0.1 * o.verify_ms, o.verify_ms - extra);
-        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (seen / profiled);
-    }
+    observe_cost(o.verify_ms, o.n_verified > 0 ? o.n_verified : o.n_drafted + 1);
     if (o.n_drafted == 0) {
         return;
     }

@@ -13,6 +13,11 @@ namespace specllm {
 
 namespace {
 constexpr int profile_context = 32; // the context T(n) is profiled at (Engine::profile_verify's default prefix)
+constexpr double ema_cost_scale = 0.1; // weight of a new plain step's cost in the scale
+constexpr double ema_shape = 0.05;  // weight of a new batch cost observation, once there are more than 1/ema_shape
+constexpr double size_prior = 4.0;  // a size's own factor counts as this many observations against all sizes' ...
+constexpr int size_own_max = 16;    // ... and its own observations count at most this many
+constexpr double ratio_min = 0.33, ratio_max = 3.0; // one step's measured / expected (a preempted step is not a cost)
 } // namespace
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -84,7 +89,53 @@ std::vector<double> AutoPolicy::verify_costs() const {
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    return verify_scale_ * t_verify_[std::min(n, n_max + 1)] + context_extra(n);
+    return verify_scale_ * size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n);
+}
+
+double AutoPolicy::size_factor(int rows) const {
+    if (rows <= 1) {
+        return 1.0;
+    }
+    const int m = std::min(rows, n_max + 1);
+    const double own = std::min(n_own_[m], size_own_max);
+    return (size_prior * batch_ratio_ + own * own_ratio_[m]) / (size_prior + own);
+}
+
+void AutoPolicy::set_learn_batch_costs(bool on) {
+    learn_shape_ = on;
+    if (!on) {
+        own_ratio_.fill(0.0);
+        n_own_.fill(0);
+        batch_ratio_ = 1.0;
+        n_batch_obs_ = 0;
+    }
+}
+
+void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
+    // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the scale,
+    // which follows the context and the machine's speed; a batch's measured / expected cost (what its rows add with
+    // the context apart) is its size's factor: on a 2-core EPYC a profile taken at a quiet moment read T(5) = 2.7 T(1),
+    // and under load a batch of 5 cost 3.0-3.3 plain steps. A step verified in chunks teaches only the factor over
+    // all sizes
+    if (verify_ms <= 0.0 || n_rows <= 0) {
+        return;
+    }
+    const double seen = std::max(0.1 * verify_ms, verify_ms - context_rows(n_rows, last_first_));
+    const double profiled = cost_rows(n_rows, last_first_);
+    const bool one_chunk = chunk_rows(0, n_rows, last_first_) == n_rows;
+    if (n_rows == 1 || !learn_shape_) { // without the factors (before 2026-11-26): one scale from every step
+        verify_scale_ = (1.0 - ema_cost_scale) * verify_scale_ + ema_cost_scale * (seen / profiled);
+        return;
+    }
+    const double ratio = std::min(ratio_max, std::max(ratio_min, seen / (verify_scale_ * profiled)));
+    ++n_batch_obs_;
+    const double wb = std::max(ema_shape, 1.0 / (n_batch_obs_ + size_prior));
+    batch_ratio_ = (1.0 - wb) * batch_ratio_ + wb * ratio;
+    if (one_chunk) {
+        const int m = std::min(decoded_rows(n_rows), n_max + 1);
+        const double w = std::max(ema_shape, 1.0 / ++n_own_[m]);
+        own_ratio_[m] = (1.0 - w) * own_ratio_[m] + w * ratio;
+    }
 }
 
 double AutoPolicy::context_extra(int n) const {

@@ -7,7 +7,9 @@
 // match means a copy in progress, and by kind: clean, doubtful (an ambiguous key or a copy from the generated
 // text), or from the memory of earlier generations) and takes the best: a source that does not pay is not used. verify(n) is T(n) for one batch, or, when verification
 // runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
-// T(n) comes from a profile at load, scaled online by one factor that follows the context length; draft costs
+// T(n) comes from a profile at load, scaled online: one factor, learned from plain steps, follows the context length
+// and the machine's speed, and a factor per batch size, learned from the verify batches, follows how a batch costs
+// against a plain step now (a profile measured on a quieter machine, or at a noisy moment, gets it wrong); draft costs
 // (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
 // the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
@@ -39,6 +41,12 @@ class AutoPolicy : public DraftPolicy {
     void set_verify_costs(const std::vector<double> & costs);
     std::vector<double> verify_costs() const;
     int padded_rows(int n) const; // the rows to decode for a verify batch of n (>= n; n if not padded)
+    // what a batch of n rows costs now against the profile's shape (1 = as profiled; plain steps are 1 by definition)
+    double batch_factor(int n) const { return size_factor(decoded_rows(n)); }
+    // learn those factors from the steps (default); off: one scale from every step and the profile's shape, as before
+    // 2026-11-26 (bench's hybrid-noshape). Turning it off forgets what was learned
+    void set_learn_batch_costs(bool on);
+    bool learn_batch_costs() const { return learn_shape_; }
     void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
     // ms that each verify row after the first adds per token of context beyond the profile's: a batch's rows
     // each attend to the whole context, so long batches grow with it faster than a plain step (measured on a
@@ -101,6 +109,7 @@ class AutoPolicy : public DraftPolicy {
 
   private:
     double cost_verify(int n) const;
+    int decoded_rows(int n) const { return one_batch() && n > 1 ? padded_rows(n) : n; }
     bool one_batch() const { return verify_rows_ == 0 || verify_rows_ > n_max; } // not exact mode's chunks
     bool beats_plain(int source, const double * alpha) const; // some k in 1..k_limit beats plain by the margin
     double learn_rate(int source, int pos);
@@ -119,7 +128,16 @@ class AutoPolicy : public DraftPolicy {
 
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
     std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
-    double verify_scale_ = 1.0;                                // measured / profiled: grows with the context
+    double verify_scale_ = 1.0;                                // a plain step, measured / profiled: grows with the context
+    // a batch of m decoded rows costs size_factor(m) * verify_scale_ * T(m): how batches cost against a plain step now
+    // (measured / expected), per size (own_ratio_, n_own_) and over all batch sizes (batch_ratio_, n_batch_obs_)
+    std::array<double, n_max + 2> own_ratio_{};
+    std::array<int, n_max + 2> n_own_{};
+    double batch_ratio_ = 1.0;
+    int n_batch_obs_ = 0;
+    bool learn_shape_ = true;
+    double size_factor(int rows) const; // rows: the rows a batch decodes (padded)
+    void observe_cost(double seen_ms, int n_rows);
     double c_context_row_ = 0.0;                               // see set_context_row_cost
     int n_past_ = 0;                                           // the context of the last choice
     double context_extra(int n) const;                         // ms the context adds to a batch of n rows
