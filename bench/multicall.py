@@ -16,6 +16,7 @@ Systems, each ONE specllm.LLM kept across a whole sequence:
   plain       draft=None (and memory_tokens=0: the reference does no memory work)
   memory-off  the default drafter (draft model + n-gram, draft_length "auto") with memory_tokens=0
   memory-on   the default drafter with its memory (memory_tokens: the library's default, or --memory-tokens)
+  memory-on-noshape  memory-on costing verify batches as before 2026-11-26 (not in the default --systems)
 At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
 memory holds only that sequence's earlier outputs. Within a sequence nothing is reset (reset() would empty the
 memory; the KV prefix reuse between requests is what a server gives). Request i runs on every system in turn, the
@@ -55,6 +56,10 @@ SYSTEMS = {
     "plain": {"draft": None, "memory_tokens": 0},  # the reference: nothing drafted, nothing remembered
     "memory-off": {"draft": "{draft}", "ngram": True, "memory_tokens": 0},
     "memory-on": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}"},
+    # memory on as before 2026-11-26: verify batches costed with the profile's shape ("engine": Engine setters
+    # applied after the load)
+    "memory-on-noshape": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
+                          "engine": {"learn_batch_costs": False}},
 }
 
 
@@ -116,8 +121,12 @@ class System:
     def load(self, target: str, threads: int, ctx: int) -> None:
         import specllm
 
+        kwargs = dict(self.kwargs)
+        engine_settings = kwargs.pop("engine", {})
         t0 = time.perf_counter()
-        self.llm = specllm.LLM(target, n_threads=threads, n_ctx=ctx, **self.kwargs)
+        self.llm = specllm.LLM(target, n_threads=threads, n_ctx=ctx, **kwargs)
+        for name, value in engine_settings.items():
+            getattr(self.llm._engine, "set_" + name)(value)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
 
@@ -303,7 +312,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b",
                    help="GGUF path or registry name of the draft model (or 'ngram'), for memory-off and memory-on")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, from: %(default)s")
+    p.add_argument("--systems", default="plain,memory-off,memory-on",
+                   help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: %(default)s)")
     p.add_argument("--sequences", default="", help="comma-separated sequence ids (default: all, in file order)")
     p.add_argument("--limit", type=int, default=None, help="first N sequences (default: all)")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request (default: %(default)s)")

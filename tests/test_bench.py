@@ -831,13 +831,19 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
     # hybrid-noboundary: the default as before 2026-11-25 ("auto" not told where proposals cross a sentence end)
     from bench.systems import Config, SpecllmSystem
 
+    # hybrid-noshape: the default as before 2026-11-26 (batches costed with the profile's shape, one scale)
     got = {}
-    for name in ("hybrid", "hybrid-noboundary"):
+    for name in ("hybrid", "hybrid-noboundary", "hybrid-noshape"):
         system = SpecllmSystem(name, Config(tiny["target"], tiny["draft"], n_ctx=256, n_threads=1))
         system.load()
-        got[name] = system.llm._engine.sentence_boundaries
+        engine = system.llm._engine
+        got[name] = (engine.sentence_boundaries, engine.learn_batch_costs)
         assert "engine" not in system.llm_kwargs  # not an LLM keyword
-        out = system.run("hello hello hello", 8)
+        out = system.run("hello hello hello " * 8, 24)
         assert out.n_gen > 0
+        factors = [engine.batch_cost_factor(n) for n in range(1, 50)]
+        assert factors[0] == 1.0 and all(0.33 <= f <= 3.0 for f in factors)
+        if not engine.learn_batch_costs:
+            assert set(factors) == {1.0}
         system.llm.close()
-    assert got == {"hybrid": True, "hybrid-noboundary": False}
+    assert got == {"hybrid": (True, True), "hybrid-noboundary": (False, True), "hybrid-noshape": (True, False)}
