@@ -249,10 +249,15 @@ def test_module_level_generate_and_default_draft(tiny, plain):
     again = specllm.generate(p, model=tiny["target"], draft=tiny["draft"], draft_length=3, **kw)
     assert again.tokens == c.tokens and again.stats.n_cached > 0  # the same LLM, reused
     assert specllm.generate(p, model=tiny["target"], draft="ngram", **kw).tokens == plain[p].tokens
-    # a model given by path has no known draft: plain decoding by default
+    # a model given by path has no known draft model: n-gram lookup by default (it needs none), plain if asked
     llm = specllm.LLM(tiny["target"], n_threads=1, profile_costs=False)
-    assert llm.draft is None and llm.draft_path is None
-    assert llm.generate(p, max_tokens=N).stats.n_drafted == 0
+    assert llm.draft == "ngram" and llm.draft_path is None
+    c = llm.generate("a b c d a b c d a b c d a b c d", max_tokens=N, draft_length=3)
+    assert c.stats.n_drafted > 0
+    assert c.tokens == specllm.LLM(tiny["target"], None, n_threads=1, profile_costs=False).generate(
+        "a b c d a b c d a b c d a b c d", max_tokens=N).tokens
+    llm.close()
+    assert specllm.generate(p, model=tiny["target"], **kw).stats.n_drafted >= 0  # the module-level default alike
 
 
 def test_exact_mode_skips_verify_chunks_after_a_rejection(tiny, make_llm, plain):

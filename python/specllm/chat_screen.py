@@ -6,10 +6,9 @@ import pathlib
 import signal
 import sys
 
-from . import registry
 from .chat_session import ChatSession
 from .errors import ContextOverflowError, SpecLLMError
-from .llm import DEFAULT
+from .llm import DEFAULT, default_draft
 
 PROMPT = ">>> "
 MORE = "... "  # the prompt of a message's next line
@@ -200,7 +199,7 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
     style = Style.for_stream(sys.stdout)
     draft = args.draft
     if draft == DEFAULT:
-        draft = None if os.path.exists(args.model) else registry.default_draft(args.model)
+        draft = default_draft(args.model)
     draft = str(draft).lower() if draft in (None, "ngram") else draft
     print(style.dim(f"loading {args.model} (drafter: {draft}) ..."), flush=True)
     session = ChatSession(args.model, args.draft, ngram=args.ngram, system=args.system,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from .errors import ContextOverflowError, SpecLLMError
-from .llm import DEFAULT, LLM
+from .llm import DEFAULT, LLM, default_draft
 from .results import Stats
 
 _SUMMED = ("n_prompt", "n_cached", "n_generated", "n_steps", "n_drafted", "n_accepted", "n_ngram_steps",
@@ -58,8 +58,7 @@ class ChatSession:
 
     def _draft_model(self, draft) -> Optional[str]:
         if draft == DEFAULT:
-            from . import registry
-            draft = None if os.path.exists(self.model) else registry.default_draft(self.model)
+            draft = default_draft(self.model)
         return draft if draft not in (None, "ngram") else None
 
     # --- what is loaded

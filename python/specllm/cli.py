@@ -80,7 +80,7 @@ def _load_args(p: argparse.ArgumentParser) -> None:
                    help=f"target model: registry name or .gguf path (default: {DEFAULT_MODEL})")
     g.add_argument("--draft", "-d", type=_draft, default=DEFAULT, metavar="none|ngram|NAME|PATH",
                    help="drafter: none (plain decoding), ngram (prompt lookup), or a draft model with the target's "
-                        "vocabulary (default: the registry's draft for a registry target, none for a path)")
+                        "vocabulary (default: the registry's draft for a registry target, ngram for a path)")
     g.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=None,
                    help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better "
                         "(default: on; --no-ngram: the draft model alone)")

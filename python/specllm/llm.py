@@ -21,7 +21,7 @@ from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
 
-DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, plain decoding for a path
+DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, n-gram lookup for a path
 Prompt = Union[str, Sequence[int]]
 
 
@@ -30,9 +30,12 @@ def _resolve(name_or_path: str) -> str:
     return registry.resolve(name_or_path)
 
 
-def _default_draft(name_or_path: str) -> Optional[str]:
+def default_draft(name_or_path: str) -> Optional[str]:
+    """What draft=DEFAULT means for a target: a registry name's known draft; for a .gguf path, n-gram lookup in the
+    prompt and output ("ngram"): it needs no second model and costs microseconds, and "auto" drafts only where it
+    pays, so a model given by path speculates too (plain decoding for a path before 2026-11-26)."""
     if os.path.exists(name_or_path):
-        return None
+        return "ngram"
     from . import registry
     return registry.default_draft(name_or_path)
 
@@ -42,7 +45,7 @@ def _draft_arg(model: str, draft, ngram):
     with n-gram lookup beside it unless ngram=False (as in specllm-cli: "auto" uses n-grams only where they pay, and
     on a CPU where the draft model cannot pay they are all that can)."""
     if draft == DEFAULT:
-        draft = _default_draft(model)
+        draft = default_draft(model)
     if ngram is None and draft not in (None, "ngram"):
         ngram = True
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
