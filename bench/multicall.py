@@ -121,12 +121,13 @@ class System:
     def load(self, target: str, threads: int, ctx: int) -> None:
         import specllm
 
+        from bench.systems import apply_engine_settings
+
         kwargs = dict(self.kwargs)
         engine_settings = kwargs.pop("engine", {})
         t0 = time.perf_counter()
         self.llm = specllm.LLM(target, n_threads=threads, n_ctx=ctx, **kwargs)
-        for name, value in engine_settings.items():
-            getattr(self.llm._engine, "set_" + name)(value)
+        apply_engine_settings(self.llm, engine_settings)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
 

@@ -48,6 +48,13 @@ ALL_SYSTEMS = tuple(SPECLLM_SYSTEMS) + LLAMA_CPP_SYSTEMS + LLAMA_CPP_PYTHON_SYST
 LOOKUP_NUM_PRED_TOKENS = 10 if os.environ.get("SPECLLM_BENCH_GPU") else 2
 
 
+
+def apply_engine_settings(llm, settings: dict) -> None:
+    """A system's "engine" settings: Engine setters (set_<name>) applied after the load."""
+    for name, value in settings.items():
+        getattr(llm._engine, "set_" + name)(value)
+
+
 @dataclass
 class Result:
     text: str                   # generated text (no prompt)
@@ -84,8 +91,7 @@ class SpecllmSystem:
         t0 = time.perf_counter()
         self.llm = specllm.LLM(self.cfg.target, draft=self.draft, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads,
                                **self.llm_kwargs)
-        for name, value in self.engine_settings.items():
-            getattr(self.llm._engine, "set_" + name)(value)
+        apply_engine_settings(self.llm, self.engine_settings)
         return (time.perf_counter() - t0) * 1e3
 
     def run(self, prompt_text: str, max_tokens: int, keep_cache: bool = False) -> Result:

@@ -9,7 +9,6 @@
 namespace specllm {
 
 namespace {
-constexpr double ema_cost = 0.1;     // weight of a new cost observation
 constexpr double ema_alpha = 0.05;   // weight of a new acceptance observation
 constexpr int explore_first = 16;    // plain steps after which an unused source is tried with k = 1 ...
 constexpr int explore_last = 512;    // ... doubling after each try, up to this

@@ -13,7 +13,6 @@ namespace specllm {
 
 namespace {
 constexpr int profile_context = 32; // the context T(n) is profiled at (Engine::profile_verify's default prefix)
-constexpr double ema_cost_scale = 0.1; // weight of a new plain step's cost in the scale
 constexpr double ema_shape = 0.05;  // weight of a new batch cost observation, once there are more than 1/ema_shape
 constexpr double size_prior = 4.0;  // a size's own factor counts as this many observations against all sizes' ...
 constexpr int size_own_max = 16;    // ... and its own observations count at most this many
@@ -124,7 +123,7 @@ void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     const double profiled = cost_rows(n_rows, last_first_);
     const bool one_chunk = chunk_rows(0, n_rows, last_first_) == n_rows;
     if (n_rows == 1 || !learn_shape_) { // without the factors (before 2026-11-26): one scale from every step
-        verify_scale_ = (1.0 - ema_cost_scale) * verify_scale_ + ema_cost_scale * (seen / profiled);
+        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (seen / profiled);
         return;
     }
     const double ratio = std::min(ratio_max, std::max(ratio_min, seen / (verify_scale_ * profiled)));

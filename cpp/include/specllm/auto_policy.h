@@ -108,6 +108,7 @@ class AutoPolicy : public DraftPolicy {
     bool pays(int source) const;
 
   private:
+    static constexpr double ema_cost = 0.1; // weight of a new cost observation (scale, draft costs)
     double cost_verify(int n) const;
     int decoded_rows(int n) const { return one_batch() && n > 1 ? padded_rows(n) : n; }
     bool one_batch() const { return verify_rows_ == 0 || verify_rows_ > n_max; } // not exact mode's chunks
