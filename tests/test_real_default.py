@@ -2,9 +2,14 @@
 (hybrid), draft_length="auto" with a measured cost profile — on real prompts, two of them 700+ tokens long, in both
 modes: greedy speculative output against the same LLM's plain decoding (draft_length=0).
 
-The README states the equality rates these tests assert (Limits): exact mode matches plain decoding on every
-short prompt, and on long prompts too unless llama.cpp's multi-threaded attention flips a near-tie; exact=False
-lets llama.cpp's batch kernels round differently from single-token decoding, so near-ties flip more often."""
+The README states what these tests assert (Limits): exact mode matches plain decoding on every short prompt, and
+on long prompts too unless llama.cpp's multi-threaded attention flips a near-tie; exact=False lets llama.cpp's batch
+kernels round differently from single-token decoding, so near-ties flip more often. How many replies flip moves
+from run to run (4 to 9 of 12 equal in fast mode on the third VM: "auto" picks batch sizes from timing, and each
+size rounds its own way), so the test does not count them: it checks that every reply that differs from plain
+decoding differs first at a near-tie of the target's own logits, computed apart by llama-cpp-python. A verifier
+that kept a token the target did not choose, or a KV cache cut in the wrong place, differs where the target's best
+token leads by whole logits (2-12 at typical positions of these replies)."""
 
 import json
 import pathlib
@@ -31,16 +36,47 @@ SHORT = [
     "    return 2 * (w + h)\n",
 ]
 LONG_IDS = ("fresh-summarization-6", "fresh-rag-5")  # 838 and 864 tokens with the chat template
-# the rates the README states (Limits): exact mode equals plain decoding on every short prompt (its 3-row verify
-# chunks run the single-token kernels); on the two long ones llama.cpp's multi-threaded attention may flip a
-# near-tie in either mode (one of them matched on the second VM, neither on the third), so they are reported, not
-# counted. Fast mode: at least this many of all 12
-MIN_EQUAL_FAST = 5
+# exact mode equals plain decoding on every short prompt (its 3-row verify chunks run the single-token kernels); on
+# the two long ones llama.cpp's multi-threaded attention may flip a near-tie in either mode (one of them matched on
+# the second VM, neither on the third). A near-tie: the two tokens' logits, computed apart, within this much (the
+# flips seen on the third VM were within 0.13; the target's best token leads its second by 2-12 at typical
+# positions)
+NEAR_TIE = 0.5
 
 
 def long_prompts():
     rows = [json.loads(line) for line in FRESH.read_text(encoding="utf-8").splitlines()]
     return [r["turns"][0] for r in rows if r["id"] in LONG_IDS]
+
+
+@pytest.fixture(scope="module")
+def target_logits(real_models):
+    """logits(tokens): the target's next-token logits after tokens, from llama-cpp-python (the same libllama, loaded
+    apart: specllm's engine gives no logits out)."""
+    import llama_cpp
+    import numpy as np
+
+    ref = llama_cpp.Llama(real_models["target"], n_ctx=2048, n_threads=2, verbose=False)
+
+    def logits(tokens):
+        ref.reset()
+        ref.eval(tokens)
+        return np.ctypeslib.as_array(ref._ctx.get_logits(), shape=(ref.n_vocab(),)).copy()
+
+    yield logits
+    ref.close()
+
+
+def tie_gap(logits, prompt, a, b, eog=()):
+    """|logit gap| between the first tokens where continuations a and b of prompt differ (None if they do not). A
+    reply that ended where the other goes on chose an end-of-generation token there (the best of eog)."""
+    i = first_divergence(a, b)
+    if i is None:
+        return None
+    lg = logits(prompt + list(a[:i]))
+    ended = max(float(lg[t]) for t in eog) if eog else float("-inf")
+    x, y = (float(lg[c[i]]) if i < len(c) else ended for c in (a, b))
+    return abs(x - y)
 
 
 @pytest.fixture(scope="module", params=["exact", "fast"])
@@ -56,26 +92,44 @@ def mode_runs(request, real_models):
             messages = [{"role": "user", "content": question}]
             plain = llm.chat(messages, max_tokens=N, draft_length=0)
             spec = llm.chat(messages, max_tokens=N)  # the default: "auto"
-            runs.append((question, plain, spec))
-        yield request.param, llm.count_tokens, runs
+            runs.append((llm.prompt_tokens(llm.apply_chat_template(messages)), plain, spec))
+        target = llm._engine.target
+        eog = [t for t in range(target.n_vocab) if target.is_eog(t)]
+        yield request.param, runs, eog
 
 
-def test_the_default_configuration_matches_plain_decoding(mode_runs):
-    mode, count_tokens, runs = mode_runs
+def test_the_tie_check_flags_a_token_the_target_did_not_choose(real_models, target_logits):
+    import specllm
+
+    with specllm.LLM(real_models["target"], draft=None, n_threads=2, n_ctx=2048) as llm:
+        messages = [{"role": "user", "content": SHORT[0]}]
+        prompt = llm.prompt_tokens(llm.apply_chat_template(messages))
+        plain = llm.chat(messages, max_tokens=12).tokens
+    assert tie_gap(target_logits, prompt, plain, plain) is None
+    lg = target_logits(prompt + plain[:5])
+    assert int(lg.argmax()) == plain[5]  # the reference agrees with specllm's plain decoding here
+    tenth = int(lg.argsort()[-10])  # the target's 10th choice at token 5
+    assert tie_gap(target_logits, prompt, plain, plain[:5] + [tenth]) > NEAR_TIE
+
+
+def test_the_default_configuration_matches_plain_decoding(mode_runs, target_logits):
+    mode, runs, eog = mode_runs
     assert len(runs) == 12 and sum(r[1].stats.n_prompt >= 700 for r in runs) == 2
-    equal, report = 0, []
-    for question, plain, spec in runs:
+    equal, report, gaps = 0, [], []
+    for prompt, plain, spec in runs:
         assert plain.stats.n_drafted == 0 and spec.stats.n_generated == len(spec.tokens)
         i = first_divergence(plain.tokens, spec.tokens)
         equal += i is None
+        gap = tie_gap(target_logits, prompt, plain.tokens, spec.tokens, eog)
+        gaps.append(gap)
         report.append(f"{plain.stats.n_prompt:4d} prompt tokens, drafted {spec.stats.n_drafted:3d}, accepted "
-                      f"{spec.stats.n_accepted:3d}: " + ("equal" if i is None else f"first divergence at {i}"))
+                      f"{spec.stats.n_accepted:3d}: " + ("equal" if i is None else
+                                                        f"first divergence at {i}, logit gap {gap:.3f}"))
     print(f"\n{mode}: {equal}/12 equal to plain decoding\n" + "\n".join(report))
     drafted = sum(r[2].stats.n_drafted for r in runs)
     assert drafted > 0, "auto drafted nothing on 12 prompts: the test exercised nothing"
     message = f"{mode}: {equal}/12 equal to plain decoding\n" + "\n".join(report)
+    assert all(g is None or g <= NEAR_TIE for g in gaps), message  # every difference is a near-tie
     if mode == "exact":
         short_equal = sum(first_divergence(p.tokens, s.tokens) is None for _, p, s in runs if p.stats.n_prompt < 512)
         assert short_equal == 10, message
-    else:
-        assert equal >= MIN_EQUAL_FAST, message
