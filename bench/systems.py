@@ -48,7 +48,6 @@ ALL_SYSTEMS = tuple(SPECLLM_SYSTEMS) + LLAMA_CPP_SYSTEMS + LLAMA_CPP_PYTHON_SYST
 LOOKUP_NUM_PRED_TOKENS = 10 if os.environ.get("SPECLLM_BENCH_GPU") else 2
 
 
-
 def apply_engine_settings(llm, settings: dict) -> None:
     """A system's "engine" settings: Engine setters (set_<name>) applied after the load."""
     for name, value in settings.items():
