@@ -281,6 +281,37 @@ def test_fresh_prompts():
     assert run.parse_args([]).prompts == "dev" and run.parse_args(["--prompts", "fresh"]).prompts == "fresh"
 
 
+@pytest.mark.parametrize("prompt_set, path, per_task", [("holdout", tasks.HOLDOUT_PATH, 4),
+                                                        ("holdout2", tasks.HOLDOUT2_PATH, 3)])
+def test_holdout_prompts(prompt_set, path, per_task):
+    # the sets written later, to check on prompts the policy was never tuned on: whole, sourced, long where Spec-Bench
+    # is long, and sharing no text with the sets written before them
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    prompts = tasks.load_tasks(list(tasks.ALL_TASKS), prompt_set=prompt_set)
+    assert [p.id for p in prompts] == [r["id"] for r in rows]  # task by task, in file order
+    assert {t: sum(p.task == t for p in prompts) for t in tasks.ALL_TASKS} == dict.fromkeys(tasks.ALL_TASKS, per_task)
+    for p, row in zip(prompts, rows):
+        assert set(row) == {"task", "id", "turns", "source"} and row["source"].strip(), p.id
+        assert p.id == f"{prompt_set}-{p.task}-{int(p.id.rsplit('-', 1)[1])}"
+        assert len(p.turns) == (2 if p.task == "multi_turn" else 1) and all(t.strip() for t in p.turns), p.id
+        assert len(p.turns[0]) >= FRESH_MIN_CHARS.get(p.task, 1), (p.id, len(p.turns[0]))
+        assert p.task != "code" or p.turns[0].startswith("Complete the following Python function."), p.id
+    earlier = [tasks.FRESH_PATH] + ([tasks.HOLDOUT_PATH] if prompt_set == "holdout2" else [])
+    seen = []
+    for other in earlier:
+        with open(other, encoding="utf-8") as f:
+            seen += ["\n".join(json.loads(line)["turns"]) for line in f if line.strip()]
+    # no passage of 200 characters, nor a source document, taken again
+    pieces = [t[i:i + 200] for p in prompts for t in p.turns for i in range(0, max(1, len(t) - 200), 400)]
+    assert not [s for s in pieces if len(s) == 200 and any(s in t for t in seen)]
+    sources = [r["source"] for r in rows if r["source"] != "written for specllm"]
+    assert len(set(sources)) == len(sources)
+    from bench import run
+
+    assert run.parse_args(["--prompts", prompt_set]).prompts == prompt_set
+
+
 @pytest.mark.skipif(not tasks.specbench_path().exists(), reason="shared/specbench/dev.jsonl not beside the repo")
 def test_specbench_tasks():
     prompts = tasks.load_tasks(list(tasks.SPEC_BENCH_TASKS), limit=3)
