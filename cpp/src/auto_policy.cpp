@@ -121,6 +121,19 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     // a position never observed counts with the acceptance of the deepest one observed before it: optimism
     // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
     std::array<double, n_max> a = alpha_[source];
+    double moved = a[0];
+    if (source >= 1 && source <= 2 * n_buckets) {
+        // the text's factor moves the prior's share of the position-0 estimate (1 / (observations + 1) while
+        // the estimate is a running mean): what the other sources saw of this text tells this one. Lowered, the
+        // unobserved positions below follow it; raised, position 0 alone: carried into them, it made a 2-token
+        // match in a text of many hits look like a copy, and 31 tokens were drafted that all failed (holdout
+        // RAG-1 on a 2-core EPYC: one 0.93 s step, an eighth of the answer's time)
+        const double prior = alpha_prior_ngram[source - 1];
+        const double f = (text_hits_ + text_pseudo) / (text_expected_ + text_pseudo);
+        moved = a[0] + (prior * f - prior) / (n_obs_[source][0] + 1.0);
+        moved = std::min(std::max(a[0], 0.99), std::max(std::min(a[0], 0.01), moved));
+        a[0] = std::min(a[0], moved);
+    }
     for (int j = 1; j < n_max; ++j) {
         if (n_obs_[source][j] == 0 && n_obs_[source][j - 1] > 0) {
             a[j] = a[j - 1];
@@ -128,17 +141,7 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
             a[j] = std::max(a[j], a[j - 1]);
         }
     }
-    if (source >= 1 && source <= 2 * n_buckets) {
-        // the text's factor moves the prior's share of the position-0 estimate (1 / (observations + 1) while
-        // the estimate is a running mean): what the other sources saw of this text tells this one. Position 0
-        // only, after the optimism above: carried into the unobserved positions, it made a 2-token match in a
-        // text of many hits look like a copy, and 31 tokens were drafted that all failed (holdout RAG-1 on a 2-core
-        // EPYC: one 0.93 s step, an eighth of the answer's time)
-        const double prior = alpha_prior_ngram[source - 1];
-        const double f = (text_hits_ + text_pseudo) / (text_expected_ + text_pseudo);
-        const double moved = a[0] + (prior * f - prior) / (n_obs_[source][0] + 1.0);
-        a[0] = std::min(std::max(a[0], 0.99), std::max(std::min(a[0], 0.01), moved));
-    }
+    a[0] = moved;
     return a;
 }
 
