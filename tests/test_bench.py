@@ -878,3 +878,40 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
             assert set(factors) == {1.0}
         system.llm.close()
     assert got == {"hybrid": (True, True), "hybrid-noboundary": (False, True), "hybrid-noshape": (True, False)}
+
+
+def test_spread_costs_each_step_with_the_profile_not_the_clock():
+    from bench import spread
+
+    profile = {"verify_ms": [10.0, 15.0, 0.0, 30.0], "context_row_ms": 0.0}  # T(3) is padded to T(4)
+    steps = [[0, 0, 1, 1, 999.0, 40], [3, 3, 4, 4, 5.0, 41], [2, 0, 1, 3, 7.0, 45]]  # k, acc, emitted, rows, ms, n_past
+    assert spread.modelled_speedup(profile, steps) == pytest.approx(6 * 10 / (10 + 30 + 30))
+    assert spread.step_ms({**profile, "context_row_ms": 0.5}, 2, 132) == pytest.approx(15 + 0.5 * 1 * 100)
+    assert spread.step_ms(profile, 8, 0) == pytest.approx(30 * 8 / 4)  # past the last size: linear
+    a = {"profile": profile, "prompts": {"p": [{"text": "x", "steps": steps}]}}
+    b = {"profile": profile, "prompts": {"p": [{"text": "y", "steps": steps[:1] + [[1, 1, 2, 2, 1.0, 41]] * 2 +
+                                                 [[0, 0, 1, 1, 1.0, 45]]}]}}
+    (row,) = spread.compare([a, b])
+    assert row["speedup"] == pytest.approx([60 / 70, 6 * 10 / (10 + 15 + 15 + 10)])
+    assert row["drafted"] == [5, 2] and row["accepted"] == [3, 2] and row["steps"] == [3, 4] and row["same_text"] == 1
+
+
+def test_spread_records_every_step_of_a_run_on_tiny_models(tmp_path, capsys):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import spread
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    out = tmp_path / "run.json"
+    assert spread.main(["record", "--prompts", "holdout2", "--limit", "1", "--max-tokens", "8", "--threads", "1",
+                        "--target", paths["target"], "--draft", paths["draft"], "--out", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert list(run["prompts"]) == [f"holdout2-{t}-1" for t in tasks.ALL_TASKS]
+    assert run["profile"]["verify_ms"][0] > 0
+    for turns in run["prompts"].values():
+        for t in turns:  # every step after the first chunk: drafts within bounds, at least one row decoded
+            assert t["steps"] and all(0 <= s[1] <= s[0] and s[2] == s[1] + 1 and s[3] >= 1 for s in t["steps"])
+    assert spread.main(["compare", str(out), str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| holdout2-rag-1 | 0 |" in table and "| 0.00 |" in table and "2/2" in table
+    assert not list(tmp_path.glob("*.tmp"))
