@@ -553,9 +553,10 @@ def test_a_profile_of_another_moment_does_not_make_drafting_lose(alpha):
 
 
 def test_what_the_text_copies_does_not_make_a_short_match_look_like_a_copy():
-    # the text's factor (its position-0 hits against the priors) moves a source's first estimate only: carried into
-    # the positions never observed, a 2-token match after a run of hits looked like a copy and drafted 31 tokens that
-    # all failed (holdout RAG-1 on a 2-core EPYC: one 940 ms step, 0.86x plain in replay)
+    # the text's factor (its position-0 hits against the priors), when it raises a source's first estimate, raises
+    # that one only: carried into the positions never observed, a 2-token match after a run of hits looked like a
+    # copy and drafted 31 tokens that all failed (holdout RAG-1 on a 2-core EPYC: one 0.93 s step, 0.86x plain in
+    # replay)
     p = _core.AutoPolicy()
     p.set_verify_costs([58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 15.0 * n for n in range(1, 41)])
     p.set_verify_rows(0)  # fast mode: one batch
