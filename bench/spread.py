@@ -18,29 +18,22 @@ import argparse
 import json
 import os
 import sys
-import time
 
 
 def record(llm, template, prompts, max_tokens: int) -> dict:
     """{"profile": llm.profile, "prompts": {id: [{"text", "steps": [[k, accepted, emitted, rows, ms, n_past]]}]}}"""
+    from bench.steps import run_steps
+
     out = {"profile": llm.profile, "prompts": {}}
     for p in prompts:
         llm.reset(keep_memory=True)
         messages, turns = [], []
         for user in p.turns:
             messages.append({"role": "user", "content": user})
-            steps, parts, rows_before, t = [], [], 0, time.perf_counter()
-            with llm.stream(template(messages), max_tokens=max_tokens, temperature=0) as stream:
-                for i, chunk in enumerate(stream):
-                    now, s = time.perf_counter(), llm._engine.stats
-                    rows = s.n_verify_rows + s.n_pad_rows
-                    if i > 0 and (chunk.tokens or chunk.n_drafted):  # the first chunk holds the prompt
-                        steps.append([chunk.n_drafted, chunk.n_accepted, len(chunk.tokens), rows - rows_before,
-                                      round((now - t) * 1e3, 2), s.n_prompt + s.n_generated])
-                    parts.append(chunk.text)
-                    rows_before, t = rows, now
-            turns.append({"text": "".join(parts), "steps": steps})
-            messages.append({"role": "assistant", "content": turns[-1]["text"]})
+            text, steps = run_steps(llm, template(messages), max_tokens)
+            turns.append({"text": text, "steps": [[s.k, s.accepted, s.emitted, s.rows, round(s.ms, 2), s.n_past]
+                                                  for s in steps]})
+            messages.append({"role": "assistant", "content": text})
         out["prompts"][p.id] = turns
         print(p.id, [len(t["steps"]) for t in turns], file=sys.stderr, flush=True)
     return out

@@ -26,18 +26,22 @@ class Step:
     accepted: int   # of them accepted
     emitted: int    # tokens the step emitted
     ms: float       # wall time since the previous chunk
+    rows: int = 0   # verify rows the target decoded for it (filler rows included)
+    n_past: int = 0  # tokens in the context after it
 
 
 def run_steps(llm, prompt_text: str, max_tokens: int) -> tuple[str, list[Step]]:
     """(reply text, its steps after the first chunk), greedy."""
-    steps, parts, t, first = [], [], time.perf_counter(), True
+    steps, parts, t, first, rows_before = [], [], time.perf_counter(), True, 0
     with llm.stream(prompt_text, max_tokens=max_tokens, temperature=0) as stream:
         for chunk in stream:
-            now = time.perf_counter()
+            now, s = time.perf_counter(), llm._engine.stats
+            rows = s.n_verify_rows + s.n_pad_rows
             parts.append(chunk.text)
             if not first and (chunk.tokens or chunk.n_drafted):  # not an empty closing chunk
-                steps.append(Step(chunk.n_drafted, chunk.n_accepted, len(chunk.tokens), (now - t) * 1e3))
-            first, t = False, now
+                steps.append(Step(chunk.n_drafted, chunk.n_accepted, len(chunk.tokens), (now - t) * 1e3,
+                                  rows - rows_before, s.n_prompt + s.n_generated))
+            first, t, rows_before = False, now, rows
     return "".join(parts), steps
 
 
