@@ -23,8 +23,9 @@ CODE_EDIT_PATH = BENCH_DIR / "prompts" / "code_edit.jsonl"
 FRESH_PATH = BENCH_DIR / "prompts" / "fresh.jsonl"
 HOLDOUT_PATH = BENCH_DIR / "prompts" / "holdout.jsonl"
 HOLDOUT2_PATH = BENCH_DIR / "prompts" / "holdout2.jsonl"  # written after the holdout set had been looked at
-# dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; then FRESH_PATH, HOLDOUT_PATH, HOLDOUT2_PATH
-PROMPT_SETS = ("dev", "fresh", "holdout", "holdout2")
+# dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
+SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH}
+PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
 
@@ -88,12 +89,8 @@ def load_fresh(task: str | None = None, path: Path = FRESH_PATH) -> list[Prompt]
 
 
 def load_task(task: str, specbench: Path | None = None, prompt_set: str = "dev") -> list[Prompt]:
-    if prompt_set == "fresh":
-        return load_fresh(task)
-    if prompt_set == "holdout":
-        return load_fresh(task, HOLDOUT_PATH)
-    if prompt_set == "holdout2":
-        return load_fresh(task, HOLDOUT2_PATH)
+    if prompt_set in SET_PATHS:
+        return load_fresh(task, SET_PATHS[prompt_set])
     if prompt_set != "dev":
         raise ValueError(f"unknown prompt set {prompt_set!r}: expected one of {', '.join(PROMPT_SETS)}")
     if task in SPEC_BENCH_TASKS:
