@@ -567,3 +567,40 @@ def test_what_the_text_copies_does_not_make_a_short_match_look_like_a_copy():
     k, ngram = p.choose(48, False, True, 2)
     assert ngram and 0 < k <= 8, k
     assert p.choose(48, False, True, 30)[0] > 16  # a long match is still a copy
+
+
+def test_a_copy_that_keeps_being_accepted_drafts_longer_again_after_one_failure():
+    # a draft that failed at its second token drops that position's estimate; single-token drafts that are all
+    # accepted then raise it again (the next position counts with the last one's estimate), so a copy does not
+    # stay at k = 1 (before: 16 of 16 drafts at k = 1 for a 3-token match, fast mode, a 2-core EPYC's costs)
+    p = _core.AutoPolicy()
+    p.set_verify_costs([58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 15.0 * n for n in range(1, 41)])
+    p.set_verify_rows(0)
+    p.new_generation()
+    k, ngram = p.choose(48, False, True, 3)
+    assert ngram and k > 1
+    p.update(k, 1, True)  # the first token right, the second wrong
+    ks = []
+    for _ in range(8):
+        k, _ = p.choose(48, False, True, 3)
+        ks.append(k)
+        if k:
+            p.update(k, k, True)
+    assert ks[0] == 1 and max(ks[:4]) > 1, ks
+
+
+def test_a_failing_second_position_is_not_raised_by_first_position_hits():
+    # the raise doubts one failure, not two: where the second token keeps failing while the first keeps being
+    # right, longer drafts are tried again only as the slow drift of unobserved positions makes them (4 of 40
+    # steps; raising after every failure tried them on 14 of 40, each a wasted step)
+    p = _core.AutoPolicy()
+    p.set_verify_costs([58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 15.0 * n for n in range(1, 41)])
+    p.set_verify_rows(0)
+    p.new_generation()
+    ks = []
+    for _ in range(40):
+        k, _ = p.choose(48, False, True, 3)
+        ks.append(k)
+        if k:
+            p.update(k, min(k, 1), True)
+    assert all(k >= 1 for k in ks) and sum(k > 1 for k in ks) <= 4, ks
