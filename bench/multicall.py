@@ -358,7 +358,8 @@ def main(argv=None) -> int:
             "sequences": [s.id for s in sequences], "systems": names, "reference": "plain",
             "llm_kwargs": {s.name: s.kwargs for s in systems}, "memory_tokens": {s.name: s.memory_tokens()
                                                                                  for s in systems},
-            "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes}
+            "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes,
+            "chat_template": "jinja"}  # bench.oracle.chat_template_of
     stem = f"{meta['date']}-{meta['machine']}"
     n = 1
     while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):

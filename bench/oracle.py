@@ -34,6 +34,15 @@ def context_ms(row_ms: float, rows: int, n_past: int) -> float:
     return row_ms * max(0, rows - 1) * max(0, n_past - PROFILE_CONTEXT)
 
 
+def chat_template_of(meta: dict) -> str:
+    """The chat_template= that renders a run's prompts as it was run: the model's Jinja template since bench records
+    meta["chat_template"] = "jinja" (2026-11-26), llama.cpp's built-in formatting of it before (without Qwen's
+    default system message)."""
+    from specllm.chat_template import LLAMA_CPP
+
+    return "" if meta.get("chat_template") == "jinja" else LLAMA_CPP
+
+
 def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain", ends: bool = False):
     """(task, prompt tokens, answer tokens) of a run's plain first-turn answers (or another system's), in run order
     (a (task, id) in `seen` is skipped, and added). ends=True: a fourth item, the token that ended the answer (the
@@ -48,7 +57,8 @@ def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"
         if rec["system"] != system or rec["turn"] != 0 or key not in prompts or key in seen:
             continue
         seen.add(key)
-        text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}], add_generation_prompt=True)
+        text = llm.apply_chat_template([{"role": "user", "content": prompts[key].turns[0]}], add_generation_prompt=True,
+                                       chat_template=chat_template_of(meta))
         answer = llm.tokenize(rec["text"], add_special=False)
         if answer:
             prompt = llm.tokenize(text)

@@ -74,7 +74,8 @@ def resolve_model(name_or_path: str) -> str:
 
 
 def make_templater(systems: list, target: str):
-    """messages -> prompt text through the target's chat template (specllm's if loaded, else llama-cpp-python's)."""
+    """messages -> prompt text through the target's chat template (specllm's if loaded, else llama-cpp-python's:
+    both render the GGUF's Jinja template since 2026-11-26)."""
     for s in systems:
         if isinstance(s, SpecllmSystem):
             return lambda messages: s.llm.apply_chat_template(messages, add_generation_prompt=True)
@@ -197,7 +198,8 @@ def main(argv=None) -> int:
             "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
             "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "lockstep": args.lockstep, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
-            "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes}
+            "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes,
+            "chat_template": "jinja"}  # prompts rendered by the model's Jinja template (bench.oracle.chat_template_of)
     stem = f"{meta['date']}-{meta['machine']}"
     n = 1
     while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):  # a run in progress too

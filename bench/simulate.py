@@ -104,7 +104,7 @@ def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
     (first round), in run order; a conversation's prompt holds the earlier turns with that system's replies.
     ends=True: a fifth item, the token that ended the answer or None (bench.oracle.end_token)."""
     from bench import multicall
-    from bench.oracle import end_token
+    from bench.oracle import chat_template_of, end_token
 
     seqs = {s.id: s for s in multicall.load_sequences(ids=run["meta"]["sequences"])}
     for sid in run["meta"]["sequences"]:
@@ -113,7 +113,8 @@ def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
         history: list = []
         for r in recs:
             request = seqs[sid].requests[r["request"]]
-            text = llm.apply_chat_template(seqs[sid].messages(history, request), add_generation_prompt=True)
+            text = llm.apply_chat_template(seqs[sid].messages(history, request), add_generation_prompt=True,
+                                           chat_template=chat_template_of(run["meta"]))
             history += [{"role": "user", "content": request}, {"role": "assistant", "content": r["text"]}]
             answer = llm.tokenize(r["text"], add_special=False)
             if answer:

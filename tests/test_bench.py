@@ -687,8 +687,8 @@ def test_replayed_answers_come_from_the_run_s_own_prompts_and_the_system_asked_f
     from bench.oracle import plain_answers
 
     class Vocab:  # what plain_answers uses of an LLM
-        def apply_chat_template(self, messages, add_generation_prompt=True):
-            return messages[0]["content"]
+        def apply_chat_template(self, messages, add_generation_prompt=True, chat_template=""):
+            return chat_template + messages[0]["content"]
 
         def tokenize(self, text, add_special=True):
             return [ord(c) for c in text]
@@ -698,7 +698,12 @@ def test_replayed_answers_come_from_the_run_s_own_prompts_and_the_system_asked_f
            "records": [{"system": s, "task": "qa", "id": second.id, "turn": 0, "rep": 0, "text": s + " answer"}
                        for s in ("plain", "hybrid")]}
     (task, prompt, answer), = plain_answers(Vocab(), run)  # found although the run skipped the first prompt
-    assert task == "qa" and prompt == [ord(c) for c in second.turns[0]] and answer == [ord(c) for c in "plain answer"]
+    # a run recorded before bench noted its chat template was rendered by llama.cpp's built-in formatting
+    assert task == "qa" and prompt == [ord(c) for c in "llama.cpp" + second.turns[0]]
+    assert answer == [ord(c) for c in "plain answer"]
+    run["meta"]["chat_template"] = "jinja"  # since 2026-11-26: the model's own template
+    (_, prompt, _), = plain_answers(Vocab(), run)
+    assert prompt == [ord(c) for c in second.turns[0]]
     (_, _, answer), = plain_answers(Vocab(), run, system="hybrid")
     assert answer == [ord(c) for c in "hybrid answer"]
 

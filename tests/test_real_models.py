@@ -119,6 +119,24 @@ def test_chat_uses_the_models_template(llm, runs):
     assert reply.stats.n_cached > 0 and reply.text.strip()
 
 
+def test_chat_renders_the_models_jinja_template_as_llama_cpp_python_does(llm, real_models):
+    # llama-cpp-python (and transformers, llama-server --jinja) render the GGUF's Jinja template; Qwen2.5's adds a
+    # default system message that llama.cpp's built-in ChatML formatting (specllm before 2026-11-26) left out
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    vocab = Llama(real_models["target"], vocab_only=True, verbose=False)
+    piece = lambda t: vocab.detokenize([t], special=True).decode()  # noqa: E731
+    fmt = Jinja2ChatFormatter(vocab.metadata["tokenizer.chat_template"], eos_token=piece(vocab.token_eos()),
+                              bos_token=piece(vocab.token_bos()), add_generation_prompt=True)
+    for conv in (messages("hi"), [{"role": "system", "content": "be brief"}] + messages("hi"),
+                 messages("hi") + [{"role": "assistant", "content": "hello"}] + messages("and now?")):
+        assert llm.apply_chat_template(conv) == fmt(messages=conv).prompt
+    assert llm.apply_chat_template(messages("hi")).startswith(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n")
+    assert "You are Qwen" not in llm.apply_chat_template(messages("hi"), chat_template="llama.cpp")
+
+
 def test_sampling_at_temperature_0_7(llm, runs):
     kind, question, _, greedy = runs[0]
     c = llm.chat(messages(question), max_tokens=N, temperature=0.7, top_p=0.95, seed=1, draft_length=K)

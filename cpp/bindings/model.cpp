@@ -19,6 +19,11 @@ void check_vocab(const Model & model, const std::vector<llama_token> & tokens, c
     }
 }
 
+py::str token_text(const Model & self, llama_token t) {
+    const char * text = t == LLAMA_TOKEN_NULL ? nullptr : llama_vocab_get_text(self.vocab(), t);
+    return utf8_str(text ? std::string(text) : std::string());
+}
+
 } // namespace
 
 void register_model(py::module_ & m) {
@@ -43,6 +48,9 @@ void register_model(py::module_ & m) {
             }
             return utf8_str(s);
         })
+        // the texts of BOS and EOS ("" if the model has none): what a Jinja chat template's bos_token/eos_token are
+        .def_property_readonly("bos_text", [](const Model & self) { return token_text(self, llama_vocab_bos(self.vocab())); })
+        .def_property_readonly("eos_text", [](const Model & self) { return token_text(self, llama_vocab_eos(self.vocab())); })
         .def("is_eog", &Model::is_eog)
         .def("sentence_boundary", [](const Model & self, llama_token last, const std::vector<llama_token> & draft) {
             // boundary.h: the first draft position right after the end of a sentence (-1 = none)

@@ -15,6 +15,7 @@ import threading
 from typing import Iterable, List, Optional, Sequence, Union
 
 from . import _core, gguf_check, logs, memory, profile
+from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, make_options
 from .options import text as _text
@@ -248,6 +249,12 @@ class LLM:
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             chat_template: str = "") -> str:
+        """The prompt text of a conversation. chat_template: "" = the model's own (the GGUF's Jinja template,
+        rendered as transformers, llama-cpp-python and llama-server --jinja render it; ChatML if it has none); a Jinja
+        template; one of llama.cpp's built-in format names ("chatml", "llama3", ...); or "llama.cpp": llama.cpp's
+        built-in formatting of the model's template (specllm's default before 2026-11-26, which left out e.g.
+        Qwen2.5's default system message). A template that does not parse or refuses the messages raises
+        InvalidOptionError."""
         if not isinstance(messages, (list, tuple)) or not messages:
             raise InvalidOptionError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         pairs = []
@@ -256,7 +263,15 @@ class LLM:
                 raise InvalidOptionError(f"each message must be a dict with str 'role' and 'content', got {m!r}")
             pairs.append((_text("role", m["role"]), _text("content", m["content"])))
         chat_template = _text("chat_template", chat_template or "")
-        return self._engine.target.apply_chat_template(pairs, add_generation_prompt, chat_template)
+        target = self._engine.target
+        if chat_template == chat_templates.LLAMA_CPP:  # llama.cpp's formatting of the model's template
+            return target.apply_chat_template(pairs, add_generation_prompt, "")
+        template = chat_template or target.chat_template
+        if not chat_templates.is_jinja(template):  # a llama.cpp built-in name, or none (chatml)
+            return target.apply_chat_template(pairs, add_generation_prompt, template)
+        return chat_templates.render(template, [{"role": r, "content": c} for r, c in pairs], add_generation_prompt,
+                                     target.bos_text, target.eos_text,
+                                     "chat_template=" if chat_template else "the model's chat template")
 
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless

@@ -1,0 +1,82 @@
+"""Chat templates as the model's authors wrote them: the Jinja template in the GGUF (tokenizer.chat_template),
+rendered as Hugging Face transformers, llama-cpp-python and llama-server --jinja render it. Before, specllm passed
+the template to llama.cpp's llama_chat_apply_template, which recognises a template's family and formats it with its
+own C++ code: close, but not the template (Qwen2.5's default system message was missing, so a conversation without
+a system message was a different prompt than in every other tool).
+
+jinja2: the library the templates are written for (sandboxed, as transformers uses it); llama-cpp-python already
+depends on it."""
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import List, Optional
+
+from .errors import InvalidOptionError
+
+# chat_template= this name: llama.cpp's built-in formatting of the model's own template (what specllm did up to
+# 2026-11-26; bench replays runs recorded before with it)
+LLAMA_CPP = "llama.cpp"
+
+
+def is_jinja(template: str) -> bool:
+    """A Jinja template, not one of llama.cpp's built-in format names ("chatml", "llama3", ...)."""
+    return "{{" in template or "{%" in template
+
+
+class _TemplateRaised(Exception):
+    pass
+
+
+def _raise(message):
+    raise _TemplateRaised(str(message))
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # as transformers renders it (not jinja2's HTML-safe tojson)
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):  # transformers' {% generation %} ... {% endgeneration %}: pass through
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, Generation])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def render(template: str, messages: List[dict], add_generation_prompt: bool, bos_token: str = "",
+           eos_token: str = "", source: Optional[str] = None) -> str:
+    """The prompt `template` makes of `messages`. Raises InvalidOptionError when the template does not parse or
+    refuses the conversation (its raise_exception, e.g. "roles must alternate"); `source` names where the template
+    came from, for the message."""
+    import jinja2
+
+    where = source or "the chat template"
+    try:
+        compiled = _compile(template)
+    except jinja2.TemplateError as e:
+        raise InvalidOptionError(f"{where} is not a valid Jinja template ({e}); give chat_template= a Jinja "
+                                 f"template or one of llama.cpp's built-in names (e.g. \"chatml\")") from None
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=bos_token, eos_token=eos_token)
+    except _TemplateRaised as e:
+        raise InvalidOptionError(f"{where} refuses these messages: {e}") from None
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise InvalidOptionError(f"{where} failed on these messages ({type(e).__name__}: {e}); check the "
+                                 f"messages' roles and order, or pass chat_template=") from None
