@@ -125,6 +125,8 @@ def test_chat_renders_the_models_jinja_template_as_llama_cpp_python_does(llm, re
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+    import specllm
+
     vocab = Llama(real_models["target"], vocab_only=True, verbose=False)
     piece = lambda t: vocab.detokenize([t], special=True).decode()  # noqa: E731
     fmt = Jinja2ChatFormatter(vocab.metadata["tokenizer.chat_template"], eos_token=piece(vocab.token_eos()),
@@ -135,6 +137,14 @@ def test_chat_renders_the_models_jinja_template_as_llama_cpp_python_does(llm, re
     assert llm.apply_chat_template(messages("hi")).startswith(
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n")
     assert "You are Qwen" not in llm.apply_chat_template(messages("hi"), chat_template="llama.cpp")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    conv = messages("weather?") + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                   {"role": "tool", "content": "17 C"}]
+    assert llm.apply_chat_template(conv, tools=[tool]) == fmt(messages=conv, tools=[tool]).prompt
+    assert "<tools>" in llm.apply_chat_template(messages("hi"), tools=[tool])
+    with pytest.raises(specllm.InvalidOptionError, match="need a Jinja chat template"):
+        llm.apply_chat_template(messages("hi"), tools=[tool], chat_template="llama.cpp")
 
 
 def test_sampling_at_temperature_0_7(llm, runs):

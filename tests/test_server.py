@@ -170,7 +170,10 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
     ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),  # no <tool_call>
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [  # the tiny template cannot render it
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ({"logprobs": True}, "logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import List, Optional
 
 from .errors import InvalidOptionError
+from .options import text as _text
 
 # chat_template= this name: llama.cpp's built-in formatting of the model's own template (what specllm did up to
 # 2026-11-26; bench replays runs recorded before with it)
@@ -59,8 +60,43 @@ def _compile(template: str):
     return env.from_string(template)
 
 
+def check_messages(messages) -> List[dict]:
+    """The messages as a template gets them: str role and content; an assistant message may carry tool_calls
+    (a list of dicts; its content may then be None) and a tool message tool_call_id and name (str)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidOptionError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    out = []
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else None
+        if (not isinstance(m, dict) or not isinstance(m.get("role"), str)
+                or not (isinstance(content, str) or (content is None and calls))):
+            raise InvalidOptionError(f"each message must be a dict with str 'role' and 'content', got {m!r}")
+        msg = {"role": _text("role", m["role"]), "content": None if content is None else _text("content", content)}
+        if calls is not None:
+            if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                raise InvalidOptionError(f"messages[{i}].tool_calls must be a list of dicts, got {calls!r}")
+            msg["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise InvalidOptionError(f"messages[{i}].{key} must be a str, got {m[key]!r}")
+                msg[key] = _text(key, m[key])
+        out.append(msg)
+    return out
+
+
+def check_tools(tools) -> Optional[List[dict]]:
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidOptionError(f"tools must be a list of dicts (OpenAI's {{'type': 'function', 'function': "
+                                 f"{{...}}}}), got {tools!r}")
+    return list(tools) or None
+
+
 def render(template: str, messages: List[dict], add_generation_prompt: bool, bos_token: str = "",
-           eos_token: str = "", source: Optional[str] = None) -> str:
+           eos_token: str = "", source: Optional[str] = None, tools: Optional[List[dict]] = None) -> str:
     """The prompt `template` makes of `messages`. Raises InvalidOptionError when the template does not parse or
     refuses the conversation (its raise_exception, e.g. "roles must alternate"); `source` names where the template
     came from, for the message."""
@@ -74,7 +110,7 @@ def render(template: str, messages: List[dict], add_generation_prompt: bool, bos
                                  f"template or one of llama.cpp's built-in names (e.g. \"chatml\")") from None
     try:
         return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
+                               bos_token=bos_token, eos_token=eos_token, tools=tools)
     except _TemplateRaised as e:
         raise InvalidOptionError(f"{where} refuses these messages: {e}") from None
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:

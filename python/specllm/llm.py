@@ -247,31 +247,34 @@ class LLM:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._engine.target.detokenize(self._token_ids(tokens, "tokens"))
 
+    @property
+    def chat_template(self) -> str:
+        """The model's own chat template (the GGUF's tokenizer.chat_template; "" if it has none)."""
+        return self._engine.target.chat_template
+
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            chat_template: str = "") -> str:
+                            chat_template: str = "", tools: Optional[Sequence[dict]] = None) -> str:
         """The prompt text of a conversation. chat_template: "" = the model's own (the GGUF's Jinja template,
         rendered as transformers, llama-cpp-python and llama-server --jinja render it; ChatML if it has none); a Jinja
         template; one of llama.cpp's built-in format names ("chatml", "llama3", ...); or "llama.cpp": llama.cpp's
         built-in formatting of the model's template (specllm's default before 2026-11-26, which left out e.g.
-        Qwen2.5's default system message). A template that does not parse or refuses the messages raises
+        Qwen2.5's default system message). tools (OpenAI's function definitions) and messages with tool_calls /
+        tool_call_id are given to a Jinja template. A template that does not parse or refuses the messages raises
         InvalidOptionError."""
-        if not isinstance(messages, (list, tuple)) or not messages:
-            raise InvalidOptionError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-        pairs = []
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise InvalidOptionError(f"each message must be a dict with str 'role' and 'content', got {m!r}")
-            pairs.append((_text("role", m["role"]), _text("content", m["content"])))
+        msgs = chat_templates.check_messages(messages)
+        tools = chat_templates.check_tools(tools)
         chat_template = _text("chat_template", chat_template or "")
         target = self._engine.target
-        if chat_template == chat_templates.LLAMA_CPP:  # llama.cpp's formatting of the model's template
-            return target.apply_chat_template(pairs, add_generation_prompt, "")
-        template = chat_template or target.chat_template
-        if not chat_templates.is_jinja(template):  # a llama.cpp built-in name, or none (chatml)
-            return target.apply_chat_template(pairs, add_generation_prompt, template)
-        return chat_templates.render(template, [{"role": r, "content": c} for r, c in pairs], add_generation_prompt,
-                                     target.bos_text, target.eos_text,
-                                     "chat_template=" if chat_template else "the model's chat template")
+        template = "" if chat_template == chat_templates.LLAMA_CPP else chat_template or target.chat_template
+        if chat_template == chat_templates.LLAMA_CPP or not chat_templates.is_jinja(template):
+            # llama.cpp's formatting of the model's template, a built-in name, or none (chatml)
+            if tools or any("tool_calls" in m for m in msgs):
+                raise InvalidOptionError("tools and tool calls need a Jinja chat template (the model's own, or "
+                                         "chat_template=); llama.cpp's built-in formats have none")
+            return target.apply_chat_template([(m["role"], m["content"] or "") for m in msgs],
+                                              add_generation_prompt, template)
+        return chat_templates.render(template, msgs, add_generation_prompt, target.bos_text, target.eos_text,
+                                     "chat_template=" if chat_template else "the model's chat template", tools)
 
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless

@@ -24,8 +24,11 @@ class ContentPart(_Request):
 
 
 class Message(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, List[ContentPart], None] = None
+    tool_calls: Optional[List[Dict[str, Any]]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None                  # a tool's result: the call it answers
+    name: Optional[str] = None
 
 
 class SamplingFields(_Request):
@@ -73,8 +76,10 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
     """(param, message) for the first field the request sets that specllm cannot honour, else None."""
     checks = [
         ("n", req.n not in (None, 1), "n > 1 is not supported: one completion per request"),
-        ("tools", bool(req.tools) or bool(req.functions), "tools and function calling are not supported"),
-        ("tool_choice", req.tool_choice not in (None, "none"), "tool_choice is not supported"),
+        ("tools", bool(req.tools) and not isinstance(req, ChatRequest), "tools are served by /v1/chat/completions"),
+        ("functions", bool(req.functions), "functions (the deprecated form of tools) are not supported; use tools"),
+        ("tool_choice", req.tool_choice not in (None, "none", "auto"),
+         "tool_choice 'required' or a named function is not supported (nothing forces a call): use 'auto' or 'none'"),
         ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
         ("logprobs", bool(req.logprobs) or bool(req.top_logprobs), "logprobs are not supported"),
         ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
@@ -130,9 +135,25 @@ class _Choice(BaseModel):
     logprobs: None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(ToolCall):
+    index: int
+
+
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    tool_calls: Optional[List[ToolCall]] = None
 
 
 class ChatChoice(_Choice):
@@ -150,6 +171,7 @@ class ChatCompletion(_Response):
 class Delta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[List[DeltaToolCall]] = None
 
 
 class ChunkChoice(_Choice):

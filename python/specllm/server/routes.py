@@ -15,6 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
 from . import protocol as p
+from . import tools as tool_calls
 from .errors import APIError
 from .worker import Job, QueueFull, ServerStopping
 
@@ -59,6 +60,35 @@ def _text_of(message: p.Message, i: int) -> str:
                            "unsupported_content")
         parts.append(part.text)
     return "".join(parts)
+
+
+def _message(m: p.Message, i: int) -> dict:
+    """A request's message as the chat template gets it; an earlier call's arguments (a JSON string in the API) as
+    an object, which templates write out with tojson."""
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": None if m.content is None and m.tool_calls else _text_of(m, i)}
+    if m.tool_calls:
+        out["tool_calls"] = [_template_call(c) for c in m.tool_calls]
+    for key in ("tool_call_id", "name"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    return out
+
+
+def _tool_names(tools: list) -> set:
+    return {t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+
+
+def _template_call(call: dict) -> dict:
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            call = dict(call, function=dict(fn, arguments=args))
+    return call
 
 
 def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int]) -> dict:
@@ -180,8 +210,9 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
             if value.text and first_text:
                 state.metrics.ttft_seconds.observe(time.monotonic() - t0)
                 first_text = False
-            if value.text or value.finish_reason:
-                yield make_chunk(value.text, value.finish_reason).model_dump_json(exclude_none=True)
+            chunk = make_chunk(value.text, value.finish_reason) if value.text or value.finish_reason else None
+            if chunk is not None:  # None: text held back (a tool call may be starting)
+                yield chunk.model_dump_json(exclude_none=True)
             if value.finish_reason is not None and include_usage:
                 last = make_chunk(None, None)
                 last.choices = []
@@ -206,10 +237,14 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     if not req.messages:
         raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
                        "invalid_value")
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": _text_of(m, i)}
-                for i, m in enumerate(req.messages)]
+    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    tools = req.tools if req.tools and req.tool_choice != "none" else None
+    if tools and not tool_calls.template_calls_tools(state.llm.chat_template):
+        raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
+                            "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
+                       "unsupported_parameter")
     try:
-        prompt = state.llm.apply_chat_template(messages)
+        prompt = state.llm.apply_chat_template(messages, tools=tools)
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
@@ -217,8 +252,20 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
+        held = tool_calls.ToolStream(_tool_names(tools)) if tools else None
+
         def make_chunk(text, finish_reason):
-            delta = p.Delta(content=text) if text is not None else p.Delta()
+            calls = None
+            if held is not None and (text is not None or finish_reason is not None):
+                text = held.feed(text or "")
+                if finish_reason is not None:
+                    rest, calls = held.finish()
+                    text += rest
+                    finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+                if not text and finish_reason is None:
+                    return None
+            delta = p.Delta(content=text or None if calls else text,
+                            tool_calls=[p.DeltaToolCall(index=i, **c) for i, c in enumerate(calls)] if calls else None)
             return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
                                          choices=[p.ChunkChoice(delta=delta, finish_reason=finish_reason)])
         first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
@@ -226,9 +273,11 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         return _respond_stream(request, job, make_chunk, first, req)
     text, last = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    content, calls = tool_calls.parse(text, _tool_names(tools)) if tools else (text, [])
+    finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
+    message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=text)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,
-                            choices=[p.ChatChoice(message=p.ChatMessage(content=text),
-                                                  finish_reason=last.finish_reason)],
+                            choices=[p.ChatChoice(message=message, finish_reason=finish)],
                             usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
 
 

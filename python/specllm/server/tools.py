@@ -1,0 +1,117 @@
+"""Tool calls in the Hermes format that Qwen2.5's chat template asks for (and NousResearch Hermes, and other
+templates that say "<tool_call>"): the model answers `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+one block per call, and the server returns them as OpenAI `tool_calls` (finish_reason "tool_calls"). A block that is
+not a JSON object with a string name stays in the reply's text, as llama-server leaves what it cannot parse.
+
+Small models often answer a tool prompt with the call alone, as a JSON object (bare or in a ```json fence) instead
+of the tagged block (Qwen2.5-Coder 1.5B does): a reply that is nothing but such an object, naming one of the
+request's tools, is a call too.
+
+`ToolStream` does the same for a streamed reply: text is passed on until a block may begin (a tail that could be
+the start of "<tool_call>" is held back), and everything from the first block on is held and parsed at the end; a
+reply that begins like a JSON object or a code fence is held whole until it ends (then passed on if it is not a
+call)."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import List, Optional, Tuple
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+
+
+def template_calls_tools(template: str) -> bool:
+    """The chat template asks for Hermes-style tool calls."""
+    return OPEN in template
+
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\n(.*)\n```$", re.S)
+
+
+def _call(body: str, names=None) -> Optional[dict]:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string already
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse(text: str, names=None) -> Tuple[str, List[dict]]:
+    """(the reply's text without its tool-call blocks, the calls). Text that is not a well-formed call stays text:
+    if any block fails to parse, nothing is taken out (the reply is returned as the model wrote it). `names`: the
+    request's tool names; given, a reply that is only a JSON call of one of them (bare or fenced) is a call."""
+    blocks = list(_BLOCK.finditer(text))
+    if not blocks:
+        if names:
+            body = text.strip()
+            fenced = _FENCE.match(body)
+            call = _call(fenced.group(1).strip() if fenced else body, names)
+            if call is not None:
+                return "", [call]
+        return text, []
+    calls = [_call(m.group(1).strip()) for m in blocks]
+    if any(c is None for c in calls):
+        return text, []
+    rest = _BLOCK.sub("", text).strip()
+    return rest, calls
+
+
+class ToolStream:
+    """Feed it a streamed reply's pieces; it gives back the text to pass on now, and at the end the rest: (text,
+    calls)."""
+
+    def __init__(self, names=None):
+        self.names = names
+        self.held = ""       # a tail that may be the start of OPEN, or everything from the first OPEN on
+        self.in_call = False
+        self.started = False  # some text was passed on
+
+    def feed(self, piece: str) -> str:
+        if self.in_call:
+            self.held += piece
+            return ""
+        text = self.held + piece
+        if not self.started and self.names:
+            head = text.lstrip()
+            if head.startswith(("{", "```")):  # may be a whole-reply call: held until the reply ends
+                self.in_call, self.held = True, text
+                return ""
+            if not head or "```".startswith(head):  # nothing yet, or a fence may be starting
+                self.held = text
+                return ""
+        at = text.find(OPEN)
+        if at >= 0:
+            self.in_call, self.held = True, text[at:]
+            self.started = self.started or at > 0
+            return text[:at]
+        keep = 0  # the longest tail of text that is a proper prefix of OPEN
+        for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+            if OPEN.startswith(text[-n:]):
+                keep = n
+                break
+        self.held = text[len(text) - keep:]
+        self.started = self.started or len(text) > keep
+        return text[:len(text) - keep]
+
+    def finish(self) -> Tuple[str, List[dict]]:
+        """(text still to pass on, the calls) once the reply has ended."""
+        held, self.held = self.held, ""
+        if not self.in_call:
+            return held, []
+        rest, calls = parse(held, self.names)
+        return (rest, calls) if calls else (held, [])

@@ -1,0 +1,100 @@
+"""Hermes-style tool calls (<tool_call>{...}</tool_call>, what Qwen2.5's template asks for) parsed into OpenAI
+tool_calls, whole and streamed in pieces that split the tags anywhere."""
+import json
+
+import pytest
+
+from specllm.server import tools
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+TWO = CALL + "\n" + '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+
+
+def test_a_call_is_taken_out_of_the_text():
+    text, calls = tools.parse(CALL)
+    assert text == "" and len(calls) == 1
+    c = calls[0]
+    assert c["type"] == "function" and c["id"].startswith("call_") and c["function"]["name"] == "get_weather"
+    assert json.loads(c["function"]["arguments"]) == {"city": "Paris", "unit": "c"}
+
+
+def test_two_calls_and_the_text_around_them():
+    text, calls = tools.parse("Let me check.\n" + TWO + "\n")
+    assert text == "Let me check." and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+@pytest.mark.parametrize("body", ['{"name": "f", "arguments": {"a": 1}', '["f"]', '{"arguments": {}}',
+                                  '{"name": "f", "arguments": [1]}', '{"name": "", "arguments": {}}'])
+def test_a_block_that_is_not_a_call_stays_text(body):
+    reply = f"<tool_call>{body}</tool_call>"
+    assert tools.parse(reply) == (reply, [])
+    assert tools.parse(CALL + reply) == (CALL + reply, [])  # all or nothing: the reply as written
+
+
+def test_arguments_written_as_a_json_string_are_accepted():
+    _, calls = tools.parse('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
+
+
+def test_an_unclosed_block_is_text():
+    assert tools.parse("<tool_call>{\"name\": \"f\"") == ("<tool_call>{\"name\": \"f\"", [])
+
+
+def stream(pieces):
+    s = tools.ToolStream()
+    out = [s.feed(p) for p in pieces]
+    rest, calls = s.finish()
+    return "".join(out) + rest, out, calls
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 11, 1000])
+def test_a_streamed_reply_gives_the_same_text_and_calls_in_pieces_of_any_size(size):
+    reply = "Checking the weather <b>now</b> <tool_ <tool_call" + "\n" + TWO
+    pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
+    text, out, calls = stream(pieces)
+    want_text, want_calls = tools.parse(reply)
+    assert [c["function"] for c in calls] == [c["function"] for c in want_calls]
+    assert "".join(out).startswith("Checking the weather <b>now</b> <tool_ <tool_call")  # passed on before the call
+    assert text.strip() == want_text.strip()
+    assert "<tool_call>" not in "".join(out)
+
+
+def test_a_streamed_reply_without_calls_is_passed_on_whole():
+    reply = "x < y and <tool is not a call; <tool_call"  # the held tail comes out at the end
+    text, out, calls = stream(list(reply))
+    assert text == reply and calls == []
+
+
+def test_a_streamed_block_that_is_not_a_call_comes_out_as_text():
+    reply = "a <tool_call>not json</tool_call> b"
+    text, _, calls = stream([reply[:5], reply[5:]])
+    assert text == reply and calls == []
+
+
+def test_templates_that_ask_for_hermes_calls():
+    assert tools.template_calls_tools("... within <tool_call></tool_call> XML tags ...")
+    assert not tools.template_calls_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+@pytest.mark.parametrize("reply", ['```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+                                   ' {"name": "get_weather", "arguments": {"city": "Paris"}}\n'])
+def test_a_reply_that_is_only_a_json_call_of_a_requested_tool_is_a_call(reply):
+    # what Qwen2.5-Coder 1.5B answers to a tool prompt instead of the tagged block
+    text, calls = tools.parse(reply, {"get_weather"})
+    assert text == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert tools.parse(reply) == (reply, [])  # without the request's tool names: text
+    assert tools.parse(reply, {"get_time"}) == (reply, [])  # a tool not asked for: text
+    for size in (1, 4, 1000):
+        s = tools.ToolStream({"get_weather"})
+        out = "".join(s.feed(reply[i:i + size]) for i in range(0, len(reply), size))
+        rest, streamed = s.finish()
+        assert out.strip() == "" and rest == "" and streamed[0]["function"] == calls[0]["function"]
+
+
+@pytest.mark.parametrize("reply", ["```python\nprint(1)\n```", "{not json} and more", "`x` is a variable"])
+def test_a_reply_that_only_looks_like_a_call_comes_out_whole(reply):
+    s = tools.ToolStream({"get_weather"})
+    out = "".join(s.feed(c) for c in reply)
+    rest, calls = s.finish()
+    assert out + rest == reply and calls == []
