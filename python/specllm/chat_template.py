@@ -116,3 +116,18 @@ def render(template: str, messages: List[dict], add_generation_prompt: bool, bos
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         raise InvalidOptionError(f"{where} failed on these messages ({type(e).__name__}: {e}); check the "
                                  f"messages' roles and order, or pass chat_template=") from None
+
+
+def prompt_text(target, messages, add_generation_prompt: bool, chat_template: str, tools=None) -> str:
+    """LLM.apply_chat_template's work: `target` a Model (its template, BOS/EOS texts and llama.cpp's formatter)."""
+    msgs = check_messages(messages)
+    tools = check_tools(tools)
+    template = "" if chat_template == LLAMA_CPP else chat_template or target.chat_template
+    if not is_jinja(template):  # llama.cpp's formatting of the model's template, a built-in name, or none (chatml)
+        if tools or any("tool_calls" in m for m in msgs):
+            raise InvalidOptionError("tools and tool calls need a Jinja chat template (the model's own, or "
+                                     "chat_template=); llama.cpp's built-in formats have none")
+        return target.apply_chat_template([(m["role"], m["content"] or "") for m in msgs], add_generation_prompt,
+                                          template)
+    return render(template, msgs, add_generation_prompt, target.bos_text, target.eos_text,
+                  "chat_template=" if chat_template else "the model's chat template", tools)

@@ -261,20 +261,8 @@ class LLM:
         Qwen2.5's default system message). tools (OpenAI's function definitions) and messages with tool_calls /
         tool_call_id are given to a Jinja template. A template that does not parse or refuses the messages raises
         InvalidOptionError."""
-        msgs = chat_templates.check_messages(messages)
-        tools = chat_templates.check_tools(tools)
-        chat_template = _text("chat_template", chat_template or "")
-        target = self._engine.target
-        template = "" if chat_template == chat_templates.LLAMA_CPP else chat_template or target.chat_template
-        if chat_template == chat_templates.LLAMA_CPP or not chat_templates.is_jinja(template):
-            # llama.cpp's formatting of the model's template, a built-in name, or none (chatml)
-            if tools or any("tool_calls" in m for m in msgs):
-                raise InvalidOptionError("tools and tool calls need a Jinja chat template (the model's own, or "
-                                         "chat_template=); llama.cpp's built-in formats have none")
-            return target.apply_chat_template([(m["role"], m["content"] or "") for m in msgs],
-                                              add_generation_prompt, template)
-        return chat_templates.render(template, msgs, add_generation_prompt, target.bos_text, target.eos_text,
-                                     "chat_template=" if chat_template else "the model's chat template", tools)
+        return chat_templates.prompt_text(self._engine.target, messages, add_generation_prompt,
+                                          _text("chat_template", chat_template or ""), tools)
 
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless

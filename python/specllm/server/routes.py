@@ -63,32 +63,15 @@ def _text_of(message: p.Message, i: int) -> str:
 
 
 def _message(m: p.Message, i: int) -> dict:
-    """A request's message as the chat template gets it; an earlier call's arguments (a JSON string in the API) as
-    an object, which templates write out with tojson."""
+    """A request's message as the chat template gets it."""
     out = {"role": "system" if m.role == "developer" else m.role,
            "content": None if m.content is None and m.tool_calls else _text_of(m, i)}
     if m.tool_calls:
-        out["tool_calls"] = [_template_call(c) for c in m.tool_calls]
+        out["tool_calls"] = [tool_calls.template_call(c) for c in m.tool_calls]
     for key in ("tool_call_id", "name"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     return out
-
-
-def _tool_names(tools: list) -> set:
-    return {t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)}
-
-
-def _template_call(call: dict) -> dict:
-    fn = call.get("function")
-    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-        try:
-            args = json.loads(fn["arguments"])
-        except ValueError:
-            args = None
-        if isinstance(args, dict):
-            call = dict(call, function=dict(fn, arguments=args))
-    return call
 
 
 def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int]) -> dict:
@@ -252,7 +235,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
-        held = tool_calls.ToolStream(_tool_names(tools)) if tools else None
+        held = tool_calls.ToolStream(tool_calls.names_of(tools)) if tools else None
 
         def make_chunk(text, finish_reason):
             calls = None
@@ -273,7 +256,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         return _respond_stream(request, job, make_chunk, first, req)
     text, last = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    content, calls = tool_calls.parse(text, _tool_names(tools)) if tools else (text, [])
+    content, calls = tool_calls.parse(text, tool_calls.names_of(tools)) if tools else (text, [])
     finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
     message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=text)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,

@@ -27,6 +27,25 @@ def template_calls_tools(template: str) -> bool:
     return OPEN in template
 
 
+def names_of(tools: list) -> set:
+    """The function names of a request's tools."""
+    return {t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+
+
+def template_call(call: dict) -> dict:
+    """An earlier call from a request, as a chat template gets it: its arguments (a JSON string in the API) as an
+    object, which templates write out with tojson."""
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            call = dict(call, function=dict(fn, arguments=args))
+    return call
+
+
 _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*)\n```$", re.S)
 
 
