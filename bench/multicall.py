@@ -16,7 +16,8 @@ Systems, each ONE specllm.LLM kept across a whole sequence:
   plain       draft=None (and memory_tokens=0: the reference does no memory work)
   memory-off  the default drafter (draft model + n-gram, draft_length "auto") with memory_tokens=0
   memory-on   the default drafter with its memory (memory_tokens: the library's default, or --memory-tokens)
-  memory-on-noshape  memory-on costing verify batches as before 2026-11-26 (not in the default --systems)
+  memory-on-noshape  memory-on costing verify batches with the profile's shape (the default; kept for old runs)
+  memory-on-learn    memory-on learning batch costs from the timing (not in the default --systems)
 At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
 memory holds only that sequence's earlier outputs. Within a sequence nothing is reset (reset() would empty the
 memory; the KV prefix reuse between requests is what a server gives). Request i runs on every system in turn, the
@@ -56,10 +57,12 @@ SYSTEMS = {
     "plain": {"draft": None, "memory_tokens": 0},  # the reference: nothing drafted, nothing remembered
     "memory-off": {"draft": "{draft}", "ngram": True, "memory_tokens": 0},
     "memory-on": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}"},
-    # memory on as before 2026-11-26: verify batches costed with the profile's shape ("engine": Engine setters
-    # applied after the load)
+    # memory on with verify batches costed with the profile's shape (the default again since 2026-11-26's "no timing
+    # in the choices"; "engine": Engine setters applied after the load), and with batch costs learned from the timing
     "memory-on-noshape": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
                           "engine": {"learn_batch_costs": False}},
+    "memory-on-learn": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
+                        "engine": {"learn_batch_costs": True}},
 }
 
 

@@ -33,9 +33,11 @@ SPECLLM_SYSTEMS = {
     # the default as before 2026-11-25: "auto" not told where a proposal crosses the end of a sentence (settings
     # under "engine" are Engine setters applied after the load)
     "hybrid-noboundary": ("{draft}", "auto", {"ngram": True, "engine": {"sentence_boundaries": False}}),
-    # the default as before 2026-11-26: verify batches costed with the profile's shape and one scale learned from
-    # every step, not also a factor per batch size learned from the verify batches
+    # verify batches costed with the profile's shape and one level learned from every step: the default before
+    # 2026-11-26 and again since 2026-11-26's "no timing in the choices"; kept for the runs that name it
     "hybrid-noshape": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": False}}),
+    # also a factor per batch size learned from the verify batches' timing: the default on 2026-11-26 until then
+    "hybrid-learn": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": True}}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each)

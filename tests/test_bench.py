@@ -867,9 +867,9 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
     # hybrid-noboundary: the default as before 2026-11-25 ("auto" not told where proposals cross a sentence end)
     from bench.systems import Config, SpecllmSystem
 
-    # hybrid-noshape: the default as before 2026-11-26 (batches costed with the profile's shape, one scale)
+    # hybrid-learn: batch costs learned from the timing (the default on 2026-11-26 until the choices left the clock)
     got = {}
-    for name in ("hybrid", "hybrid-noboundary", "hybrid-noshape"):
+    for name in ("hybrid", "hybrid-noboundary", "hybrid-noshape", "hybrid-learn"):
         system = SpecllmSystem(name, Config(tiny["target"], tiny["draft"], n_ctx=256, n_threads=1))
         system.load()
         engine = system.llm._engine
@@ -882,7 +882,8 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
         if not engine.learn_batch_costs:
             assert set(factors) == {1.0}
         system.llm.close()
-    assert got == {"hybrid": (True, True), "hybrid-noboundary": (False, True), "hybrid-noshape": (True, False)}
+    assert got == {"hybrid": (True, False), "hybrid-noboundary": (False, False), "hybrid-noshape": (True, False),
+                   "hybrid-learn": (True, True)}
 
 
 def test_spread_costs_each_step_with_the_profile_not_the_clock():

@@ -88,49 +88,64 @@ std::vector<double> AutoPolicy::verify_costs() const {
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    return verify_scale_ * size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n);
+    // every cost is the profile's times the level, what the context adds included (a machine that runs slower now
+    // runs its attention slower), so the choices do not depend on how fast the machine runs now: only on the
+    // profile, and on the batch factors where they are learned
+    return level() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
+}
+
+double AutoPolicy::level() const {
+    // a plain step, measured / profiled; before any was seen, what the batches cost against the profile (a machine
+    // that runs slower now is slower at everything)
+    return n_scale_obs_ > 0 ? verify_scale_ : n_batch_obs_ > 0 ? batch_ratio_ : 1.0;
 }
 
 double AutoPolicy::size_factor(int rows) const {
-    if (rows <= 1) {
+    // the batches' costs are kept against the profile (not against the plain step of their moment) and divided by
+    // the level when used: a plain step that shows the machine 1.3 times as slow makes batches that cost 1.3 times
+    // their profile cost what the profile says, at once. All sizes' factor leans on 1 (the profile) while it has
+    // few observations, a size's own on all sizes'
+    if (rows <= 1 || !learn_shape_) {
         return 1.0;
     }
+    const double lvl = level();
+    const double n_all = std::min(n_batch_obs_, size_own_max);
+    const double all = (size_prior + n_all * batch_ratio_ / lvl) / (size_prior + n_all);
     const int m = std::min(rows, n_max + 1);
     const double own = std::min(n_own_[m], size_own_max);
-    return (size_prior * batch_ratio_ + own * own_ratio_[m]) / (size_prior + own);
+    return (size_prior * all + own * own_ratio_[m] / lvl) / (size_prior + own);
 }
 
 void AutoPolicy::set_learn_batch_costs(bool on) {
     learn_shape_ = on;
-    if (!on) {
-        own_ratio_.fill(0.0);
-        n_own_.fill(0);
-        batch_ratio_ = 1.0;
-        n_batch_obs_ = 0;
-    }
+    own_ratio_.fill(0.0);
+    n_own_.fill(0);
+    batch_ratio_ = 1.0;
+    n_batch_obs_ = 0;
 }
 
 void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
-    // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the scale,
-    // which follows the context and the machine's speed; a batch's measured / expected cost (what its rows add with
-    // the context apart) is its size's factor: on a 2-core EPYC a profile taken at a quiet moment read T(5) = 2.7 T(1),
-    // and under load a batch of 5 cost 3.0-3.3 plain steps. A step verified in chunks teaches only the factor over
-    // all sizes
+    // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the level,
+    // which follows the context and the machine's speed. Where batch costs are learned, a batch's measured / profiled
+    // cost (what its rows add with the context apart) against the level is its size's factor: on a 2-core EPYC a
+    // profile taken at a quiet moment read T(5) = 2.7 T(1), and under load a batch of 5 cost 3.0-3.3 plain steps. A
+    // step verified in chunks teaches only the factor over all sizes
     if (verify_ms <= 0.0 || n_rows <= 0) {
         return;
     }
-    const double seen = std::max(0.1 * verify_ms, verify_ms - context_rows(n_rows, last_first_));
+    const double seen = std::max(0.1 * verify_ms, verify_ms - level() * context_rows(n_rows, last_first_));
     const double profiled = cost_rows(n_rows, last_first_);
-    const bool one_chunk = chunk_rows(0, n_rows, last_first_) == n_rows;
-    if (n_rows == 1 || !learn_shape_) { // without the factors (before 2026-11-26): one scale from every step
-        verify_scale_ = (1.0 - ema_cost) * verify_scale_ + ema_cost * (seen / profiled);
+    if (n_rows == 1 || !learn_shape_) { // the profile's shape: one level from every step
+        // a running mean from the first step on (the profile was measured at another moment), then an EMA
+        const double w = std::max(ema_cost, 1.0 / ++n_scale_obs_);
+        verify_scale_ = (1.0 - w) * verify_scale_ + w * (seen / profiled);
         return;
     }
-    const double ratio = std::min(ratio_max, std::max(ratio_min, seen / (verify_scale_ * profiled)));
-    ++n_batch_obs_;
-    const double wb = std::max(ema_shape, 1.0 / (n_batch_obs_ + size_prior));
+    const double lvl = level(); // a step far off what it should cost (the process was preempted) is not a cost
+    const double ratio = std::min(ratio_max * lvl, std::max(ratio_min * lvl, seen / profiled));
+    const double wb = std::max(ema_shape, 1.0 / ++n_batch_obs_);
     batch_ratio_ = (1.0 - wb) * batch_ratio_ + wb * ratio;
-    if (one_chunk) {
+    if (chunk_rows(0, n_rows, last_first_) == n_rows) { // one chunk
         const int m = std::min(decoded_rows(n_rows), n_max + 1);
         const double w = std::max(ema_shape, 1.0 / ++n_own_[m]);
         own_ratio_[m] = (1.0 - w) * own_ratio_[m] + w * ratio;
@@ -147,8 +162,8 @@ double AutoPolicy::cost_catchup(int lag) const {
     if (extra == 0) {
         return 0.0;
     }
-    const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * cost_verify(1));
-    return c * extra;
+    const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]);
+    return level() * c * extra;
 }
 
 double AutoPolicy::cost_draft(int source, int k) const {
@@ -158,8 +173,7 @@ double AutoPolicy::cost_draft(int source, int k) const {
         // before, weighed a draft against a tiny test model's 0.1 ms steps, and the choices moved with timing)
         return 0.0004 * k * cost_verify(1);
     }
-    const double c = c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1];
-    return c * k;
+    return level() * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]) * k;
 }
 
 int AutoPolicy::chunk_rows(int r0, int n_rows, int first) const {

@@ -7,10 +7,11 @@
 // match means a copy in progress, and by kind: clean, doubtful (an ambiguous key or a copy from the generated
 // text), or from the memory of earlier generations) and takes the best: a source that does not pay is not used. verify(n) is T(n) for one batch, or, when verification
 // runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
-// T(n) comes from a profile at load, scaled online: one factor, learned from plain steps, follows the context length
-// and the machine's speed, and a factor per batch size, learned from the verify batches, follows how a batch costs
-// against a plain step now (a profile measured on a quieter machine, or at a noisy moment, gets it wrong); draft costs
-// (per token and per catch-up token) and alpha_j are tracked online. An untried draft position counts with the
+// T(n) comes from a profile at load (cached per machine), times one level learned online (the context length and the
+// machine's speed), which scales every cost alike, so the n-gram choices depend on the profile and the text, never on
+// the clock; optionally a factor per batch size, learned from the verify batches, follows how a batch costs against a
+// plain step now (set_learn_batch_costs). The draft model's costs (per token and per catch-up token, over the level)
+// and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
 // the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
 // (prior 0.54, learned in each generation): prose copies seldom survive it, so a copy drafts up to a sentence end or
@@ -43,11 +44,17 @@ class AutoPolicy : public DraftPolicy {
     int padded_rows(int n) const; // the rows to decode for a verify batch of n (>= n; n if not padded)
     // what a batch of n rows costs now against the profile's shape (1 = as profiled; plain steps are 1 by definition)
     double batch_factor(int n) const { return size_factor(decoded_rows(n)); }
-    // learn those factors from the steps (default); off: one scale from every step and the profile's shape, as before
-    // 2026-11-26 (bench's hybrid-noshape). Turning it off forgets what was learned
+    // learn those factors from the verify batches' timing (default: off). Off, every cost is the profile's times one
+    // level learned from every step, so the choices do not depend on the timing at all: separate processes with the
+    // same cached profile draft alike and, in fast mode, write the same text (bench.spread, 3 processes over the
+    // holdout set: the same steps and text on all 18 (prompt, turn)s; learning them: the same steps on 1, the text on
+    // 12), and on this 2-core EPYC the factors bought nothing timed (bench/README, "What a batch costs now"). On, a
+    // profile measured at another moment (a laptop on battery, a busy machine) is corrected as the batches show it.
+    // Either way forgets what was learned
     void set_learn_batch_costs(bool on);
     bool learn_batch_costs() const { return learn_shape_; }
-    void set_draft_token_cost(double ms) { c_model_ = ms; } // ms per token drafted by the draft model
+    // ms per token drafted by the draft model, at the profile's moment (scaled by the level, as T(n) is)
+    void set_draft_token_cost(double ms) { c_model_ = ms; }
     // ms that each verify row after the first adds per token of context beyond the profile's: a batch's rows
     // each attend to the whole context, so long batches grow with it faster than a plain step (measured on a
     // 2-core EPYC: T(16) = 5.16 T(1) at 32 tokens, 5.81 T(1) at 900), which the one online scale cannot follow
@@ -130,13 +137,16 @@ class AutoPolicy : public DraftPolicy {
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
     std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
     double verify_scale_ = 1.0;                                // a plain step, measured / profiled: grows with the context
-    // a batch of m decoded rows costs size_factor(m) * verify_scale_ * T(m): how batches cost against a plain step now
-    // (measured / expected), per size (own_ratio_, n_own_) and over all batch sizes (batch_ratio_, n_batch_obs_)
+    int n_scale_obs_ = 0; // steps that taught it (plain ones; every step where batch costs are not learned)
+    double level() const; // what the choices scale T(n) by: verify_scale_, or the batches' own before a plain step
+    // a batch of m decoded rows costs size_factor(m) * level() * T(m): what batches cost against their profile
+    // (measured / profiled), per size (own_ratio_, n_own_) and over all batch sizes (batch_ratio_, n_batch_obs_),
+    // divided by the level when used
     std::array<double, n_max + 2> own_ratio_{};
     std::array<int, n_max + 2> n_own_{};
     double batch_ratio_ = 1.0;
     int n_batch_obs_ = 0;
-    bool learn_shape_ = true;
+    bool learn_shape_ = false;
     double size_factor(int rows) const; // rows: the rows a batch decodes (padded)
     void observe_cost(double seen_ms, int n_rows);
     double c_context_row_ = 0.0;                               // see set_context_row_cost
@@ -153,8 +163,8 @@ class AutoPolicy : public DraftPolicy {
     void observe_boundary(bool accepted);
     std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
     bool exploring_ = false;
-    double c_model_ = 0.0;                                     // ms per draft-model token (0 = unknown yet)
-    double c_catchup_ = 0.0;                                   // ms per token of a catch-up batch (0 = unknown)
+    double c_model_ = 0.0;   // ms per draft-model token over the level (0 = unknown yet)
+    double c_catchup_ = 0.0; // ms per token of a catch-up batch over the level (0 = unknown)
     int k_limit_ = n_max;
     int verify_rows_ = 0;
     int last_source_ = 0;
