@@ -32,9 +32,9 @@ CONTEXT_ROWS = 16     # the batch size that measurement uses (exact mode: its la
 
 def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
     """ms that each verify row after the first adds per token of context beyond SHORT_CONTEXT: T(1) and T(n) at a
-    long context against the short profile. The policy scales T(n) by one factor that plain steps keep up to date;
-    this is what a batch's rows add beyond it (each attends to the whole context). 0 if the context is too small
-    to measure."""
+    long context against the short profile. The policy scales T(n) by one level that the steps keep up to date;
+    this is what a batch's rows add beyond it (each attends to the whole context), at the profile's moment (the
+    level scales it too). 0 if the context is too small to measure."""
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
     if n < 2 or prefix < 8 * SHORT_CONTEXT:
