@@ -573,16 +573,13 @@ def test_a_machine_slower_at_everything_keeps_the_profiles_shape():
     assert p.batch_factor(5) == pytest.approx(1.0, abs=0.05)
 
 
-EPYC_FAST = [58.0, 92, 125, 155, 158, 187, 247, 309, 347, 378, 374, 414, 436, 462, 490, 421]
-
-
 def copy_choices(speed, seed, steps=400, noise=0.05):
     """The (k, first chunk) choices of one policy over a long copy at a 1,500-token context, on a machine `speed`
     times as slow as its profile (plain steps, batches and what the context adds alike), each step's cost off by
     `noise` (log-normal, drawn from `seed`). The copy is the same text for every machine: each step's proposal
     agrees with it for a run drawn from one fixed sequence."""
     p = _core.AutoPolicy()
-    p.set_verify_costs(EPYC_FAST)
+    p.set_verify_costs(QUIET)
     p.set_context_row_cost(0.0046)
     p.new_generation()
     text, clock = random.Random(7), random.Random(seed)
@@ -596,7 +593,7 @@ def copy_choices(speed, seed, steps=400, noise=0.05):
         accepted = min(k, agree)
         rows = first if 0 < first <= k and accepted < first else k + 1  # a first chunk alone when it failed
         chunks = [first, rows - first] if 0 < first < rows else [rows]
-        ms = sum(EPYC_FAST[min(p.padded_rows(n), 16) - 1] + 0.0046 * (n - 1) * (1500 - 32) for n in chunks)
+        ms = sum(QUIET[min(p.padded_rows(n), 16) - 1] + 0.0046 * (n - 1) * (1500 - 32) for n in chunks)
         p.update(k, accepted, ngram, 0.0, speed * ms * math.exp(clock.gauss(0, noise)), 0, rows)
         out.append((k, first))
     return out
