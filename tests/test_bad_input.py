@@ -64,6 +64,7 @@ def test_the_largest_max_tokens_does_not_overflow_the_context_check(llm):
     (dict(n_gpu_layers=2.5), TypeError, r"n_gpu_layers must be an int, got float"),
     (dict(draft_n_gpu_layers="all"), TypeError, r"draft_n_gpu_layers must be an int, got str"),
     (dict(ngram_min="2"), TypeError, r"ngram_min must be an int, got str"),
+    (dict(learn_batch_costs="yes"), TypeError, r"learn_batch_costs must be a bool, got str"),
     (dict(draft="ngram", ngram_min=0), specllm.InvalidOptionError, r"1 <= ngram_min <= ngram_max <= 16.*ngram_min=0"),
     (dict(draft="ngram", ngram_min=5, ngram_max=3), specllm.InvalidOptionError, r"ngram_min=5 ngram_max=3"),
 ])

@@ -443,3 +443,19 @@ def test_the_stats_line_of_generate():
         "1 token · 20.0 tok/s · nothing drafted · 0.4x the plain rate measured at load"
     assert cli.stats_line(idle, "stop", drafter=True, profile=None) == "1 token · 20.0 tok/s · nothing drafted"
     assert cli.stats_line(idle, "stop", drafter=False, profile=None) == "1 token · 20.0 tok/s"
+
+
+@pytest.mark.parametrize("flag", [[], ["--learn-batch-costs"]])
+def test_learn_batch_costs_reaches_the_llm(tiny, tmp_path, monkeypatch, capsys, flag):
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
+    made = []
+
+    class Recording(specllm.LLM):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(cli, "LLM", Recording)
+    assert cli.main(cli_args(tiny, "generate", "Hello world", "--max-tokens", "4")[2:] + flag) == 0
+    capsys.readouterr()
+    assert made[0]._engine.learn_batch_costs is bool(flag)  # off unless asked: choices that ignore the clock

@@ -351,3 +351,24 @@ def test_a_probe_row_stops_a_wrong_draft_before_its_batch(tiny, make_llm, plain)
         rows, drafted, steps = rows + c.stats.n_verify_rows, drafted + c.stats.n_drafted, steps + c.stats.n_steps
     assert drafted > 0, "auto drafted nothing: the test exercised nothing"
     assert rows < steps + drafted, (rows, steps, drafted)  # a probe that rejected skipped its batch's rows
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_batch_costs_are_learned_from_the_timing_only_when_asked(tiny, make_llm, plain, learn):
+    # LLM(learn_batch_costs=...): off (the default), a verify batch costs the profile's shape times one level, so
+    # no factor ever moves from 1; on, the verify batches' timing moves them. Either way the output is plain's, and
+    # the setting survives a drafter swap and reset()
+    llm = load(tiny, make_llm, "ngram", learn_batch_costs=learn) if learn else load(tiny, make_llm, "ngram")
+    assert llm._engine.learn_batch_costs is learn
+    llm._engine.set_verify_costs([10.0 + 0.5 * n for n in range(16)])  # GPU-like: "auto" drafts what matches
+    drafted = 0
+    for p in [(p + plain[p].text) * 2 for p in PROMPTS[:4]]:  # they repeat themselves: n-gram drafts
+        c = llm.generate(p, max_tokens=N, draft_length="auto")
+        assert c.tokens == load(tiny, make_llm).generate(p, max_tokens=N).tokens
+        drafted += c.stats.n_drafted
+    assert drafted > 0, "nothing was drafted: no verify batch was timed"
+    factors = [llm._engine.batch_cost_factor(n) for n in range(2, 6)]
+    assert (factors != [1.0] * 4) is learn, factors
+    llm.set_draft(tiny["draft"], ngram=True)
+    llm.reset()
+    assert llm._engine.learn_batch_costs is learn

@@ -118,7 +118,7 @@ void register_engine(py::module_ & m) {
             e.auto_policy().set_context_row_cost(ms);
         })
         .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
-             py::arg("on"), "learn what verify batches cost against a plain step from the steps (default: on)")
+             py::arg("on"), "learn what verify batches cost against a plain step from their timing (default: off)")
         .def_property_readonly("learn_batch_costs", [](Engine & e) { return e.auto_policy().learn_batch_costs(); })
         .def("batch_cost_factor", [](Engine & e, int n) { return e.auto_policy().batch_factor(n); }, py::arg("n"),
              "what a verify batch of n rows costs now against the profile's shape (1 = as profiled)")

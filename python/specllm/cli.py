@@ -93,6 +93,9 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-tokens", type=_nonnegative_int, default=None, metavar="N",
                    help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
                         "(0 = off; default: the library's)")
+    g.add_argument("--learn-batch-costs", action="store_true", default=None,
+                   help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
+                        "load changes; the choices then move with the clock; default: off, see README)")
 
 
 def _generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -173,7 +176,8 @@ def _check(parser, args) -> None:
 
 
 def _llm_options(args) -> dict:
-    extra = {k: v for k, v in (("exact", args.exact), ("memory_tokens", args.memory_tokens)) if v is not None}
+    extra = {k: v for k, v in (("exact", args.exact), ("memory_tokens", args.memory_tokens),
+                                                   ("learn_batch_costs", args.learn_batch_costs)) if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 
 

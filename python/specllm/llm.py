@@ -95,6 +95,7 @@ class LLM:
         exact: bool = False,
         stream_idle_timeout: float = 10.0,
         memory_tokens: int = 32768,
+        learn_batch_costs: bool = False,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -118,11 +119,20 @@ class LLM:
             shape, code written two requests ago) is drafted; "auto" tracks its acceptance apart and does not use
             it where it does not pay. 0 = off. reset() and clear_memory() empty it; save_memory/load_memory keep
             it across processes.
+        learn_batch_costs: False (default): "auto" costs a verify batch as the cost profile's shape times one level
+            learned from the steps, so its choices depend on the profile and the text only, never on the clock (the
+            same prompt drafts alike, and in fast mode writes the same text, in every process). True: it also learns
+            from the verify batches' timing what a batch of each size costs now against a plain step, which follows
+            a machine whose batches and single steps slow unequally (a laptop on battery, a busy shared machine, a
+            profile measured at another moment) at the price of choices that move with the timing (README, "What a
+            batch costs now").
         """
         for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
                             ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
             _int(name, value)
         _int("memory_tokens", memory_tokens, lo=0)
+        if not isinstance(learn_batch_costs, bool):
+            raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
         if draft_n_gpu_layers is not None:
             _int("draft_n_gpu_layers", draft_n_gpu_layers)
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
@@ -160,6 +170,7 @@ class LLM:
             self._engine = _core.Engine(opts)
         finally:
             logs.drain()
+        self._engine.set_learn_batch_costs(learn_batch_costs)
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
