@@ -54,4 +54,9 @@ void Engine::set_sentence_boundaries(bool on) {
     opts_.sentence_boundaries = on;
 }
 
+void Engine::set_confidence_signal(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    opts_.confidence_signal = on;
+}
+
 } // namespace specllm
