@@ -23,7 +23,7 @@ from bench.oracle import context_ms, verify_ms
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
              k_limit: int, memory: list[int] = (), row_ms: float = 0.0, end: int | None = None,
-             max_tokens: int | None = None, boundary_of=None, cut=None, confidence: list[float] | None = None):
+             max_tokens: int | None = None, boundary_of=None, cut=None):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
@@ -36,9 +36,7 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     `boundary_of(last, proposal)`: the first position of a proposal right after the end of a sentence, or -1 (the
     target Model's sentence_boundary, as the engine tells the policy); None: no boundaries. `cut(proposal)`: the
     proposal up to its first end-of-turn token (the target Model's cut_after_end: what follows can never be
-    accepted, and the engine drafts no further); None: proposals are not cut. `confidence`: the target's probability
-    of each answer token (teacher-forced, bench/confidence.py), told to the policy for the token before each step as
-    the engine tells it; None: not told (1)."""
+    accepted, and the engine drafts no further); None: proposals are not cut."""
     from specllm import _core
 
     index.clear()
@@ -59,8 +57,7 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         if cut is not None:
             ahead = cut(ahead)
         boundary = -1 if boundary_of is None or not ahead else boundary_of(text[i - 1] if i > 0 else prompt[-1], ahead)
-        conf = confidence[i - 1] if confidence is not None and 0 < i <= len(confidence) else 1.0
-        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary, conf)[0]
+        k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary)[0]
              if k_max > 0 and length > 0 else 0)
         run, proposal = 0, ahead[:k]
         if k > 0:
@@ -279,9 +276,6 @@ def main(argv=None) -> int:
     p.add_argument("--no-boundary", action="store_true",
                    help="do not tell the policy where a proposal crosses the end of a sentence (as the engine did "
                         "before 2026-11-25)")
-    p.add_argument("--confidence", default=None, metavar="FILE",
-                   help="the target's probability of each answer token (python -m bench.confidence RUN.json ... --out "
-                        "FILE), told to the policy as the engine tells it; default: not told")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -328,13 +322,6 @@ def main(argv=None) -> int:
     index = _core.NgramIndex(2, 4)
     policy = None
     memory: list[int] = []
-    confidences = {}
-    if args.confidence:
-        from bench.confidence import answer_key
-
-        with open(args.confidence) as f:
-            confidences = json.load(f)
-    every: list[float] = []
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
             policy = new_policy(costs, chunk, row_ms)
@@ -343,7 +330,7 @@ def main(argv=None) -> int:
             policy.new_generation(**carry_over)  # as Engine::start
             ms, plain_ms, d, a, s, m = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                                 _core.AutoPolicy.n_max, memory, row_ms, end, max_tokens, boundary_of,
-                                                cut, confidences.get(answer_key(prompt, answer)) if confidences else None)
+                                                cut)
             if args.memory:
                 memory = memory + answer + [-1]
             sims.append(plain_ms / ms)
@@ -353,9 +340,6 @@ def main(argv=None) -> int:
                 tot[j] += v
         print(f"| {task} | {len(pairs)} | {statistics.median(sims):.2f} | {statistics.median(oracles):.2f} | "
               f"{tot[0]} | {tot[1]} ({tot[1] / max(1, tot[0]):.0%}) | {tot[2] / tot[3]:.2f} | {tot[4]} |")
-        every += sims
-    print(f"geometric mean over {len(every)} answers: {statistics.geometric_mean(every):.4f}; "
-          f"below 0.97: {sum(x < 0.97 for x in every)}")
     return 0
 
 

@@ -38,8 +38,6 @@ SPECLLM_SYSTEMS = {
     "hybrid-noshape": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": False}}),
     # also a factor per batch size learned from the verify batches' timing: the default on 2026-11-26 until then
     "hybrid-learn": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": True}}),
-    # the default as before 2026-11-26's confidence signal: "auto" not told how sure the target was of its last token
-    "hybrid-noconf": ("{draft}", "auto", {"ngram": True, "engine": {"confidence_signal": False}}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each)

@@ -869,12 +869,11 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
 
     # hybrid-learn: batch costs learned from the timing (the default on 2026-11-26 until the choices left the clock)
     got = {}
-    # hybrid-noconf: "auto" not told how sure the target was of its last token (before 2026-11-26's signal)
-    for name in ("hybrid", "hybrid-noboundary", "hybrid-noshape", "hybrid-learn", "hybrid-noconf"):
+    for name in ("hybrid", "hybrid-noboundary", "hybrid-noshape", "hybrid-learn"):
         system = SpecllmSystem(name, Config(tiny["target"], tiny["draft"], n_ctx=256, n_threads=1))
         system.load()
         engine = system.llm._engine
-        got[name] = (engine.sentence_boundaries, engine.learn_batch_costs, engine.confidence_signal)
+        got[name] = (engine.sentence_boundaries, engine.learn_batch_costs)
         assert "engine" not in system.llm_kwargs  # not an LLM keyword
         out = system.run("hello hello hello " * 8, 24)
         assert out.n_gen > 0
@@ -883,9 +882,8 @@ def test_a_system_s_engine_settings_are_applied_after_the_load(tiny):
         if not engine.learn_batch_costs:
             assert set(factors) == {1.0}
         system.llm.close()
-    assert got == {"hybrid": (True, False, True), "hybrid-noboundary": (False, False, True),
-                   "hybrid-noshape": (True, False, True), "hybrid-learn": (True, True, True),
-                   "hybrid-noconf": (True, False, False)}
+    assert got == {"hybrid": (True, False), "hybrid-noboundary": (False, False), "hybrid-noshape": (True, False),
+                   "hybrid-learn": (True, True)}
 
 
 def test_spread_costs_each_step_with_the_profile_not_the_clock():

@@ -372,24 +372,3 @@ def test_batch_costs_are_learned_from_the_timing_only_when_asked(tiny, make_llm,
     llm.set_draft(tiny["draft"], ngram=True)
     llm.reset()
     assert llm._engine.learn_batch_costs is learn
-
-
-def test_auto_is_told_how_sure_the_target_was_of_its_last_token(tiny, make_llm, plain):
-    # Engine::last_confidence: softmax(the row that emitted the last token)[that token], as StepContext::confidence;
-    # greedy, the emitted token is the row's argmax, so it is the row's largest probability. Off (bench's
-    # hybrid-noconf) it stays 1 and "auto" is told nothing; the output is plain's either way
-    for on in (True, False):
-        llm = load(tiny, make_llm, "ngram")
-        llm._engine.set_confidence_signal(on)
-        seen = []
-        for p in PROMPTS[:5]:
-            with llm.stream(p, max_tokens=N, draft_length="auto") as stream:
-                toks = []
-                for chunk in stream:
-                    toks += chunk.tokens
-                    seen.append(llm._engine.last_confidence)
-            assert toks == plain[p].tokens
-        if on:
-            assert all(0.0 < c <= 1.0 for c in seen) and min(seen) < 0.99, seen  # a tiny random model is unsure
-        else:
-            assert set(seen) == {1.0}

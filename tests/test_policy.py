@@ -665,39 +665,3 @@ def test_a_failing_second_position_is_not_raised_by_first_position_hits():
         if k:
             p.update(k, min(k, 1), True)
     assert all(k >= 1 for k in ks) and sum(k > 1 for k in ks) <= 4, ks
-
-
-def test_a_token_the_target_was_unsure_of_makes_the_next_proposal_count_less():
-    # the target's probability of its last token (StepContext::confidence): where it was unsure, the text is being
-    # written rather than copied, and an n-gram proposal's next token is right less often (dev answers: 0.81 of
-    # its source's prior below 0.5, 1.01 from 0.99). On QUIET costs a 1-token draft of a short match is dropped
-    # there, and a 4-7 match's draft goes behind a 1-row probe instead of one batch; a copy in progress (a 16+
-    # match, prior 0.98) drafts as before; the draft model's estimate is not the text's and is unmoved
-    def choose(confidence, match=5, k_max=8, has_model=False):
-        p = _core.AutoPolicy()
-        p.set_verify_costs(QUIET)
-        p.set_verify_rows(0)
-        p.new_generation()
-        k, ngram = p.choose(k_max=k_max, has_model=has_model, has_ngram=match > 0, ngram_match=match, model_lag=1,
-                            confidence=confidence)
-        return k, ngram, p.first_rows()
-
-    assert [_core.AutoPolicy.confidence_factor(x) for x in (0.2, 0.6, 0.9, 0.995, 1.0)] == [0.81, 0.88, 0.97, 1.0, 1.0]
-    assert choose(1.0, match=2, k_max=1) == (1, True, 0) and choose(0.3, match=2, k_max=1) == (0, False, 0)
-    assert choose(1.0) == choose(0.999) == (4, True, 0)  # one batch of 5 rows
-    assert choose(0.3)[2] == 1  # the first row alone, the rest only if it was right
-    assert choose(0.3, match=20, k_max=3) == choose(1.0, match=20, k_max=3) == (3, True, 0)
-    assert choose(0.3, match=0, has_model=True) == choose(1.0, match=0, has_model=True)
-    with pytest.raises(ValueError, match="confidence must be a probability"):
-        choose(1.5)
-
-
-def test_token_probability_is_the_softmax_of_the_row():
-    rng = random.Random(3)
-    row = [rng.uniform(-8.0, 8.0) for _ in range(500)] + [-60.0]  # the last far below: left out of the sum
-    z = sum(math.exp(x) for x in row)
-    for t in (0, 7, 250, 499):
-        assert _core.token_probability(row, t) == pytest.approx(math.exp(row[t]) / z, rel=1e-6)
-    assert _core.token_probability(row, 500) == 0.0  # 60 below the top: counted as 0
-    assert _core.token_probability(row, -1) == 0.0 and _core.token_probability(row, 501) == 0.0
-    assert _core.token_probability([3.0], 0) == 1.0

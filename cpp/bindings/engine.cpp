@@ -27,8 +27,7 @@ void register_engine(py::module_ & m) {
         .def_readwrite("ngram", &EngineOptions::ngram)
         .def_readwrite("verify_rows", &EngineOptions::verify_rows)
         .def_readwrite("memory_tokens", &EngineOptions::memory_tokens)
-        .def_readwrite("sentence_boundaries", &EngineOptions::sentence_boundaries)
-        .def_readwrite("confidence_signal", &EngineOptions::confidence_signal);
+        .def_readwrite("sentence_boundaries", &EngineOptions::sentence_boundaries);
     m.attr("exact_verify_rows") = exact_verify_rows;
     m.attr("max_threads") = max_threads;
 
@@ -101,10 +100,6 @@ void register_engine(py::module_ & m) {
         .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),
              py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("sentence_boundaries", &Engine::sentence_boundaries)
-        .def("set_confidence_signal", &Engine::set_confidence_signal, py::arg("on"),
-             py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly("confidence_signal", &Engine::confidence_signal)
-        .def_property_readonly("last_confidence", &Engine::last_confidence)
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2, py::arg("n_prefix") = 32,
              py::call_guard<py::gil_scoped_release>())
         .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())

@@ -31,9 +31,8 @@ void check_ms(const char * name, double v) {
 }
 
 StepContext context(int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag, bool doubtful,
-                    bool memory, int n_past = 0, int boundary = -1, double confidence = 1.0) {
+                    bool memory, int n_past = 0, int boundary = -1) {
     StepContext c;
-    c.confidence = confidence;
     c.ngram_boundary = boundary;
     c.n_past = n_past;
     c.ngram_memory = memory;
@@ -67,21 +66,18 @@ StepOutcome outcome(int n_drafted, int n_accepted, bool from_ngram, double draft
 
 template <class P> void def_policy(py::class_<P> & c) {
     c.def("choose", [](P & p, int k_max, bool has_model, bool has_ngram, int ngram_match, int model_lag,
-                       bool ngram_doubtful, bool ngram_memory, int n_past, int ngram_boundary, double confidence) {
-         if (!(confidence >= 0.0 && confidence <= 1.0)) {
-             throw py::value_error("confidence must be a probability in [0, 1], got " + std::to_string(confidence));
-         }
+                       bool ngram_doubtful, bool ngram_memory, int n_past, int ngram_boundary) {
          check_range("k_max", k_max, 0, AutoPolicy::n_max);
          check_range("ngram_boundary", ngram_boundary, -1, 1 << 24);
          check_range("ngram_match", ngram_match, 0, 1 << 24);
          check_range("model_lag", model_lag, 0, 1 << 24);
          check_range("n_past", n_past, 0, 1 << 24);
          Choice ch = p.choose(context(k_max, has_model, has_ngram, ngram_match, model_lag, ngram_doubtful,
-                                      ngram_memory, n_past, ngram_boundary, confidence));
+                                      ngram_memory, n_past, ngram_boundary));
          return py::make_tuple(ch.k, ch.ngram);
      }, py::arg("k_max") = 8, py::arg("has_model") = true, py::arg("has_ngram") = false, py::arg("ngram_match") = 0,
         py::arg("model_lag") = 1, py::arg("ngram_doubtful") = false, py::arg("ngram_memory") = false,
-        py::arg("n_past") = 0, py::arg("ngram_boundary") = -1, py::arg("confidence") = 1.0)
+        py::arg("n_past") = 0, py::arg("ngram_boundary") = -1)
         .def("update", [](P & p, int n_drafted, int n_accepted, bool from_ngram, double draft_ms, double verify_ms,
                           int n_catchup, int n_verified) {
             p.update(outcome(n_drafted, n_accepted, from_ngram, draft_ms, verify_ms, n_catchup, n_verified));
@@ -99,7 +95,6 @@ void register_policy(py::module_ & m) {
         .def("padded_rows", &AutoPolicy::padded_rows, py::arg("n"))
         .def("set_learn_batch_costs", &AutoPolicy::set_learn_batch_costs, py::arg("on"))
         .def_property_readonly("learn_batch_costs", &AutoPolicy::learn_batch_costs)
-        .def_static("confidence_factor", &AutoPolicy::confidence_factor, py::arg("p"))
         .def("batch_factor", &AutoPolicy::batch_factor, py::arg("n"))
         .def("first_rows", &AutoPolicy::first_rows)
         .def("set_context_row_cost", [](AutoPolicy & p, double ms) {

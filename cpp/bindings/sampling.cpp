@@ -21,10 +21,4 @@ void register_sampling(py::module_ & m) {
         w.warp(logits.data(), (int) logits.size(), opts, d);
         return py::make_tuple(d.ids, d.probs);
     }, py::arg("logits"), py::arg("opts"), "(ids, probs) of the warped distribution of one row of logits");
-    m.def("token_probability", [](const std::vector<float> & logits, int token) {
-        if (logits.empty()) {
-            throw py::value_error("logits must not be empty");
-        }
-        return token_probability(logits.data(), (int) logits.size(), token);
-    }, py::arg("logits"), py::arg("token"), "softmax(logits)[token] (0 for an id outside the row)");
 }

@@ -145,21 +145,10 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     return a;
 }
 
-double AutoPolicy::confidence_factor(double p) {
-    // measured on the dev runs' plain answers (teacher-forced, 3,306 positions with a match in the text): how often
-    // the proposal's next token was right, against what its source's prior expected, by the target's probability of
-    // the token before it: 0.81 below 0.5 (82 positions), 0.88 below 0.8 (180), 0.95-1.01 below 0.99 (482),
-    // 1.01 from 0.99 (2,562: copies run there)
-    return p < 0.5 ? 0.81 : p < 0.8 ? 0.88 : p < 0.99 ? 0.97 : 1.0;
-}
-
-std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary, double confidence) const {
+std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
     auto a = planning_alpha(source);
     if (source != 0 && boundary >= 0 && boundary < n_max) {
         a[boundary] = alpha_boundary_;
-    }
-    if (source >= 1 && source <= 2 * n_buckets && boundary != 0) { // the text's sources; a boundary has its own
-        a[0] *= confidence_factor(confidence);
     }
     return a;
 }
@@ -219,7 +208,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
             continue;
         }
         const double catchup = s == 0 ? cost_catchup(ctx.model_lag) : 0.0;
-        const auto alpha = step_alpha(s, ctx.ngram_boundary, ctx.confidence);
+        const auto alpha = step_alpha(s, ctx.ngram_boundary);
         for (int k = 1; k <= k_cap; ++k) {
             int first = 0;
             const double rate = this->best_rate(alpha.data(), k, cost_draft(s, k) + catchup, &first);
@@ -243,7 +232,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory);
     last_boundary_ = best.ngram ? ctx.ngram_boundary : -1;
     if (one_batch() && best.k >= probe_k_min && best.first_rows == 0 && !drafted_[last_source_]) {
-        const auto alpha = step_alpha(last_source_, last_boundary_, ctx.confidence);
+        const auto alpha = step_alpha(last_source_, last_boundary_);
         const double c = cost_draft(last_source_, best.k) + (best.ngram ? 0.0 : cost_catchup(ctx.model_lag));
         if (rate(alpha.data(), best.k, c, 1) >= probe_keep * rate(alpha.data(), best.k, c)) {
             best.first_rows = 1;

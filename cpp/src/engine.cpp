@@ -146,7 +146,6 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     const double t0 = now_ms();
     history_.assign(prompt.begin(), prompt.end() - 1);
     id_last_ = prompt.back();
-    confidence_ = 1.0; // the prompt's last token was not emitted by the target
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
     const std::function<void()> check = [&] {
@@ -209,7 +208,6 @@ StepResult Engine::step_locked() {
     sctx.has_ngram = opts_.draft_kind == DraftKind::ngram || opts_.draft_kind == DraftKind::hybrid;
     sctx.hybrid_min_match = opts_.ngram.hybrid_min_match;
     sctx.n_past = n_past;
-    sctx.confidence = opts_.confidence_signal ? confidence_ : 1.0;
     if (drafter_ && sctx.has_ngram && sctx.k_max > 0) {
         const NgramMatch m = drafter_->ngram_match(history_, id_last_);
         sctx.ngram_match = m.length;
@@ -296,9 +294,6 @@ StepResult Engine::step_locked() {
     const Verdict v = gen_.sampling.temperature <= 0.0f
                           ? verify_greedy(draft_.tokens, row, n_vocab)
                           : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_, n_past + 1);
-    if (drafter_ && gen_.policy == PolicyKind::automatic && opts_.confidence_signal) { // the row that emitted v.next
-        confidence_ = token_probability(row(v.n_accepted), n_vocab, v.next);
-    }
     stats_.sample_ms += now_ms() - t0 - verify_ms;
 
     // 4. cut the rejected tail: keep id_last and the accepted drafts

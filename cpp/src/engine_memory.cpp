@@ -54,9 +54,4 @@ void Engine::set_sentence_boundaries(bool on) {
     opts_.sentence_boundaries = on;
 }
 
-void Engine::set_confidence_signal(bool on) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    opts_.confidence_signal = on;
-}
-
 } // namespace specllm

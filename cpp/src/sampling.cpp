@@ -178,19 +178,4 @@ void check_sampling_options(const SamplingOptions & o) {
     }
 }
 
-double token_probability(const float * logits, int n_vocab, llama_token token) {
-    if (token < 0 || token >= n_vocab) {
-        return 0.0;
-    }
-    const float top = *std::max_element(logits, logits + n_vocab);
-    const float floor = top - 20.0f;
-    double sum = 0.0;
-    for (int i = 0; i < n_vocab; ++i) {
-        if (logits[i] > floor) {
-            sum += std::exp((double) (logits[i] - top));
-        }
-    }
-    return logits[token] > floor ? std::exp((double) (logits[token] - top)) / sum : 0.0;
-}
-
 } // namespace specllm

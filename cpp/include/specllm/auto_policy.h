@@ -102,10 +102,6 @@ class AutoPolicy : public DraftPolicy {
     // the first (pooled: 0.54; anywhere else 0.96). Learned in each generation afresh, as the text's sources are
     static constexpr double alpha_prior_boundary = 0.54;
     double boundary_acceptance() const { return alpha_boundary_; }
-    // what position 0 of an n-gram proposal in the text counts with, against its source's estimate, when the target
-    // gave the token before it probability p: where the model was unsure, the text is being written rather than
-    // copied (measured: 0.81 below 0.5, 0.88 below 0.8, ~0.97 below 0.99, 1 above)
-    static double confidence_factor(double p);
 
     // introspection (stats, tests)
     const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
@@ -162,9 +158,8 @@ class AutoPolicy : public DraftPolicy {
     double alpha_boundary_ = alpha_prior_boundary;             // see alpha_prior_boundary
     int n_boundary_obs_ = 0;
     int last_boundary_ = -1; // the boundary position of the last choice's n-gram draft (-1 = none or the model)
-    // planning_alpha with the boundary's estimate at position `boundary` of an n-gram source, and position 0 of a
-    // source in the text scaled by confidence_factor(the target's probability of its last token)
-    std::array<double, n_max> step_alpha(int source, int boundary, double confidence = 1.0) const;
+    // planning_alpha with the boundary's estimate at position `boundary` of an n-gram source
+    std::array<double, n_max> step_alpha(int source, int boundary) const;
     void observe_boundary(bool accepted);
     std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
     bool exploring_ = false;

@@ -30,8 +30,6 @@ struct EngineOptions {
                                         // looks up (at most this many tokens, oldest dropped first); 0 = off
     bool sentence_boundaries = true;    // tell "auto" where an n-gram proposal crosses the end of a sentence
                                         // (boundary.h); false: as before 2026-11-25 (bench's hybrid-noboundary)
-    bool confidence_signal = true;      // tell "auto" how sure the target was of its last token (StepContext::
-                                        // confidence); false: as before 2026-11-26 (bench's hybrid-noconf)
 };
 
 // llama.cpp's CPU backend (ggml-cpu of llama-cpp-python 0.3.36) sends the rows of a batch through other kernels
@@ -109,9 +107,6 @@ class Engine {
     int memory_tokens() const { return opts_.memory_tokens; }
     void set_sentence_boundaries(bool on);
     bool sentence_boundaries() const { return opts_.sentence_boundaries; }
-    void set_confidence_signal(bool on);
-    bool confidence_signal() const { return opts_.confidence_signal; }
-    double last_confidence() const { return confidence_; } // what "auto" is told for the next step (1 = nothing)
     const Stats & stats() const { return stats_; }
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
@@ -147,7 +142,6 @@ class Engine {
     std::vector<llama_token> padded_;    // a verify chunk with its filler rows
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     llama_token id_last_ = -1;
-    double confidence_ = 1.0; // the target's probability of id_last_ when it emitted it (StepContext::confidence)
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())
     std::atomic<bool> interrupt_{false};

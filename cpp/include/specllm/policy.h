@@ -34,8 +34,6 @@ struct StepContext {
     int n_past = 0;           // tokens in the target's context before this step
     int ngram_boundary = -1;  // the first position of the n-gram proposal (up to k_max) right after the end of a
                               // sentence (boundary.h), -1 = none: a copy of prose seldom survives it
-    double confidence = 1.0;  // the target's probability of the token it emitted last (1 = not known): where the
-                              // model was unsure, the text is being written, not copied, and proposals fail more
 };
 
 struct Choice {

@@ -55,10 +55,6 @@ llama_token sample(const Dist & dist, Rng & rng);
 // a position is this draw, whatever drafted before it: a seed names one text.
 llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos);
 
-// softmax(logits)[token] at temperature 1 (logits more than 20 below the largest are left out of the sum: they change
-// it by less than 1e-8 each; a pass over the row, exp() for the few near the top)
-double token_probability(const float * logits, int n_vocab, llama_token token);
-
 // validate sampling options; throws InvalidArgument with the allowed range
 void check_sampling_options(const SamplingOptions & opts);
 
