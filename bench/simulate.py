@@ -322,6 +322,7 @@ def main(argv=None) -> int:
     index = _core.NgramIndex(2, 4)
     policy = None
     memory: list[int] = []
+    every: list[float] = []
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
             policy = new_policy(costs, chunk, row_ms)
@@ -340,6 +341,9 @@ def main(argv=None) -> int:
                 tot[j] += v
         print(f"| {task} | {len(pairs)} | {statistics.median(sims):.2f} | {statistics.median(oracles):.2f} | "
               f"{tot[0]} | {tot[1]} ({tot[1] / max(1, tot[0]):.0%}) | {tot[2] / tot[3]:.2f} | {tot[4]} |")
+        every += sims
+    print(f"geometric mean over {len(every)} answers: {statistics.geometric_mean(every):.4f}; "
+          f"below 0.97: {sum(x < 0.97 for x in every)}")
     return 0
 
 
