@@ -243,10 +243,8 @@ def test_a_model_without_a_chat_template_is_completed_raw(env, tmp_path, tiny, r
     assert r.stderr.startswith("specllm-cli: error: this model has no chat template") and r.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("drafter", [["--draft-length", "3"], ["--draft-length", "0"], ["--draft", "none"]],
-                         ids=["drafts", "nothing-drafted", "no-drafter"])
-def test_generate_stats_is_a_line_for_a_person_and_stats_json_all_of_them(tiny, tmp_path, monkeypatch, capsys,
-                                                                           drafter):
+def recorded_llms(monkeypatch, tmp_path) -> list:
+    """The LLMs cli.main makes from now on (a recording subclass in its place), profiles cached under tmp_path."""
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
     made = []
 
@@ -256,6 +254,14 @@ def test_generate_stats_is_a_line_for_a_person_and_stats_json_all_of_them(tiny, 
             made.append(self)
 
     monkeypatch.setattr(cli, "LLM", Recording)
+    return made
+
+
+@pytest.mark.parametrize("drafter", [["--draft-length", "3"], ["--draft-length", "0"], ["--draft", "none"]],
+                         ids=["drafts", "nothing-drafted", "no-drafter"])
+def test_generate_stats_is_a_line_for_a_person_and_stats_json_all_of_them(tiny, tmp_path, monkeypatch, capsys,
+                                                                           drafter):
+    made = recorded_llms(monkeypatch, tmp_path)
     assert cli.main(cli_args(tiny, "generate", "Hello world", "--max-tokens", "24", "--stats", "--stats-json")[2:]
                     + drafter) == 0
     out, err = capsys.readouterr()
@@ -447,15 +453,7 @@ def test_the_stats_line_of_generate():
 
 @pytest.mark.parametrize("flag", [[], ["--learn-batch-costs"]])
 def test_learn_batch_costs_reaches_the_llm(tiny, tmp_path, monkeypatch, capsys, flag):
-    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
-    made = []
-
-    class Recording(specllm.LLM):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            made.append(self)
-
-    monkeypatch.setattr(cli, "LLM", Recording)
+    made = recorded_llms(monkeypatch, tmp_path)
     assert cli.main(cli_args(tiny, "generate", "Hello world", "--max-tokens", "4")[2:] + flag) == 0
     capsys.readouterr()
     assert made[0]._engine.learn_batch_costs is bool(flag)  # off unless asked: choices that ignore the clock

@@ -176,8 +176,8 @@ def _check(parser, args) -> None:
 
 
 def _llm_options(args) -> dict:
-    extra = {k: v for k, v in (("exact", args.exact), ("memory_tokens", args.memory_tokens),
-                                                   ("learn_batch_costs", args.learn_batch_costs)) if v is not None}
+    given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("learn_batch_costs", args.learn_batch_costs))
+    extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 
 

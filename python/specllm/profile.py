@@ -123,7 +123,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                 if plausible(verify_ms):
                     break
                 log.warning("the measured verify costs do not grow with the batch size, or grow faster than one "
-                            "plain step per row (%s ms): the machine was busy; %s", ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
+                            "plain step per row (%s ms): the machine was busy; %s",
+                            ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
                             "measuring again" if attempt + 1 < MAX_MEASURES else "using them as measured")
             context_ms = context_row_cost(engine, sizes, verify_ms)
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
