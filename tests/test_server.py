@@ -110,6 +110,55 @@ def test_streaming_completions(client, local):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def text_of(llm, token):
+    return llm.token_bytes(token).decode("utf-8", "replace")
+
+
+def test_chat_logprobs_equal_llm_generate(client, local):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, logprobs=True, top_logprobs=3)
+    want = local.chat(MESSAGES, max_tokens=24, logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == len(want.logprobs) == 24
+    assert b"".join(bytes(c.bytes) for c in content).decode("utf-8", "replace") == r.choices[0].message.content
+    assert r.choices[0].message.content == want.text
+    for c, w in zip(content, want.logprobs):
+        assert bytes(c.bytes) == local.token_bytes(w.token) and abs(c.logprob - w.logprob) < 0.01
+        # the server drafts (its verify batches round a little differently): the same values, ties aside
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == text_of(local, w.top[0][0])
+        assert [t.logprob for t in c.top_logprobs] == sorted([t.logprob for t in c.top_logprobs], reverse=True)
+        assert all(abs(t.logprob - lp) < 0.01 for t, (_, lp) in zip(c.top_logprobs, w.top))
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+
+
+def test_streamed_chat_logprobs_cover_every_token(client, local):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, logprobs=True,
+                                                 stream=True, stop=["zzzz"]))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    want = local.chat(MESSAGES, max_tokens=40, logprobs=0)
+    assert [e.token for e in entries] == [text_of(local, w.token) for w in want.logprobs]
+    assert all(e.top_logprobs == [] for e in entries)
+
+
+def test_completions_logprobs(client, local):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, logprobs=2)
+    want = local.generate("Once upon a time", max_tokens=20, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [text_of(local, w.token) for w in want.logprobs] and r.choices[0].text == want.text
+    assert all(abs(a - w.logprob) < 0.01 for a, w in zip(lp.token_logprobs, want.logprobs))
+    assert [len(t) for t in lp.top_logprobs] == [2] * 20
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(20)]
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, logprobs=0,
+                                            stream=True))
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset
+    for bad, param in [(True, "logprobs"), (21, "logprobs"), (-2, "logprobs")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=MODEL, prompt="Once", max_tokens=2, logprobs=bad)
+        assert e.value.body["param"] == param, e.value.body
+
+
 def test_raw_sse_framing_ends_with_done(server):
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", headers=AUTH, timeout=30,
                       json={"messages": MESSAGES, "max_tokens": 5, "stream": True}) as r:
@@ -174,7 +223,9 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [  # the tiny template cannot render it
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
-    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"extra_body": {"draft_length": 99}}, "draft_length"),

@@ -58,7 +58,19 @@ void register_engine(py::module_ & m) {
         .def_readonly("done", &StepResult::done)
         .def_readonly("finish_reason", &StepResult::finish_reason)
         .def_readonly("n_drafted", &StepResult::n_drafted)
-        .def_readonly("n_accepted", &StepResult::n_accepted);
+        .def_readonly("n_accepted", &StepResult::n_accepted)
+        // (token, logprob, [(token, logprob), ...] most likely first) per token, when asked for
+        .def_property_readonly("logprobs", [](const StepResult & r) {
+            py::list out;
+            for (const TokenLogprob & t : r.logprobs) {
+                py::list top;
+                for (const TopLogprob & a : t.top) {
+                    top.append(py::make_tuple(a.token, a.logprob));
+                }
+                out.append(py::make_tuple(t.token, t.logprob, top));
+            }
+            return out;
+        });
 
     py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
         .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())

@@ -1,10 +1,12 @@
 #include "bindings.h"
 
+#include "specllm/logprobs.h"
 #include "specllm/options.h"
 
 using namespace specllm;
 
 void register_options(py::module_ & m) {
+    m.attr("max_top_logprobs") = max_top_logprobs;
     py::class_<ModelOptions>(m, "ModelOptions")
         .def(py::init<>())
         .def_readwrite("path", &ModelOptions::path)
@@ -42,7 +44,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("policy", &GenerateOptions::policy)
         .def_readwrite("draft_length", &GenerateOptions::draft_length)
         .def_readwrite("draft_p_min", &GenerateOptions::draft_p_min)
-        .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos);
+        .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos)
+        .def_readwrite("logprobs", &GenerateOptions::logprobs);
 
     py::class_<NgramOptions>(m, "NgramOptions")
         .def(py::init<>())

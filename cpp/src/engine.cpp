@@ -111,6 +111,10 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         throw InvalidArgument("draft_p_min must be in [0, 1]");
     }
     check_sampling_options(opts.sampling);
+    if (opts.logprobs < -1 || opts.logprobs > max_top_logprobs) {
+        throw InvalidArgument("logprobs must be -1 (none) or the number of most likely tokens to list, 0.." +
+                              std::to_string(max_top_logprobs) + ", got " + std::to_string(opts.logprobs));
+    }
     if (prompt.empty()) {
         throw InvalidArgument("the prompt is empty (no tokens); pass some text");
     }
@@ -291,9 +295,12 @@ StepResult Engine::step_locked() {
         return tgt.logits(i - chunk_start); // the verifiers read rows in order, so i is in the last chunk
     };
     const int n_vocab = target_->n_vocab();
+    const LogitsRow read = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
     const Verdict v = gen_.sampling.temperature <= 0.0f
-                          ? verify_greedy(draft_.tokens, row, n_vocab)
-                          : verifier_.verify(draft_.tokens, draft_.q, row, n_vocab, gen_.sampling, rng_, n_past + 1);
+                          ? verify_greedy(draft_.tokens, read, n_vocab)
+                          : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1);
+    const std::vector<TokenLogprob> emitted_lp =
+        gen_.logprobs < 0 ? std::vector<TokenLogprob>() : logprobs_.emitted(draft_.tokens, v.n_accepted, v.next);
     stats_.sample_ms += now_ms() - t0 - verify_ms;
 
     // 4. cut the rejected tail: keep id_last and the accepted drafts
@@ -344,6 +351,9 @@ StepResult Engine::step_locked() {
             break;
         }
         out.tokens.push_back(tok);
+        if (!emitted_lp.empty()) {
+            out.logprobs.push_back(emitted_lp[i]);
+        }
         stats_.n_generated += 1;
         const bool stopped = text_.push(target_->piece(tok));
         if (stopped) {

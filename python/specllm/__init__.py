@@ -18,7 +18,7 @@ from .errors import (  # noqa: E402
     ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, MemoryFileError, ModelLoadError,
     PullError, RegistryError, SpecLLMError)
 from .llm import LLM  # noqa: E402
-from .results import Chunk, Completion, Stats  # noqa: E402
+from .results import Chunk, Completion, Stats, TokenLogprob  # noqa: E402
 from .stream import Stream  # noqa: E402
 
 
@@ -32,6 +32,7 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
 
 __version__ = "0.1.0"
 __all__ = [
-    "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
+    "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "TokenLogprob",
+    "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
     "ContextOverflowError", "DecodeError", "InvalidOptionError", "MemoryFileError", "RegistryError", "PullError",
 ]

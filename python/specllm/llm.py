@@ -258,6 +258,10 @@ class LLM:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._engine.target.detokenize(self._token_ids(tokens, "tokens"))
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token's text (a piece of a UTF-8 character for some); b"" for control tokens."""
+        return self._engine.target.piece(self._token_ids([token], "token")[0])
+
     @property
     def chat_template(self) -> str:
         """The model's own chat template (the GGUF's tokenizer.chat_template; "" if it has none)."""
@@ -316,14 +320,17 @@ class LLM:
         """Generate a completion of prompt (text or token ids): plain text completion of the prompt as given, no
         chat template applied (as in llama-cpp-python; chat() is the conversation API, and `specllm-cli generate`
         uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
-        min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0)."""
-        text, tokens, last = [], [], None
+        min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
+        token's log-probability under the target and the n most likely tokens at its position)."""
+        text, tokens, logprobs, last = [], [], [], None
         with self.stream(prompt, **options) as stream:
             for chunk in stream:
                 text.append(chunk.text)
                 tokens.extend(chunk.tokens)
+                logprobs.extend(chunk.logprobs or [])
                 last = chunk
-        return Completion("".join(text), tokens, last.finish_reason, last.stats)
+        return Completion("".join(text), tokens, last.finish_reason, last.stats,
+                          logprobs if last.logprobs is not None else None)
 
     def stream(self, prompt: Prompt, **options) -> Stream:
         """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only). The options are

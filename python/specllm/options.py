@@ -69,6 +69,7 @@ def make_options(
     draft_p_min: float = 0.0,
     ignore_eos: bool = False,
     acceptance: str = "coupled",
+    logprobs: Optional[int] = None,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
     o.max_tokens = _int("max_tokens", max_tokens, lo=1)
@@ -107,12 +108,14 @@ def make_options(
     if not 0 <= o.draft_p_min <= 1:
         raise InvalidOptionError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
     o.ignore_eos = bool(ignore_eos)
+    if logprobs is not None:  # how many of the most likely tokens to list beside each emitted token's logprob
+        o.logprobs = _int("logprobs", logprobs, lo=0, hi=_core.max_top_logprobs)
     return o
 
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance"])
+     "ignore_eos", "acceptance", "logprobs"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -64,6 +64,19 @@ class Stats:
 
 
 @dataclass
+class TokenLogprob:
+    """An emitted token's log-probability under the target model (log_softmax of its raw logits: temperature 1,
+    no top-k/top-p/min-p, whatever the sampling options) and the most likely tokens at its position."""
+    token: int
+    logprob: float
+    top: List[Tuple[int, float]] = field(default_factory=list)  # (token, logprob), most likely first
+
+    @classmethod
+    def from_core(cls, entries) -> List["TokenLogprob"]:
+        return [cls(t, lp, [(a, b) for a, b in top]) for t, lp, top in entries]
+
+
+@dataclass
 class Chunk:
     """A piece of a stream: the text and tokens committed by one speculative step."""
     text: str
@@ -72,6 +85,7 @@ class Chunk:
     n_accepted: int = 0
     finish_reason: Optional[str] = None  # set on the last chunk: "stop", "length" or "cancelled"
     stats: Optional[Stats] = None        # set on the last chunk
+    logprobs: Optional[List[TokenLogprob]] = None  # one per token, when asked for (logprobs=n)
 
 
 @dataclass
@@ -80,3 +94,4 @@ class Completion:
     tokens: List[int]
     finish_reason: str  # "stop" (end of generation or a stop string), "length" (max_tokens) or "cancelled"
     stats: Stats
+    logprobs: Optional[List[TokenLogprob]] = None  # one per token, when asked for (logprobs=n)

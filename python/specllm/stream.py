@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 
 from . import logs
 from .errors import Cancelled
-from .results import Chunk, Stats
+from .results import Chunk, Stats, TokenLogprob
 
 log = logging.getLogger("specllm")
 
@@ -196,13 +196,18 @@ class Stream:
         r = engine.step()
         if r.done:
             return self._last_chunk(r.finish_reason, Stats.from_core(engine.stats), r)
-        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted)
+        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, logprobs=self._logprobs(r))
+
+    def _logprobs(self, r=None):
+        if self._opts.logprobs < 0:
+            return None
+        return TokenLogprob.from_core(r.logprobs) if r is not None else []
 
     def _last_chunk(self, reason: str, stats: Stats, r=None) -> Chunk:
         self.finish_reason, self.stats = reason, stats
         if r is None:
-            return Chunk("", [], 0, 0, reason, stats)
-        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, reason, stats)
+            return Chunk("", [], 0, 0, reason, stats, self._logprobs())
+        return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, reason, stats, self._logprobs(r))
 
     def _preempt(self) -> None:
         """Called by the gate (under its lock) when a waiter takes over an idle stream."""

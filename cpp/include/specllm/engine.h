@@ -5,6 +5,7 @@
 
 #include "specllm/auto_policy.h"
 #include "specllm/drafter.h"
+#include "specllm/logprobs.h"
 #include "specllm/model.h"
 #include "specllm/options.h"
 #include "specllm/text.h"
@@ -65,6 +66,7 @@ struct Stats {
 struct StepResult {
     std::string text;                 // newly released text (complete UTF-8, stop strings cut)
     std::vector<llama_token> tokens;  // newly committed tokens
+    std::vector<TokenLogprob> logprobs; // one per token of `tokens` when GenerateOptions::logprobs >= 0
     bool done = false;
     std::string finish_reason;        // "stop", "length" or "cancelled" (interrupt()) when done
     int n_drafted = 0;
@@ -141,6 +143,7 @@ class Engine {
     std::vector<llama_token> batch_;
     std::vector<llama_token> padded_;    // a verify chunk with its filler rows
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
+    LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())

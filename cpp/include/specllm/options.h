@@ -51,6 +51,8 @@ struct GenerateOptions {
     int draft_length = 4;               // k for the fixed policy; the largest k for the others
     float draft_p_min = 0.0f;           // stop drafting when the draft's top probability falls below this
     bool ignore_eos = false;            // keep generating past end-of-generation tokens (benchmarks)
+    int logprobs = -1;                  // -1: none; n >= 0: each emitted token's log-probability and the n most
+                                        // likely tokens at its position (logprobs.h), up to max_top_logprobs
 };
 
 struct NgramOptions {

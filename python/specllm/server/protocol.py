@@ -47,9 +47,9 @@ class SamplingFields(_Request):
     min_p: Optional[float] = Field(None, ge=0, le=1)
     draft_length: Union[int, str, None] = None  # "auto" | "heuristic" | k, checked by make_options
     acceptance: Optional[str] = None  # "coupled" | "rejection", checked by make_options
+    logprobs: Optional[Union[bool, int]] = None  # chat: true/false; completions: how many top tokens (logprobs.py)
+    top_logprobs: Optional[int] = None           # chat: how many top tokens
     # accepted only where they change nothing
-    logprobs: Optional[Union[bool, int]] = None
-    top_logprobs: Optional[int] = None
     logit_bias: Optional[Dict[str, float]] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
@@ -81,7 +81,6 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
         ("tool_choice", req.tool_choice not in (None, "none", "auto"),
          "tool_choice 'required' or a named function is not supported (nothing forces a call): use 'auto' or 'none'"),
         ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
-        ("logprobs", bool(req.logprobs) or bool(req.top_logprobs), "logprobs are not supported"),
         ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
         ("presence_penalty", bool(req.presence_penalty), "presence_penalty is not supported (0 only)"),
         ("frequency_penalty", bool(req.frequency_penalty), "frequency_penalty is not supported (0 only)"),
@@ -132,7 +131,7 @@ class _Response(BaseModel):
 
 class _Choice(BaseModel):
     index: int = 0
-    logprobs: None = None
+    logprobs: Optional[Dict[str, Any]] = None  # when asked for: logprobs.py's chat() or completion()
 
 
 class FunctionCall(BaseModel):

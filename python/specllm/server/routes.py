@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
+from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
 from .errors import APIError
@@ -74,7 +75,7 @@ def _message(m: p.Message, i: int) -> dict:
     return out
 
 
-def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int]) -> dict:
+def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int], logprobs: Optional[int]) -> dict:
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
@@ -85,6 +86,8 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
     if "seed" in opts:
         opts["seed"] %= 2**64
     opts["max_tokens"] = max_tokens or n_ctx - n_prompt
+    if logprobs is not None:
+        opts["logprobs"] = logprobs
     try:  # checked now, so that a bad value is a 400 before the request is queued
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
@@ -153,14 +156,15 @@ def _generation_error(e: BaseException) -> APIError:
 
 
 async def _collect(request: Request, job: Job):
-    """(text, last chunk) of a job, cancelling it if the client goes away."""
+    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))
-    texts, last = [], None
+    texts, last, logprobs = [], None, []
     try:
         while True:
             kind, value = await job.events.get()
             if kind == "chunk":
                 texts.append(value.text)
+                logprobs.extend(value.logprobs or [])
                 last = value
             elif kind == "error":
                 raise _generation_error(value)
@@ -170,7 +174,7 @@ async def _collect(request: Request, job: Job):
         if last is None or last.finish_reason is None:  # an error, or this handler was cancelled
             job.cancel()
         watcher.cancel()
-    return "".join(texts), last
+    return "".join(texts), last, logprobs
 
 
 async def _events(request: Request, job: Job, make_chunk, first, include_usage: bool,
@@ -179,6 +183,7 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
     state = _state(request)
     t0 = time.monotonic()
     first_text = True
+    logprobs = []  # of tokens whose text is not out yet (held back by a stop string or a tool call)
     try:
         if first is not None:
             yield first.model_dump_json(exclude_none=True)
@@ -193,8 +198,11 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
             if value.text and first_text:
                 state.metrics.ttft_seconds.observe(time.monotonic() - t0)
                 first_text = False
-            chunk = make_chunk(value.text, value.finish_reason) if value.text or value.finish_reason else None
+            logprobs.extend(value.logprobs or [])
+            chunk = (make_chunk(value.text, value.finish_reason, logprobs)
+                     if value.text or value.finish_reason else None)
             if chunk is not None:  # None: text held back (a tool call may be starting)
+                logprobs = []
                 yield chunk.model_dump_json(exclude_none=True)
             if value.finish_reason is not None and include_usage:
                 last = make_chunk(None, None)
@@ -231,13 +239,14 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
-    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens)
+    n_logprobs = lp.chat_request(req)
+    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs)
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         held = tool_calls.ToolStream(tool_calls.names_of(tools)) if tools else None
 
-        def make_chunk(text, finish_reason):
+        def make_chunk(text, finish_reason, logprobs=None):
             calls = None
             if held is not None and (text is not None or finish_reason is not None):
                 text = held.feed(text or "")
@@ -249,18 +258,21 @@ async def chat_completions(request: Request, req: p.ChatRequest):
                     return None
             delta = p.Delta(content=text or None if calls else text,
                             tool_calls=[p.DeltaToolCall(index=i, **c) for i, c in enumerate(calls)] if calls else None)
-            return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
-                                         choices=[p.ChunkChoice(delta=delta, finish_reason=finish_reason)])
+            choice = p.ChunkChoice(delta=delta, finish_reason=finish_reason,
+                                   logprobs=lp.chat(logprobs, state.llm.token_bytes)
+                                   if n_logprobs is not None and logprobs is not None else None)
+            return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[choice])
         first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
                                       choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
         return _respond_stream(request, job, make_chunk, first, req)
-    text, last = await _collect(request, job)
+    text, last, logprobs = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     content, calls = tool_calls.parse(text, tool_calls.names_of(tools)) if tools else (text, [])
     finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
     message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=text)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,
-                            choices=[p.ChatChoice(message=message, finish_reason=finish)],
+                            choices=[p.ChatChoice(message=message, finish_reason=finish, logprobs=lp.chat(
+                                logprobs, state.llm.token_bytes) if n_logprobs is not None else None)],
                             usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
 
 
@@ -276,18 +288,26 @@ async def completions(request: Request, req: p.CompletionRequest):
     if not prompt:
         raise APIError(400, "prompt is empty", "invalid_request_error", "prompt", "invalid_value")
     tokens = _tokens(state, prompt)
-    opts = _options(state, req, len(tokens), req.max_tokens or 16)
+    n_logprobs = lp.completion_request(req)
+    opts = _options(state, req, len(tokens), req.max_tokens or 16, n_logprobs)
     job = _submit(request, tokens, opts)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
-        def make_chunk(text, finish_reason):
+        offset = [0]  # text_offset of the next token
+
+        def make_chunk(text, finish_reason, logprobs=None):
+            body = None
+            if n_logprobs is not None and logprobs is not None:
+                body = lp.completion(logprobs, state.llm.token_bytes, offset[0])
+                offset[0] += sum(len(t) for t in body["tokens"])
             return p.TextCompletion(id=rid, created=created, model=state.model_id,
-                                    choices=[p.TextChoice(text=text or "", finish_reason=finish_reason)])
+                                    choices=[p.TextChoice(text=text or "", finish_reason=finish_reason, logprobs=body)])
         return _respond_stream(request, job, make_chunk, None, req)
-    text, last = await _collect(request, job)
+    text, last, logprobs = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
     return p.TextCompletion(id=rid, created=created, model=state.model_id,
-                            choices=[p.TextChoice(text=text, finish_reason=last.finish_reason)],
+                            choices=[p.TextChoice(text=text, finish_reason=last.finish_reason, logprobs=body)],
                             usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
 
 

@@ -1,0 +1,51 @@
+// Log-probabilities of the tokens a generation emits, for callers that ask for them (the OpenAI API's logprobs):
+// the target's own distribution at each emitted position, log_softmax of its raw logits (temperature 1, no top-k /
+// top-p / min-p), whatever the sampling options. A speculative step reads them from the verify batch's rows, so
+// they are the logits plain decoding would see up to the batch's rounding (exact mode: the same kernels).
+#pragma once
+
+#include "specllm/verifier.h"
+
+#include <vector>
+
+namespace specllm {
+
+constexpr int max_top_logprobs = 20; // what the OpenAI API allows
+
+struct TopLogprob {
+    llama_token token = -1;
+    float logprob = 0.0f;
+};
+
+struct TokenLogprob {
+    llama_token token = -1;
+    float logprob = 0.0f;
+    std::vector<TopLogprob> top; // the n most likely tokens at this position, most likely first
+};
+
+// one row of logits: its log-sum-exp and its n_top most likely tokens (ties: the lower id first)
+struct RowLogprobs {
+    double lse = 0.0;
+    std::vector<TopLogprob> top;
+    float logprob(const float * logits, llama_token t) const { return (float) (logits[t] - lse); }
+};
+
+RowLogprobs row_logprobs(const float * logits, int n_vocab, int n_top);
+
+// what a speculative step needs: each verify row summed up when the verifier first reads it (a later chunk's decode
+// overwrites the logits), then one entry per emitted token. The verifiers read rows in order and stop at the row
+// that gives the target's own token, whose logits are still the last decode's
+class LogprobRecorder {
+  public:
+    // row, reading through this recorder; draft: the step's drafted tokens (row i proposes draft[i])
+    LogitsRow wrap(const LogitsRow & row, const std::vector<llama_token> & draft, int n_vocab, int n_top);
+    // row i gives emitted token i: the drafted token while accepted, then the target's token `next`
+    std::vector<TokenLogprob> emitted(const std::vector<llama_token> & draft, int n_accepted, llama_token next) const;
+
+  private:
+    std::vector<RowLogprobs> rows_;
+    std::vector<float> drafted_; // the drafted token's log-probability in each row read
+    const float * last_ = nullptr;
+};
+
+} // namespace specllm

@@ -1,0 +1,70 @@
+"""Logprobs in the OpenAI API's two shapes: chat's `choices[].logprobs.content` (a list of token entries with
+their bytes and top_logprobs) and completions' `choices[].logprobs` (parallel lists: tokens, token_logprobs,
+top_logprobs as {token: logprob}, text_offset). A token's text is its bytes decoded with replacement (a token
+may hold part of a UTF-8 character); its bytes are exact."""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from .. import _core
+from ..results import TokenLogprob
+from . import protocol as p
+from .errors import APIError
+
+
+def _count(value, param: str) -> int:
+    if not 0 <= value <= _core.max_top_logprobs:
+        raise APIError(400, f"{param} must be between 0 and {_core.max_top_logprobs}, got {value}",
+                       "invalid_request_error", param, "invalid_value")
+    return value
+
+
+def chat_request(req: p.ChatRequest) -> Optional[int]:
+    """How many top logprobs a chat request asks for, None for no logprobs; a 400 for a contradiction."""
+    if req.logprobs is not None and not isinstance(req.logprobs, bool):
+        raise APIError(400, "logprobs must be true or false in a chat request (top_logprobs says how many "
+                            "alternatives)", "invalid_request_error", "logprobs", "invalid_value")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "invalid_request_error", "top_logprobs",
+                       "invalid_value")
+    return _count(req.top_logprobs or 0, "top_logprobs") if req.logprobs else None
+
+
+def completion_request(req: p.CompletionRequest) -> Optional[int]:
+    """How many top logprobs a completions request asks for (its logprobs is that number), None for none."""
+    if isinstance(req.logprobs, bool):
+        raise APIError(400, "logprobs of a completions request is the number of most likely tokens to list "
+                            "(0..20), not a boolean", "invalid_request_error", "logprobs", "invalid_value")
+    if req.top_logprobs is not None:
+        raise APIError(400, "top_logprobs belongs to chat requests; here logprobs is the number of most likely "
+                            "tokens to list", "invalid_request_error", "top_logprobs", "unsupported_parameter")
+    return None if req.logprobs is None else _count(req.logprobs, "logprobs")
+
+
+def _entry(token_bytes: Callable[[int], bytes], token: int, logprob: float) -> dict:
+    b = token_bytes(token)
+    return {"token": b.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(b)}
+
+
+def chat(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes]) -> dict:
+    content = []
+    for e in entries:
+        item = _entry(token_bytes, e.token, e.logprob)
+        item["top_logprobs"] = [_entry(token_bytes, t, lp) for t, lp in e.top]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def completion(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes], text_offset: int = 0) -> dict:
+    tokens, offsets, tops = [], [], []
+    for e in entries:
+        text = token_bytes(e.token).decode("utf-8", errors="replace")
+        tokens.append(text)
+        offsets.append(text_offset)
+        text_offset += len(text)
+        top = {}
+        for t, lp in e.top:  # two tokens with one text (rare) keep the likelier
+            top.setdefault(token_bytes(t).decode("utf-8", errors="replace"), lp)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
