@@ -24,7 +24,9 @@ N_REPS = 2
 N_REPS_EXACT = 4  # exact mode measures 3 small sizes: more rounds, a steadier T(1)
 
 
-MAX_MEASURES = 3  # a profile that looks busy is measured again, at most this many times in all
+MAX_MEASURES = 3  # a profile that looks busy is measured again, at most this many times in all ...
+NOISY_LOADS = 3   # ... and if it still does, once more at each later load, until this many loads found it so: a
+                  # machine busy for a moment does not keep its profile for good, one always busy measures 5 times
 SHORT_CONTEXT = 32    # the context T(n) is measured at (Engine.profile_verify's default prefix)
 LONG_CONTEXT = 1024   # ... and the context the cost of a row of context is measured at
 CONTEXT_ROWS = 16     # the batch size that measurement uses (exact mode: its largest chunk)
@@ -89,17 +91,33 @@ def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bo
     return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack, verify_rows)}.json"
 
 
-def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
-           verify_rows: int = 0) -> dict | None:
-    """The cached profile of this pair and settings, or None (none yet, unreadable, or for other batch sizes)."""
+def _read(path: Path, verify_rows: int) -> dict | None:
+    """The profile in path, or None (none yet, unreadable, or for other batch sizes)."""
     try:
-        prof = json.loads(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows).read_text())
+        prof = json.loads(path.read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
-                and isinstance(prof.get("context_row_ms"), float)
-                and (plausible(prof["verify_ms"]) or prof.get("noisy") is True)):
+                and isinstance(prof.get("context_row_ms"), float)):
             return prof
     except (OSError, ValueError, AttributeError):
         pass
+    return None
+
+
+def noisy_loads(prof: dict | None) -> int:
+    """How many loads measured this profile busy (its "noisy" mark; true in files before 2026-11-26 counts as 1)."""
+    if prof is None or plausible(prof["verify_ms"]):
+        return 0
+    mark = prof.get("noisy", 0)
+    return int(mark) if isinstance(mark, (bool, int)) else 0
+
+
+def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
+           verify_rows: int = 0) -> dict | None:
+    """The cached profile of this pair and settings if it can be used as it is: plausible, or found busy at
+    NOISY_LOADS loads; else None."""
+    prof = _read(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows), verify_rows)
+    if prof is not None and (plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS):
+        return prof
     return None
 
 
@@ -112,25 +130,30 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     if prof is None:
+        before = noisy_loads(_read(path, verify_rows))  # loads that found the cached profile busy
         if known is not None and known.get("sizes") == sizes:
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine, thread count and mode; 10-20 s on a 2-core CPU)",
                      ", ".join(map(str, sizes)))
-            for attempt in range(MAX_MEASURES):
+            attempts = 1 if before else MAX_MEASURES
+            for attempt in range(attempts):
                 verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
                 if plausible(verify_ms):
                     break
+                later = ("measuring again at the next load" if before + 1 < NOISY_LOADS
+                         else "keeping them (delete the file to measure again)")
                 log.warning("the measured verify costs do not grow with the batch size, or grow faster than one "
                             "plain step per row (%s ms): the machine was busy; %s",
                             ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
-                            "measuring again" if attempt + 1 < MAX_MEASURES else "using them as measured")
+                            "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
+                            f"({path})")
             context_ms = context_row_cost(engine, sizes, verify_ms)
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
                 "context_row_ms": float(context_ms)}
         if not plausible(verify_ms):
-            prof["noisy"] = True  # cached all the same: the next LLM takes it instead of measuring again
+            prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
         tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
