@@ -220,7 +220,9 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"top_p": 0}, "top_p"),
     ({"n": 2}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),  # no <tool_call>
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"tool_choice": "always"}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [  # the tiny template cannot render it
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true

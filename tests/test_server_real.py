@@ -41,6 +41,10 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city's name"}},
                    "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The current time in a time zone.",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "description": "an IANA time zone"}},
+                   "required": ["tz"]}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
 
 
@@ -88,9 +92,31 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
         r3 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
                                             tool_choice="none", max_tokens=16)
         assert r3.choices[0].message.tool_calls is None
+        # tool_choice "required" and a named function: the reply is opened as a call, the model writes the rest.
+        # With one tool "required" names it, even for a question that asks for no tool; with several the model
+        # names one (asked "Say hello." with both tools, the 1.5B model named a "say_hello" of its own: that
+        # would be text, not a call)
+        chat = [{"role": "user", "content": "Say hello."}]
+        r4 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=chat, tools=[TIME],
+                                            tool_choice="required", max_tokens=64)
+        assert r4.choices[0].finish_reason == "tool_calls", r4.choices[0]
+        assert r4.choices[0].message.tool_calls[0].function.name == "get_time"
+        r4 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[TIME, WEATHER],
+                                            tool_choice="required", max_tokens=64)
+        assert [c.function.name for c in r4.choices[0].message.tool_calls] == ["get_weather"], r4.choices[0]
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r5 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER, TIME],
+                                            tool_choice=named, max_tokens=64)
+        (call,) = r5.choices[0].message.tool_calls
+        assert call.function.name == "get_time" and isinstance(json.loads(call.function.arguments), dict)
+        streamed = [c for c in client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK,
+                                                              tools=[WEATHER, TIME], tool_choice=named,
+                                                              max_tokens=64, stream=True) if c.choices]
+        assert streamed[-1].choices[0].finish_reason == "tool_calls"
+        assert [tc.function.name for c in streamed for tc in c.choices[0].delta.tool_calls or []] == ["get_time"]
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
-                                           tool_choice="required", max_tokens=16)
-        assert e.value.body["param"] == "tool_choice", e.value.body
+                                           tool_choice=named, max_tokens=16)
+        assert e.value.body["param"] == "tool_choice" and "get_time" in e.value.body["message"], e.value.body
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()

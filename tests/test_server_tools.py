@@ -98,3 +98,52 @@ def test_a_reply_that_only_looks_like_a_call_comes_out_whole(reply):
     out = "".join(s.feed(c) for c in reply)
     rest, calls = s.finish()
     assert out + rest == reply and calls == []
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+
+
+def test_a_forced_opening_and_the_models_rest_make_a_call():
+    required = tools.forced_opening("required", [WEATHER, TIME])
+    _, calls = tools.parse(required + 'get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
+    named = tools.forced_opening({"type": "function", "function": {"name": "get_weather"}}, [WEATHER, TIME])
+    assert named.startswith("<tool_call>") and '"get_weather"' in named
+    # the model may end its turn without closing the block: the call is taken all the same
+    text, calls = tools.parse(named + '{"city": "Paris"}}')
+    assert text == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    s = tools.ToolStream(tools.names_of([WEATHER]))
+    assert s.feed(named) == "" and s.feed('{"city": "Paris"}}') == ""
+    assert [c["function"]["name"] for c in s.finish()[1]] == ["get_weather"]
+    # a rest that is not JSON stays text, as the model (and the opening) wrote it
+    assert tools.parse(named + "I cannot") == (named + "I cannot", [])
+    assert tools.forced_opening("auto", [WEATHER]) == tools.forced_opening("none", [WEATHER]) == ""
+    assert tools.forced_opening(None, None) == ""
+
+
+@pytest.mark.parametrize("choice, tool_list, message", [
+    ("required", None, "no tools"),
+    ({"type": "function", "function": {"name": "get_weather"}}, [], "no tools"),
+    ({"type": "function", "function": {"name": "nope"}}, [WEATHER], "not among"),
+    ({"type": "function"}, [WEATHER], "must be"),
+    ("always", [WEATHER], "must be"),
+    (3, [WEATHER], "must be"),
+])
+def test_a_tool_choice_that_cannot_be_honoured(choice, tool_list, message):
+    with pytest.raises(ValueError, match=message):
+        tools.forced_opening(choice, tool_list)
+
+
+def test_a_forced_call_must_name_one_of_the_tools():
+    required = tools.forced_opening("required", [WEATHER, TIME])
+    reply = required + 'say_hello", "arguments": {}}\n</tool_call>'
+    names = tools.names_of([WEATHER, TIME])
+    assert tools.parse(reply, names, strict=True) == (reply, [])
+    assert len(tools.parse(reply, names)[1]) == 1  # not forced: as the model wrote it (as llama-server does)
+    s = tools.ToolStream(names, strict=True)
+    s.feed(reply)
+    assert s.finish() == (reply, [])
+    # one tool: "required" names it
+    assert tools.forced_opening("required", [WEATHER]) == tools.forced_opening(
+        {"type": "function", "function": {"name": "get_weather"}}, [WEATHER])

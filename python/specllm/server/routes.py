@@ -235,7 +235,11 @@ async def chat_completions(request: Request, req: p.ChatRequest):
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
                        "unsupported_parameter")
     try:
-        prompt = state.llm.apply_chat_template(messages, tools=tools)
+        forced = tool_calls.forced_opening(req.tool_choice, tools)  # the reply begins with it: a call is made
+    except ValueError as e:
+        raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
+    try:
+        prompt = state.llm.apply_chat_template(messages, tools=tools) + forced
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
@@ -244,7 +248,9 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
-        held = tool_calls.ToolStream(tool_calls.names_of(tools)) if tools else None
+        held = tool_calls.ToolStream(tool_calls.names_of(tools), strict=bool(forced)) if tools else None
+        if forced:
+            held.feed(forced)  # held from the start: the reply is a call
 
         def make_chunk(text, finish_reason, logprobs=None):
             calls = None
@@ -267,7 +273,8 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         return _respond_stream(request, job, make_chunk, first, req)
     text, last, logprobs = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    content, calls = tool_calls.parse(text, tool_calls.names_of(tools)) if tools else (text, [])
+    text = forced + text
+    content, calls = tool_calls.parse(text, tool_calls.names_of(tools), bool(forced)) if tools else (text, [])
     finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
     message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=text)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,

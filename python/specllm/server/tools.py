@@ -70,11 +70,45 @@ def _call(body: str, names=None) -> Optional[dict]:
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def parse(text: str, names=None) -> Tuple[str, List[dict]]:
+def forced_opening(tool_choice, tools: Optional[list]) -> str:
+    """What the reply is made to begin with so that it calls a tool: tool_choice "required" opens a block and its
+    name, a named function ({"type": "function", "function": {"name": ...}}) opens the block up to its arguments.
+    The model writes the rest: not constrained by a grammar, so a reply that does not go on as JSON stays text.
+    One tool and "required": that tool, named. "" for "auto" or "none". Raises ValueError (with what to fix) for
+    a choice that cannot be honoured."""
+    if tool_choice in (None, "auto", "none"):
+        return ""
+    fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(name, str)
+    if tool_choice != "required" and not named:
+        raise ValueError(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'function': "
+                         f"{{'name': ...}}}}, got {tool_choice!r}")
+    if not tools:
+        raise ValueError("tool_choice asks for a tool call but the request has no tools")
+    if tool_choice == "required" and len(names_of(tools)) == 1:
+        name = next(iter(names_of(tools)))
+    elif tool_choice == "required":  # the model names the tool (and a name not among them is not a call)
+        return OPEN + '\n{"name": "'
+    if name not in names_of(tools):
+        raise ValueError(f"tool_choice names the function {name!r}, which is not among the request's tools "
+                         f"({', '.join(sorted(n for n in names_of(tools) if isinstance(n, str)))})")
+    return OPEN + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
+
+
+def _closed(text: str) -> str:
+    """text with a last block the model left open at the end of its reply closed (small models end their turn
+    there); a block cut short stays unparseable all the same."""
+    at = text.rfind(OPEN)
+    return text + CLOSE if at >= 0 and CLOSE not in text[at:] else text
+
+
+def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]:
     """(the reply's text without its tool-call blocks, the calls). Text that is not a well-formed call stays text:
     if any block fails to parse, nothing is taken out (the reply is returned as the model wrote it). `names`: the
-    request's tool names; given, a reply that is only a JSON call of one of them (bare or fenced) is a call."""
-    blocks = list(_BLOCK.finditer(text))
+    request's tool names; given, a reply that is only a JSON call of one of them (bare or fenced) is a call.
+    strict: a block must name one of them too (a forced call: the model was made to name a tool)."""
+    blocks = list(_BLOCK.finditer(_closed(text)))
     if not blocks:
         if names:
             body = text.strip()
@@ -83,10 +117,10 @@ def parse(text: str, names=None) -> Tuple[str, List[dict]]:
             if call is not None:
                 return "", [call]
         return text, []
-    calls = [_call(m.group(1).strip()) for m in blocks]
+    calls = [_call(m.group(1).strip(), names if strict else None) for m in blocks]
     if any(c is None for c in calls):
         return text, []
-    rest = _BLOCK.sub("", text).strip()
+    rest = _BLOCK.sub("", _closed(text)).strip()
     return rest, calls
 
 
@@ -94,8 +128,9 @@ class ToolStream:
     """Feed it a streamed reply's pieces; it gives back the text to pass on now, and at the end the rest: (text,
     calls)."""
 
-    def __init__(self, names=None):
+    def __init__(self, names=None, strict: bool = False):
         self.names = names
+        self.strict = strict
         self.held = ""       # a tail that may be the start of OPEN, or everything from the first OPEN on
         self.in_call = False
         self.started = False  # some text was passed on
@@ -132,5 +167,5 @@ class ToolStream:
         held, self.held = self.held, ""
         if not self.in_call:
             return held, []
-        rest, calls = parse(held, self.names)
+        rest, calls = parse(held, self.names, self.strict)
         return (rest, calls) if calls else (held, [])
