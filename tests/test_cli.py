@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 from models.tiny import tiny_model_set  # noqa: E402
 
 import specllm  # noqa: E402
-from specllm import cli, registry  # noqa: E402
+from specllm import cli, profile, registry  # noqa: E402
 from specllm.chat_session import ChatSession  # noqa: E402
 
 PROMPT = ">>> "
@@ -330,7 +330,11 @@ def test_the_first_load_on_a_machine_says_it_measures_costs_and_why(tiny, env):
     assert first.returncode == again.returncode == 0, first.stderr + again.stderr
     assert "measuring this machine's verify costs" in first.stderr
     assert "to decide how many tokens to draft (once per model, machine, thread count and mode" in first.stderr
-    assert "measuring" not in again.stderr  # the profile is cached in the (test's) home
+    (path,) = pathlib.Path(env["HOME"], ".cache", "specllm", "profiles").glob("*.json")
+    if profile.noisy_loads(json.loads(path.read_text())) == 0:
+        assert "measuring" not in again.stderr  # the profile is cached in the (test's) home
+    else:  # the tiny model's ~0.1 ms steps measured busy (often under a sanitizer): said, and measured again once
+        assert "measuring again at the next load" in first.stderr and "measuring" in again.stderr
     assert first.stdout == again.stdout
 
 

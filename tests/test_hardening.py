@@ -52,7 +52,7 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     good = json.loads(path.read_text())
     # the tiny model's steps take ~0.1 ms: under a sanitizer build even three measurements can stay noisy, and
     # such a profile is cached as measured, marked noisy
-    assert profile.increasing(good["verify_ms"]) or good.get("noisy") is True
+    assert profile.increasing(good["verify_ms"]) or profile.noisy_loads(good) > 0
     busy = {k: v for k, v in good.items() if k != "noisy"}
     path.write_text(json.dumps(dict(busy, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0])))  # a busy machine
     caplog.clear()
@@ -60,7 +60,7 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     assert any("measuring" in r.getMessage() for r in caplog.records)
     assert llm.profile["verify_ms"] != busy["verify_ms"]
-    assert profile.increasing(llm.profile["verify_ms"]) or llm.profile.get("noisy") is True
+    assert profile.increasing(llm.profile["verify_ms"]) or profile.noisy_loads(llm.profile) > 0
     assert not profile.increasing([50.0, 20.0]) and not profile.increasing([0.0, 1.0])
     assert not profile.increasing([]) and not profile.increasing([10.0, 20.0, 0.0, 9.0])  # T(4) below T(2)
     assert profile.increasing([10.0, 9.5, 12.0])  # a dip within timing noise
@@ -77,7 +77,7 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     with caplog.at_level("INFO", logger="specllm.profile"):
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     assert any("measuring" in r.getMessage() for r in caplog.records)  # T(2) = 4.5 T(1): measured again
-    assert profile.plausible(llm.profile["verify_ms"]) or llm.profile.get("noisy") is True
+    assert profile.plausible(llm.profile["verify_ms"]) or profile.noisy_loads(llm.profile) > 0
 
 
 def test_a_profile_that_stays_noisy_is_measured_again_at_later_loads(tiny, tmp_path, monkeypatch):
@@ -289,11 +289,10 @@ def test_exact_and_fast_mode_keep_their_own_cached_profiles(tiny, tmp_path, monk
     # of the other mode measure again
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
     calls = []
-    measure = _core.Engine.profile_verify
 
-    def counted(self, sizes, n_reps, n_prefix=32):
-        calls.append(list(sizes))
-        return measure(self, sizes, n_reps, n_prefix)
+    def counted(self, sizes, n_reps, n_prefix=32):  # a quiet machine's costs (measured, the tiny model's ~0.1 ms
+        calls.append(list(sizes))                   # steps can stay noisy under a sanitizer: measured again later)
+        return [10.0 + 5.0 * n if n + 1 in sizes else 0.0 for n in range(max(sizes))]
 
     monkeypatch.setattr(_core.Engine, "profile_verify", counted)
     n_calls = []
