@@ -140,6 +140,27 @@ def test_streamed_chat_logprobs_cover_every_token(client, local):
     assert all(e.top_logprobs == [] for e in entries)
 
 
+def test_a_stop_strings_tokens_are_left_out_of_the_logprobs(client, local):
+    """As OpenAI's API and llama-server do: the entries cover the returned text (the last may run into the cut
+    stop string), not the tokens of the stop string after it."""
+    full = local.chat(MESSAGES, max_tokens=60, logprobs=0)
+    stop = full.text[20:23]
+    want = local.chat(MESSAGES, max_tokens=60, logprobs=0, stop=stop)
+    assert len(want.logprobs) == len(want.tokens)  # the Python API lists every generated token
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=60, stop=stop, logprobs=True)
+    streamed = [e for c in client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=60, stop=stop,
+                                                          logprobs=True, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    text = r.choices[0].message.content
+    assert text == want.text == full.text[:full.text.index(stop)] and r.choices[0].finish_reason == "stop"
+    for entries in (r.choices[0].logprobs.content, streamed):
+        got = b"".join(bytes(e.bytes) for e in entries)
+        last = len(bytes(entries[-1].bytes))
+        assert got.startswith(text.encode()) and len(got) - last < len(text.encode()), (got, text)
+        assert len(entries) < len(want.tokens)  # the stop string's own tokens are not there
+        assert [e.token for e in entries] == [text_of(local, w.token) for w in want.logprobs[:len(entries)]]
+
+
 def test_completions_logprobs(client, local):
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, logprobs=2)
     want = local.generate("Once upon a time", max_tokens=20, logprobs=2)

@@ -1,7 +1,8 @@
 """Logprobs in the OpenAI API's two shapes: chat's `choices[].logprobs.content` (a list of token entries with
 their bytes and top_logprobs) and completions' `choices[].logprobs` (parallel lists: tokens, token_logprobs,
 top_logprobs as {token: logprob}, text_offset). A token's text is its bytes decoded with replacement (a token
-may hold part of a UTF-8 character); its bytes are exact."""
+may hold part of a UTF-8 character); its bytes are exact. Entries go out with the text they belong to: a stop
+string's tokens, whose text is cut, are left out, as OpenAI's API and llama-server do."""
 from __future__ import annotations
 
 from typing import Callable, List, Optional
@@ -39,6 +40,26 @@ def completion_request(req: p.CompletionRequest) -> Optional[int]:
         raise APIError(400, "top_logprobs belongs to chat requests; here logprobs is the number of most likely "
                             "tokens to list", "invalid_request_error", "top_logprobs", "unsupported_parameter")
     return None if req.logprobs is None else _count(req.logprobs, "logprobs")
+
+
+class Released:
+    """Hands out logprob entries as far as the reply's text has gone: an entry once the text reaches its first byte."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes]):
+        self.token_bytes = token_bytes
+        self.pending: List[TokenLogprob] = []
+        self.text_bytes = 0   # of the text released so far
+        self.token_start = 0  # where the next pending entry's bytes start
+
+    def add(self, entries: Optional[List[TokenLogprob]], text: Optional[str]) -> List[TokenLogprob]:
+        self.pending.extend(entries or [])
+        self.text_bytes += len((text or "").encode("utf-8"))
+        out = []
+        while self.pending and self.token_start < self.text_bytes:
+            e = self.pending.pop(0)
+            out.append(e)
+            self.token_start += len(self.token_bytes(e.token))
+        return out
 
 
 def _entry(token_bytes: Callable[[int], bytes], token: int, logprob: float) -> dict:

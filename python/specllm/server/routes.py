@@ -183,7 +183,8 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
     state = _state(request)
     t0 = time.monotonic()
     first_text = True
-    logprobs = []  # of tokens whose text is not out yet (held back by a stop string or a tool call)
+    released = lp.Released(state.llm.token_bytes)  # logprobs go out with their text (a stop string's never)
+    logprobs = []  # released with their text, not sent yet (the text is held: a tool call may be starting)
     try:
         if first is not None:
             yield first.model_dump_json(exclude_none=True)
@@ -198,7 +199,7 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
             if value.text and first_text:
                 state.metrics.ttft_seconds.observe(time.monotonic() - t0)
                 first_text = False
-            logprobs.extend(value.logprobs or [])
+            logprobs.extend(released.add(value.logprobs, value.text))
             chunk = (make_chunk(value.text, value.finish_reason, logprobs)
                      if value.text or value.finish_reason else None)
             if chunk is not None:  # None: text held back (a tool call may be starting)
@@ -273,6 +274,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         return _respond_stream(request, job, make_chunk, first, req)
     text, last, logprobs = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
     text = forced + text
     content, calls = tool_calls.parse(text, tool_calls.names_of(tools), bool(forced)) if tools else (text, [])
     finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
@@ -312,6 +314,7 @@ async def completions(request: Request, req: p.CompletionRequest):
         return _respond_stream(request, job, make_chunk, None, req)
     text, last, logprobs = await _collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
     body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
     return p.TextCompletion(id=rid, created=created, model=state.model_id,
                             choices=[p.TextChoice(text=text, finish_reason=last.finish_reason, logprobs=body)],
