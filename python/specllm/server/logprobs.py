@@ -52,7 +52,9 @@ class Released:
         self.token_start = 0  # where the next pending entry's bytes start
 
     def add(self, entries: Optional[List[TokenLogprob]], text: Optional[str]) -> List[TokenLogprob]:
-        self.pending.extend(entries or [])
+        if entries is None:  # not asked for (a chunk asked for carries a list, perhaps empty): nothing to count
+            return []
+        self.pending.extend(entries)
         self.text_bytes += len((text or "").encode("utf-8"))
         out = []
         while self.pending and self.token_start < self.text_bytes:

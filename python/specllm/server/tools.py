@@ -108,7 +108,8 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
     if any block fails to parse, nothing is taken out (the reply is returned as the model wrote it). `names`: the
     request's tool names; given, a reply that is only a JSON call of one of them (bare or fenced) is a call.
     strict: a block must name one of them too (a forced call: the model was made to name a tool)."""
-    blocks = list(_BLOCK.finditer(_closed(text)))
+    closed = _closed(text)
+    blocks = list(_BLOCK.finditer(closed))
     if not blocks:
         if names:
             body = text.strip()
@@ -120,7 +121,7 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
     calls = [_call(m.group(1).strip(), names if strict else None) for m in blocks]
     if any(c is None for c in calls):
         return text, []
-    rest = _BLOCK.sub("", _closed(text)).strip()
+    rest = _BLOCK.sub("", closed).strip()
     return rest, calls
 
 
