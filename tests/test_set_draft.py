@@ -1,5 +1,6 @@
 """LLM.set_draft: another drafter for the same target, whose KV cache (a conversation's prefix) stays."""
 
+import json
 import logging
 
 import pytest
@@ -85,17 +86,38 @@ def test_chat_draft_switch_keeps_the_conversation_cached(tiny):
     assert s.draft_label == "draft.gguf +ngram" and s.reply("once more").stats.n_cached > 0
 
 
-def test_a_plain_llm_gets_a_drafter_with_the_cached_target_profile(tiny, tmp_path, monkeypatch):
+def _mark_busy(path):
+    """Rewrites a cached profile as one a busy machine measured (T(2) far above two plain steps), at one load."""
+    prof = json.loads(path.read_text())
+    prof["verify_ms"][1] = 10 * prof["verify_ms"][0]
+    prof["noisy"] = 1
+    path.write_text(json.dumps(prof))
+    assert not specllm.profile.plausible(prof["verify_ms"])
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_plain_llm_gets_a_drafter_with_the_cached_target_profile(tiny, tmp_path, monkeypatch, busy):
     """An LLM made without a drafter has no profile; its first drafter borrows the cached profile of the target
-    (here from an n-gram LLM), so the conversation's cache stays."""
+    (here from an n-gram LLM), so the conversation's cache stays -- also when that profile was measured busy (a
+    busy profile is measured again at a load, never when a drafter is swapped under a live cache)."""
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
     specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures and caches the target's profile
+    (cached,) = (tmp_path / "profiles").glob("*.json")
+    if busy:
+        _mark_busy(cached)
+    target = json.loads(cached.read_text())  # busy or not, as this machine measured it (the tiny model often is)
+    target_ms, target_noisy = target["verify_ms"], specllm.profile.noisy_loads(target)
     llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=512)
     assert llm.profile is None
     llm.generate(PROMPT, max_tokens=4)
     llm.set_draft(tiny["draft"])
     assert llm.profile["draft_token_ms"] > 0
+    assert llm.profile["verify_ms"] == target_ms  # borrowed, not measured
+    assert specllm.profile.noisy_loads(llm.profile) == target_noisy  # the pair's file carries the borrowed count
     assert llm.generate(PROMPT + "more", max_tokens=4).stats.n_cached > 0
+    llm.set_draft("ngram")  # the n-gram pair's own busy profile on file: taken as it is too
+    assert llm.profile["verify_ms"] == target_ms
+    assert llm.generate(PROMPT + "more and more", max_tokens=4).stats.n_cached > 0
     llm.set_draft(None)
     assert llm.profile is None and llm.draft_path is None and not llm.hybrid
 

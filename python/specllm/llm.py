@@ -175,7 +175,7 @@ class LLM:
             opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
-        self._drafter_loaded(draft)
+        self._drafter_loaded(draft, swapped=False)
 
     def set_draft(self, draft: Union[str, os.PathLike, None] = DEFAULT, *, ngram: Optional[bool] = None,
                   draft_n_gpu_layers: Optional[int] = None) -> None:
@@ -197,9 +197,9 @@ class LLM:
             finally:
                 logs.drain()
             self._opts.draft_kind, self._opts.draft = self._engine.draft_kind, dopts
-            self._drafter_loaded(draft if self._engine.draft_kind != _core.DraftKind.none else None)
+            self._drafter_loaded(draft if self._engine.draft_kind != _core.DraftKind.none else None, swapped=True)
 
-    def _drafter_loaded(self, draft) -> None:
+    def _drafter_loaded(self, draft, swapped: bool) -> None:
         opts = self._opts
         has_model = opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid)
         self.draft = draft
@@ -208,10 +208,11 @@ class LLM:
         if self._profile_costs and opts.draft_kind != _core.DraftKind.none:
             args = (opts.target.n_threads, opts.target.n_gpu_layers, opts.target.repack, opts.verify_rows)
             # the target's verify costs from an earlier profile (of this LLM, or cached for this target with the
-            # n-gram drafter): measuring them again would clear the target's KV cache
-            known = self._known_profile or profile.cached(self.model_path, "", *args)
+            # n-gram drafter): measuring them again would clear the target's KV cache. A busy profile is measured
+            # again at a load only: after a swap it is taken as it is (the conversation's cache stays)
+            known = self._known_profile or profile.cached(self.model_path, "", *args, busy_ok=swapped)
             self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "", *args,
-                                                   known=known)
+                                                   known=known, swapped=swapped)
             self._known_profile = self.profile
             logs.drain()
 

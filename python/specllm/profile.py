@@ -112,27 +112,29 @@ def noisy_loads(prof: dict | None) -> int:
 
 
 def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
-           verify_rows: int = 0) -> dict | None:
+           verify_rows: int = 0, busy_ok: bool = False) -> dict | None:
     """The cached profile of this pair and settings if it can be used as it is: plausible, or found busy at
-    NOISY_LOADS loads; else None."""
+    NOISY_LOADS loads, or busy_ok (any profile on file); else None."""
     prof = _read(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows), verify_rows)
-    if prof is not None and (plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS):
+    if prof is not None and (busy_ok or plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS):
         return prof
     return None
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
-                    verify_rows: int = 0, known: dict | None = None) -> dict:
+                    verify_rows: int = 0, known: dict | None = None, swapped: bool = False) -> dict:
     """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now. `known`: a
     profile of the same target and settings with another drafter, whose verify costs are taken instead of
-    measured (measuring clears the target's KV cache)."""
+    measured (measuring clears the target's KV cache). swapped: the drafter changed under a live KV cache, so a
+    profile on file is taken as it is even if busy (a busy one is measured again at a load, never here)."""
     sizes = sizes_for(verify_rows)
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
-    prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
+    prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
     if prof is None:
         before = noisy_loads(_read(path, verify_rows))  # loads that found the cached profile busy
         if known is not None and known.get("sizes") == sizes:
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
+            before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine, thread count and mode; 10-20 s on a 2-core CPU)",
