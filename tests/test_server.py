@@ -214,6 +214,41 @@ def test_seeds(client, local):
     assert ask(7, 3, acceptance="rejection")
 
 
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["n", "ok"], "additionalProperties": False}
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA, "strict": True}}
+
+
+def test_response_format_json_schema(client, local):
+    """The tiny model writes JSON that follows the schema, whole and streamed, as LLM.chat with the same grammar."""
+    import specllm
+
+    want = local.chat(MESSAGES, max_tokens=200, grammar=specllm.grammar.json(SCHEMA))
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=200, response_format=JSON_SCHEMA)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=200, response_format=JSON_SCHEMA, stream=True) if c.choices)
+    assert r.choices[0].message.content == streamed == want.text and r.choices[0].finish_reason == "stop"
+    value = json.loads(want.text)
+    assert set(value) == {"n", "ok"} and isinstance(value["n"], int) and isinstance(value["ok"], bool)
+    unconstrained = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40)
+    with pytest.raises(ValueError):
+        json.loads(unconstrained.choices[0].message.content)  # the grammar made it JSON
+
+
+def test_response_format_json_object_and_a_grammar(client):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=400,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # the random tiny model may write a long string: what it wrote is still the start of an object
+        assert r.choices[0].message.content.lstrip().startswith("{")
+    c = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40,
+                                  extra_body={"grammar": 'root ::= ("yes" | "no") "."'})
+    assert c.choices[0].text in ("yes.", "no.") and c.choices[0].finish_reason == "stop"
+    assert client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8,  # text: as before
+                                          response_format={"type": "text"}).choices[0].message.content
+
+
 def test_specllm_options(client):
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20,
                                        extra_body={"draft_length": 4, "top_k": 5, "min_p": 0.1})
@@ -249,7 +284,13 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),  # no schema
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}}},
+     "response_format"),
+    ({"extra_body": {"grammar": "root ::= ("}}, "grammar"),
+    ({"extra_body": {"grammar": 'word ::= "x"'}}, "grammar"),  # no root rule
+    ({"extra_body": {"grammar": 'root ::= "x"'}, "response_format": {"type": "json_object"}}, "grammar"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"extra_body": {"draft_length": 99}}, "draft_length"),
     ({"extra_body": {"draft_length": "fast"}}, "draft_length"),

@@ -120,3 +120,39 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
         assert e.value.body["param"] == "tool_choice" and "get_time" in e.value.body["message"], e.value.body
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "languages": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "languages"], "additionalProperties": False}
+
+
+def test_json_replies_through_the_openai_client(real_models, tmp_path):
+    """response_format json_object and json_schema: JSON that parses (and follows the schema). The schema is not in
+    the prompt (as with llama-server): the grammar alone makes the reply follow it."""
+    import json
+
+    s = Server("--threads", "2", "--ctx", "2048", log_path=tmp_path / "server.log").wait_healthy(timeout=600)
+    try:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=300)
+        ask = [{"role": "user", "content": "Describe a fictional programmer: name, age and their two favourite languages."}]
+        r = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ask, max_tokens=200,
+                                           response_format={"type": "json_object"})
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        r = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ask, max_tokens=200,
+                                           response_format=fmt)
+        person = json.loads(r.choices[0].message.content)
+        assert set(person) == {"name", "age", "languages"} and isinstance(person["age"], int)
+        assert all(isinstance(x, str) for x in person["languages"])
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="qwen2.5-coder-1.5b", messages=ask, max_tokens=200, response_format=fmt, stream=True)
+            if c.choices)
+        assert set(json.loads(streamed)) == {"name", "age", "languages"}
+        with pytest.raises(openai.BadRequestError) as e:  # a tool call is read from the text: not both
+            client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
+                                           response_format={"type": "json_object"}, max_tokens=16)
+        assert e.value.body["param"] == "response_format", e.value.body
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()

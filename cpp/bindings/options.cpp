@@ -45,7 +45,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("draft_length", &GenerateOptions::draft_length)
         .def_readwrite("draft_p_min", &GenerateOptions::draft_p_min)
         .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos)
-        .def_readwrite("logprobs", &GenerateOptions::logprobs);
+        .def_readwrite("logprobs", &GenerateOptions::logprobs)
+        .def_readwrite("grammar", &GenerateOptions::grammar);
 
     py::class_<NgramOptions>(m, "NgramOptions")
         .def(py::init<>())

@@ -118,6 +118,12 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     if (prompt.empty()) {
         throw InvalidArgument("the prompt is empty (no tokens); pass some text");
     }
+    if (!opts.grammar.empty() && opts.ignore_eos) {
+        throw InvalidArgument("a grammar ends the output where its text is complete: it cannot be combined with "
+                              "ignore_eos");
+    }
+    std::unique_ptr<Grammar> grammar = opts.grammar.empty() ? nullptr
+                                                            : std::make_unique<Grammar>(target_->vocab(), opts.grammar);
     const int n_ctx = target_->n_ctx();
     if ((long long) prompt.size() + opts.max_tokens > n_ctx) {
         throw ContextOverflowError("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
@@ -136,6 +142,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         auto_.set_k_limit(opts.draft_length);
         auto_.new_generation();
     }
+    grammar_ = std::move(grammar);
     rng_.seed(opts.sampling.seed);
     text_.reset(opts.stop);
     stats_ = Stats();
@@ -250,6 +257,10 @@ StepResult Engine::step_locked() {
         if (!gen_.ignore_eos && cut_after_end(*target_, draft_.tokens) < (int) draft_.q.size()) {
             draft_.q.resize(draft_.tokens.size());
         }
+        if (grammar_) { // a token the grammar forbids is never accepted: not verified
+            draft_.tokens.resize((size_t) grammar_->legal_prefix(draft_.tokens));
+            draft_.q.resize(std::min(draft_.q.size(), draft_.tokens.size()));
+        }
     }
     const double draft_ms = now_ms() - t0;
 
@@ -295,10 +306,18 @@ StepResult Engine::step_locked() {
         return tgt.logits(i - chunk_start); // the verifiers read rows in order, so i is in the last chunk
     };
     const int n_vocab = target_->n_vocab();
-    const LogitsRow read = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
-    const Verdict v = gen_.sampling.temperature <= 0.0f
-                          ? verify_greedy(draft_.tokens, read, n_vocab)
-                          : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1);
+    const LogitsRow raw = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
+    const bool greedy = gen_.sampling.temperature <= 0.0f;
+    std::unique_ptr<ConstrainedRows> constrained; // logprobs stay the target's own, before the grammar
+    if (grammar_) {
+        constrained = std::make_unique<ConstrainedRows>(*grammar_, draft_.tokens, raw, n_vocab, greedy);
+    }
+    const LogitsRow read = constrained ? LogitsRow([&](int i) { return constrained->read(i); }) : raw;
+    const Verdict v = greedy ? verify_greedy(draft_.tokens, read, n_vocab)
+                             : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1);
+    if (constrained) {
+        constrained->advance(v.n_accepted, v.next, target_->is_eog(v.next));
+    }
     const std::vector<TokenLogprob> emitted_lp =
         gen_.logprobs < 0 ? std::vector<TokenLogprob>() : logprobs_.emitted(draft_.tokens, v.n_accepted, v.next);
     stats_.sample_ms += now_ms() - t0 - verify_ms;

@@ -13,6 +13,7 @@ if _runtime != _core.llama_cpp_version:
         f"reinstall one to match: pip install llama-cpp-python=={_core.llama_cpp_version} "
         "(or rebuild specllm: pip install --force-reinstall --no-deps specllm)")
 
+from . import grammar  # noqa: E402
 from .api import generate  # noqa: E402
 from .errors import (  # noqa: E402
     ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, MemoryFileError, ModelLoadError,

@@ -322,7 +322,8 @@ class LLM:
         chat template applied (as in llama-cpp-python; chat() is the conversation API, and `specllm-cli generate`
         uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
         min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
-        token's log-probability under the target and the n most likely tokens at its position)."""
+        token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
+        rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema)."""
         text, tokens, logprobs, last = [], [], [], None
         with self.stream(prompt, **options) as stream:
             for chunk in stream:
@@ -337,7 +338,7 @@ class LLM:
         """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only). The options are
         checked now; the generation starts at the first next(). The Stream can be cancel()ed from any thread."""
         tokens = self._prompt_tokens(prompt)
-        opts = make_options(**self._with_seed(options))
+        opts = self._options(options)
         return Stream(self, tokens, opts, self._finished)
 
     def _finished(self, stats: Stats) -> None:
@@ -357,7 +358,13 @@ class LLM:
 
     def check_options(self, **options) -> None:
         """Raise what generate(**options) would raise for these options (InvalidOptionError, TypeError)."""
-        make_options(**self._with_seed(options))
+        self._options(options)
+
+    def _options(self, options: dict):
+        opts = make_options(**self._with_seed(options))
+        if opts.grammar:
+            self._engine.target.check_grammar(opts.grammar)  # the parser's message now, not at the first step
+        return opts
 
     def _with_seed(self, options: dict) -> dict:
         if options.get("seed") is None and self.seed is not None:

@@ -70,6 +70,7 @@ def make_options(
     ignore_eos: bool = False,
     acceptance: str = "coupled",
     logprobs: Optional[int] = None,
+    grammar: Optional[str] = None,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
     o.max_tokens = _int("max_tokens", max_tokens, lo=1)
@@ -110,12 +111,19 @@ def make_options(
     o.ignore_eos = bool(ignore_eos)
     if logprobs is not None:  # how many of the most likely tokens to list beside each emitted token's logprob
         o.logprobs = _int("logprobs", logprobs, lo=0, hi=_core.max_top_logprobs)
+    if grammar is not None:  # GBNF the output must follow (specllm.grammar.json() makes one for JSON)
+        o.grammar = text("grammar", grammar)
+        if not o.grammar.strip():
+            raise InvalidOptionError("grammar is empty; pass GBNF rules with a 'root' rule, or grammar=None")
+        if o.ignore_eos:
+            raise InvalidOptionError("grammar cannot be combined with ignore_eos: a grammar ends the output where "
+                                     "its text is complete")
     return o
 
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs"])
+     "ignore_eos", "acceptance", "logprobs", "grammar"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

@@ -5,6 +5,7 @@
 
 #include "specllm/auto_policy.h"
 #include "specllm/drafter.h"
+#include "specllm/grammar.h"
 #include "specllm/logprobs.h"
 #include "specllm/model.h"
 #include "specllm/options.h"
@@ -144,6 +145,7 @@ class Engine {
     std::vector<llama_token> padded_;    // a verify chunk with its filler rows
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
+    std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())

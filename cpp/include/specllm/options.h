@@ -53,6 +53,7 @@ struct GenerateOptions {
     bool ignore_eos = false;            // keep generating past end-of-generation tokens (benchmarks)
     int logprobs = -1;                  // -1: none; n >= 0: each emitted token's log-probability and the n most
                                         // likely tokens at its position (logprobs.h), up to max_top_logprobs
+    std::string grammar;                // GBNF rules (a "root" rule) the output must follow; empty: none (grammar.h)
 };
 
 struct NgramOptions {

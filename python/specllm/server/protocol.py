@@ -49,6 +49,7 @@ class SamplingFields(_Request):
     acceptance: Optional[str] = None  # "coupled" | "rejection", checked by make_options
     logprobs: Optional[Union[bool, int]] = None  # chat: true/false; completions: how many top tokens (logprobs.py)
     top_logprobs: Optional[int] = None           # chat: how many top tokens
+    grammar: Optional[str] = None  # GBNF the output follows (as llama-server's); response_format is OpenAI's way
     # accepted only where they change nothing
     logit_bias: Optional[Dict[str, float]] = None
     presence_penalty: Optional[float] = None
@@ -57,7 +58,7 @@ class SamplingFields(_Request):
     tool_choice: Optional[Any] = None
     functions: Optional[List[Any]] = None
     function_call: Optional[Any] = None
-    response_format: Optional[Dict[str, Any]] = None
+    response_format: Optional[Any] = None  # text, json_object, json_schema (grammar.response_format checks it)
 
 
 class ChatRequest(SamplingFields):
@@ -84,8 +85,6 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
         ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
         ("presence_penalty", bool(req.presence_penalty), "presence_penalty is not supported (0 only)"),
         ("frequency_penalty", bool(req.frequency_penalty), "frequency_penalty is not supported (0 only)"),
-        ("response_format", req.response_format is not None and req.response_format.get("type", "text") != "text",
-         "response_format other than {'type': 'text'} is not supported"),
     ]
     if isinstance(req, CompletionRequest):
         checks += [("echo", bool(req.echo), "echo is not supported"),

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
+from .. import grammar
 from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
 from . import logprobs as lp
 from . import protocol as p
@@ -92,7 +93,34 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
         raise _bad_option(e) from None
+    rules, param = _grammar(req)
+    if rules is not None:
+        try:  # parsed now: a grammar that is not one is the caller's 400
+            state.llm.check_options(**opts, grammar=rules)
+        except (InvalidOptionError, TypeError) as e:
+            raise APIError(400, str(e), "invalid_request_error", param, "invalid_value") from None
+        opts["grammar"] = rules
     return opts
+
+
+def _grammar(req: p.SamplingFields) -> tuple:
+    """(the GBNF a request asks the output to follow, or None; the parameter that asked): response_format
+    json_object / json_schema, or specllm's own grammar (GBNF, as llama-server's)."""
+    try:
+        rules = grammar.response_format(req.response_format) if req.response_format is not None else None
+    except InvalidOptionError as e:
+        raise APIError(400, str(e), "invalid_request_error", "response_format", "invalid_value") from None
+    if rules is not None and req.grammar is not None:
+        raise APIError(400, "grammar and a JSON response_format cannot be combined: give one of them",
+                       "invalid_request_error", "grammar", "invalid_value")
+    if rules is None and req.grammar is None:
+        return None, None
+    param = "response_format" if rules is not None else "grammar"
+    if isinstance(req, p.ChatRequest) and req.tools and req.tool_choice != "none":
+        raise APIError(400, f"{param} cannot be combined with tools (a tool call is read from the reply's text): "
+                            "leave out one of them, or set tool_choice \"none\"", "invalid_request_error", param,
+                       "invalid_value")
+    return (rules if rules is not None else req.grammar), param
 
 
 def _bad_option(e: Exception) -> APIError:

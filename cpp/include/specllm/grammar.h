@@ -1,0 +1,62 @@
+// Constrained output: a GBNF grammar (llama.cpp's grammar sampler, e.g. JSON or a JSON schema turned into rules)
+// that the generated text must follow. The target's rows are masked by the grammar, not the drafts: a draft is cut
+// at its first token the grammar forbids (it could never be accepted), and verify row i is read through the
+// grammar's state after drafts 1..i (the verifiers read row i only once those were accepted). Greedy rows whose
+// argmax the grammar allows are passed as they are (one token checked, not the vocabulary), as llama.cpp's common
+// sampler does; the output is that of masking every row, greedy or sampled.
+#pragma once
+
+#include "specllm/verifier.h"
+
+#include "llama.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+class Grammar {
+  public:
+    // throws InvalidArgument with llama.cpp's parse error when gbnf is empty or not a grammar with a "root" rule
+    Grammar(const llama_vocab * vocab, const std::string & gbnf);
+    Grammar(const Grammar & other); // a copy of the state (llama_sampler_clone)
+    Grammar & operator=(const Grammar &) = delete;
+    ~Grammar();
+
+    bool allows(llama_token t);         // whether t may come next
+    void accept(llama_token t);         // t (allowed, not an end-of-generation token) comes next
+    int legal_prefix(const std::vector<llama_token> & tokens) const; // how many leading tokens it allows in turn
+
+    // logits with every token the grammar forbids at -inf, into out; when it allows nothing (a dead end), the
+    // end-of-generation token stays, so the generation stops there
+    void mask(const float * logits, int n_vocab, std::vector<float> & out);
+
+  private:
+    friend class ConstrainedRows; // hands the advanced state over
+    const llama_vocab * vocab_;
+    llama_sampler * smpl_;
+    std::vector<llama_token_data> cand_;
+};
+
+// Reads one step's verify rows under the grammar (see above); after the verdict, advance() moves the grammar past
+// the emitted tokens.
+class ConstrainedRows {
+  public:
+    ConstrainedRows(Grammar & grammar, const std::vector<llama_token> & draft, const LogitsRow & row, int n_vocab,
+                    bool greedy);
+    const float * read(int i);
+    void advance(int n_accepted, llama_token next, bool end); // end: next ends the generation (not accepted)
+
+  private:
+    Grammar & committed_;
+    Grammar work_; // the state before draft[at_]
+    const std::vector<llama_token> & draft_;
+    const LogitsRow & row_;
+    int n_vocab_;
+    bool greedy_;
+    int at_ = 0;
+    std::vector<float> masked_;
+};
+
+} // namespace specllm

@@ -1,0 +1,53 @@
+"""Grammars for constrained output: GBNF text for LLM.generate(..., grammar=...). The target's rows are masked by
+the grammar as they are verified, so drafting goes on as before: a draft is cut at its first token the grammar
+forbids, and greedy output is the constrained greedy output (cpp/include/specllm/grammar.h).
+
+JSON and JSON Schema become GBNF through llama-cpp-python's converter (llama.cpp's json-schema-to-grammar, the one
+llama-cpp-python's server uses): the same rules users of llama.cpp get, no second converter to keep in step."""
+from __future__ import annotations
+
+import json as _json
+from typing import Any, Optional, Union
+
+from .errors import InvalidOptionError
+
+
+def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
+    """GBNF for a JSON object (schema None, as OpenAI's response_format {"type": "json_object"}), or for JSON
+    following `schema` (a JSON Schema as a dict, or as JSON text). InvalidOptionError when the schema is not JSON or
+    uses what the converter cannot express."""
+    from llama_cpp import llama_grammar  # the converter; loads the libllama this package already uses
+
+    if schema is None:
+        return llama_grammar.JSON_GBNF
+    if isinstance(schema, str):
+        try:
+            schema = _json.loads(schema)
+        except ValueError as e:
+            raise InvalidOptionError(f"the JSON schema is not JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidOptionError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
+    try:
+        return llama_grammar.json_schema_to_gbnf(_json.dumps(schema))
+    except Exception as e:  # the converter raises what it meets: ValueError, KeyError, AssertionError, ...
+        raise InvalidOptionError(f"the JSON schema cannot be turned into a grammar: {type(e).__name__}: {e}") from None
+
+
+def response_format(value: Any) -> Optional[str]:
+    """The grammar for an OpenAI response_format: None for {"type": "text"}; JSON for {"type": "json_object"}
+    (llama-server's optional "schema" beside it honoured); {"type": "json_schema", "json_schema": {"schema": ...}}
+    for a schema. InvalidOptionError naming what is wrong otherwise."""
+    if not isinstance(value, dict):
+        raise InvalidOptionError("response_format must be an object such as {\"type\": \"json_object\"}")
+    kind = value.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json(value.get("schema"))
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise InvalidOptionError("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
+                                     "\"schema\": {...}}}")
+        return json(spec["schema"])
+    raise InvalidOptionError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")

@@ -1,0 +1,192 @@
+"""Grammars (GBNF): the output follows the grammar, and speculative decoding under a grammar gives plain decoding's
+constrained output. The reference is llama-cpp-python evaluating one token at a time with a mask computed here in
+Python (the tokens whose text keeps the output a prefix of a word of the grammar's finite language)."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+import specllm
+from specllm import InvalidOptionError
+
+WORDS = ["the", "in", "an"]
+GRAMMAR = 'root ::= word (" " word){5}\nword ::= "the" | "in" | "an"'
+LANGUAGE = {" ".join(ws) for ws in itertools.product(WORDS, repeat=6)}
+PROMPTS = ["the the in the an", "Hello world", "in in in in in in in in"]
+
+
+def allowed(text: str, piece: bytes) -> bool:
+    if not piece:
+        return False
+    try:
+        s = text + piece.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    return any(w.startswith(s) for w in LANGUAGE)
+
+
+def reference_greedy(tiny, llm, prompt: str, max_tokens: int = 40):
+    """The constrained greedy output, token by token: argmax of the target's logits over the allowed tokens (an
+    end-of-generation token only once the text is a whole word of the language)."""
+    import llama_cpp
+
+    tokens = llm.prompt_tokens(prompt)
+    # flash attention and an F32 cache: its logits equal specllm's for the tiny F32 model (test_logprobs.py)
+    model = llama_cpp.Llama(model_path=tiny["target"], n_ctx=512, n_threads=1, n_threads_batch=1, logits_all=True,
+                            flash_attn=True, type_k=0, type_v=0, verbose=False)
+    pieces = [llm.token_bytes(t) for t in range(llm._engine.target.n_vocab)]
+    eos = model.token_eos()
+    try:
+        model.eval(tokens[:-1])
+        out, text, last = [], "", tokens[-1]
+        for _ in range(max_tokens):
+            model.eval([last])
+            row = np.array(model.scores[model.n_tokens - 1], dtype=np.float64)
+            mask = np.array([allowed(text, p) for p in pieces])
+            mask[eos] = text in LANGUAGE
+            row[~mask] = -np.inf
+            last = int(np.argmax(row))
+            if last == eos:
+                break
+            out.append(last)
+            text += pieces[last].decode("ascii")
+    finally:
+        model.close()
+    return out, text
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    return {p: llm.generate(p, max_tokens=40, grammar=GRAMMAR) for p in PROMPTS}
+
+
+def test_plain_decoding_follows_the_grammar_as_the_reference_does(tiny, make_llm, plain):
+    llm = make_llm(tiny["target"])
+    for p in PROMPTS:
+        tokens, text = reference_greedy(tiny, llm, p)
+        out = plain[p]
+        assert out.text in LANGUAGE and out.finish_reason == "stop", out.text
+        assert (out.tokens, out.text) == (tokens, text)
+
+
+def test_unconstrained_output_is_not_in_the_language(tiny, make_llm):
+    """The grammar is what makes the text above: without it the tiny model writes something else."""
+    llm = make_llm(tiny["target"])
+    assert all(llm.generate(p, max_tokens=40).text not in LANGUAGE for p in PROMPTS)
+
+
+@pytest.mark.parametrize("draft, kw", [
+    ("draft", {"draft_length": 4}), ("draft", {"draft_length": 16}), ("far_draft", {"draft_length": 4}),
+    ("near_draft", {"draft_length": 6, "exact": True}), ("ngram", {"draft_length": 8}),
+    ("draft", {"ngram": True, "draft_length": "auto"})])
+def test_speculative_greedy_output_is_plain_decodings(tiny, make_llm, plain, draft, kw):
+    gen = {k: v for k, v in kw.items() if k == "draft_length"}
+    llm_kw = {k: v for k, v in kw.items() if k != "draft_length"}
+    llm = make_llm(tiny["target"], "ngram" if draft == "ngram" else tiny[draft], **llm_kw)
+    drafted = 0
+    for p in PROMPTS:
+        out = llm.generate(p, max_tokens=40, grammar=GRAMMAR, **gen)
+        assert (out.tokens, out.text, out.finish_reason) == (plain[p].tokens, plain[p].text, "stop")
+        drafted += out.stats.n_drafted
+    if gen.get("draft_length") != "auto":
+        assert drafted > 0  # drafts were verified under the grammar, not skipped
+
+
+@pytest.mark.parametrize("options", [{}, {"top_k": 5}, {"top_p": 0.8, "min_p": 0.05}])
+def test_sampling_under_a_grammar_gives_plain_samplings_text(tiny, make_llm, options):
+    """Coupled acceptance: a seed names one text, whatever drafts; the grammar masks before warping."""
+    plain = make_llm(tiny["target"])
+    spec = make_llm(tiny["target"], tiny["near_draft"])
+    texts = set()
+    for seed in range(6):
+        want = plain.generate(PROMPTS[1], max_tokens=40, temperature=1.2, seed=seed, grammar=GRAMMAR, **options)
+        got = spec.generate(PROMPTS[1], max_tokens=40, temperature=1.2, seed=seed, grammar=GRAMMAR, draft_length=4,
+                            **options)
+        assert got.text == want.text and want.text in LANGUAGE
+        texts.add(want.text)
+    assert len(texts) > 1  # sampled, not greedy
+
+
+def test_rejection_sampling_stays_in_the_language(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["near_draft"])
+    for seed in range(6):
+        out = llm.generate(PROMPTS[0], max_tokens=40, temperature=1.0, seed=seed, grammar=GRAMMAR,
+                           acceptance="rejection", draft_length=4)
+        assert out.text in LANGUAGE and out.finish_reason == "stop"
+
+
+def test_a_json_schema_gives_json_that_follows_it(tiny, make_llm):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    rules = specllm.grammar.json(schema)
+    for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["draft"], ngram=True)):
+        for p in PROMPTS:
+            out = llm.generate(p, max_tokens=120, grammar=rules)
+            value = json.loads(out.text)
+            assert out.finish_reason == "stop" and set(value) == {"n", "ok"}
+            assert isinstance(value["n"], int) and isinstance(value["ok"], bool)
+
+
+def test_streams_and_stop_strings_under_a_grammar(tiny, make_llm, plain):
+    llm = make_llm(tiny["target"], tiny["draft"])
+    with llm.stream(PROMPTS[0], max_tokens=40, grammar=GRAMMAR, draft_length=4) as s:
+        assert "".join(c.text for c in s) == plain[PROMPTS[0]].text
+    text = plain[PROMPTS[0]].text
+    cut = llm.generate(PROMPTS[0], max_tokens=40, grammar=GRAMMAR, stop=text[7:10])
+    assert cut.text == text[:7] and cut.finish_reason == "stop"
+    short = llm.generate(PROMPTS[0], max_tokens=3, grammar=GRAMMAR)
+    assert short.finish_reason == "length" and text.startswith(short.text)
+    # the next generation is unconstrained again
+    assert llm.generate(PROMPTS[0], max_tokens=40).text == make_llm(tiny["target"]).generate(PROMPTS[0],
+                                                                                                max_tokens=40).text
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ("", InvalidOptionError, "empty"), ("  \n", InvalidOptionError, "empty"),
+    ("root ::= (", InvalidOptionError, "could not be parsed"),
+    ('word ::= "x"', InvalidOptionError, "root"),
+    ("root ::= undefined-rule", InvalidOptionError, "undefined-rule"),
+    ('root ::= root "x"', InvalidOptionError, "could not be parsed"),  # left recursion
+    (b"root ::= \"x\"", TypeError, "str"), (5, TypeError, "str")])
+def test_bad_grammars_are_typed_errors_that_say_why(tiny, make_llm, capfd, bad, error, words):
+    llm = make_llm(tiny["target"], tiny["draft"])
+    capfd.readouterr()
+    with pytest.raises(error, match=words):
+        llm.generate("Hello", max_tokens=4, grammar=bad)
+    with pytest.raises(error):
+        llm.check_options(grammar=bad)
+    assert "error parsing grammar" not in capfd.readouterr().err  # the parser's stderr is in the message instead
+    assert llm.generate("Hello", max_tokens=4).tokens  # the LLM goes on
+
+
+def test_a_grammar_with_ignore_eos_is_refused(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    with pytest.raises(InvalidOptionError, match="ignore_eos"):
+        llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, ignore_eos=True)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ("{not json", "not JSON"), ([1, 2], "object"), ({"type": "object", "properties": 5}, "cannot be turned"),
+    ({"$ref": "#/definitions/missing"}, "cannot be turned")])
+def test_bad_json_schemas_are_typed_errors(schema, words):
+    with pytest.raises(InvalidOptionError, match=words):
+        specllm.grammar.json(schema)
+
+
+@pytest.mark.parametrize("fmt, words", [
+    ("json", "object"), ({"type": "xml"}, "type must be"), ({"type": "json_schema"}, "json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema")])
+def test_bad_response_formats_are_typed_errors(fmt, words):
+    with pytest.raises(InvalidOptionError, match=words):
+        specllm.grammar.response_format(fmt)
+
+
+def test_response_formats():
+    assert specllm.grammar.response_format({"type": "text"}) is None
+    assert "root" in specllm.grammar.response_format({"type": "json_object"})
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert specllm.grammar.response_format({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}) \
+        == specllm.grammar.json(schema)
