@@ -3,6 +3,8 @@ schema) from plain decoding and the default drafting, with and without the gramm
 
     python -m bench.grammar                      # the default pair, 3 rounds, 4 prompts
     python -m bench.grammar --rounds 5 --max-tokens 160
+    python -m bench.grammar --temperature 0.7      # sampled (a seed per round and prompt, the same for every system)
+    python -m bench.grammar --full-mask            # every row masked whole: what the shortcuts (grammar.h) save
 
 Reported per prompt kind: tokens per second of each system (medians over rounds and prompts), the default's
 speedup over plain decoding under the same grammar, the grammar's cost in each system (ms per token of
@@ -36,19 +38,24 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--full-mask", action="store_true", help="mask every row whole (the engine's test switch)")
     args = ap.parse_args(argv)
     systems = {"plain": specllm.LLM(args.model, None, n_threads=args.threads, n_ctx=2048),
                "default": specllm.LLM(args.model, n_threads=args.threads, n_ctx=2048)}
+    for llm in systems.values():
+        llm._engine.set_grammar_full_mask_for_tests(args.full_mask)
     tps = {}       # (kind, system, constrained) -> tokens per second per run
     cost = {}      # (kind, system) -> extra sample_ms per token, constrained minus not
     parsed = []
-    for _ in range(args.rounds):
-        for kind, prompt, schema in PROMPTS:
+    for r in range(args.rounds):
+        for i, (kind, prompt, schema) in enumerate(PROMPTS):
             messages = [{"role": "user", "content": prompt}]
             rules = specllm.grammar.json(schema)
+            sampling = {"temperature": args.temperature, "seed": 1000 * r + i}
             for name, llm in systems.items():
-                free = llm.chat(messages, max_tokens=args.max_tokens)
-                bound = llm.chat(messages, max_tokens=args.max_tokens, grammar=rules)
+                free = llm.chat(messages, max_tokens=args.max_tokens, **sampling)
+                bound = llm.chat(messages, max_tokens=args.max_tokens, grammar=rules, **sampling)
                 tps.setdefault((kind, name, False), []).append(free.stats.tokens_per_second)
                 tps.setdefault((kind, name, True), []).append(bound.stats.tokens_per_second)
                 cost.setdefault((kind, name), []).append(bound.stats.sample_ms / bound.stats.n_generated -

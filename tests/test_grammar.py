@@ -110,6 +110,21 @@ def test_sampling_under_a_grammar_gives_plain_samplings_text(tiny, make_llm, opt
     assert len(texts) > 1  # sampled, not greedy
 
 
+@pytest.mark.parametrize("options", [
+    {"temperature": 0.0}, {"temperature": 1.2}, {"temperature": 0.7, "top_k": 2}, {"temperature": 1.5, "min_p": 0.2},
+    {"temperature": 1.0, "top_k": 3, "min_p": 0.1}, {"temperature": 1.0, "top_p": 0.8}])
+def test_the_shortcuts_give_what_masking_every_row_gives(tiny, make_llm, options):
+    """A greedy row's allowed argmax, and coupled sampling's draw found in race order (grammar.h), are what
+    masking the whole row and warping it gives: the same text for every seed, plain and speculative."""
+    for draft in (None, tiny["near_draft"]):
+        fast, full = make_llm(tiny["target"], draft), make_llm(tiny["target"], draft)
+        full._engine.set_grammar_full_mask_for_tests(True)
+        for seed in range(8):
+            for p in PROMPTS[:2]:
+                kw = dict(options, max_tokens=40, seed=seed, grammar=GRAMMAR, draft_length=4)
+                assert fast.generate(p, **kw).text == full.generate(p, **kw).text, (draft, seed, p)
+
+
 def test_rejection_sampling_stays_in_the_language(tiny, make_llm):
     llm = make_llm(tiny["target"], tiny["near_draft"])
     for seed in range(6):

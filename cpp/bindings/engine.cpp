@@ -142,5 +142,6 @@ void register_engine(py::module_ & m) {
             auto a = e.auto_policy().acceptance(source);
             return std::vector<double>(a.begin(), a.end());
         })
-        .def("set_wrong_sampling_for_tests", &Engine::set_wrong_sampling_for_tests);
+        .def("set_wrong_sampling_for_tests", &Engine::set_wrong_sampling_for_tests)
+        .def("set_grammar_full_mask_for_tests", &Engine::set_grammar_full_mask_for_tests);
 }

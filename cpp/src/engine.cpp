@@ -310,7 +310,8 @@ StepResult Engine::step_locked() {
     const bool greedy = gen_.sampling.temperature <= 0.0f;
     std::unique_ptr<ConstrainedRows> constrained; // logprobs stay the target's own, before the grammar
     if (grammar_) {
-        constrained = std::make_unique<ConstrainedRows>(*grammar_, draft_.tokens, raw, n_vocab, greedy);
+        constrained = std::make_unique<ConstrainedRows>(*grammar_, draft_.tokens, raw, n_vocab, gen_.sampling,
+                                                        n_past + 1, grammar_full_mask_);
     }
     const LogitsRow read = constrained ? LogitsRow([&](int i) { return constrained->read(i); }) : raw;
     const Verdict v = greedy ? verify_greedy(draft_.tokens, read, n_vocab)

@@ -138,8 +138,14 @@ uint64_t mix64(uint64_t z) { // splitmix64's finalizer
 
 } // namespace
 
-llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos) {
+double keyed_uniform(uint64_t seed, int64_t pos, llama_token id) {
     const uint64_t key = mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL));
+    const uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL * (uint64_t) (id + 1));
+    return ((double) (h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos) {
+    const uint64_t key = mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL)); // as keyed_uniform's
     llama_token best = dist.ids.empty() ? 0 : dist.ids[0];
     double best_r = INFINITY; // the smallest -log(u) / p so far
     for (size_t i = 0; i < dist.ids.size(); ++i) {

@@ -120,6 +120,7 @@ class Engine {
 
     // a deliberately wrong sampling verifier, for tests that must be able to fail
     void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_for_tests = on; }
+    void set_grammar_full_mask_for_tests(bool on) { grammar_full_mask_ = on; } // no shortcuts (grammar.h)
 
   private:
     StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws
@@ -146,6 +147,7 @@ class Engine {
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
     std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
+    bool grammar_full_mask_ = false;
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())
