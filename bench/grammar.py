@@ -5,6 +5,7 @@ schema) from plain decoding and the default drafting, with and without the gramm
     python -m bench.grammar --rounds 5 --max-tokens 160
     python -m bench.grammar --temperature 0.7      # sampled (a seed per round and prompt, the same for every system)
     python -m bench.grammar --full-mask            # every row masked whole: what the shortcuts (grammar.h) save
+    python -m bench.grammar --temperature 0.7 --top-p 0.9   # top-p: masked whole, the draft-length policy knows it
 
 Reported per prompt kind: tokens per second of each system (medians over rounds and prompts), the default's
 speedup over plain decoding under the same grammar, the grammar's cost in each system (ms per token of
@@ -39,6 +40,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0, help="below 1, every constrained row is masked whole")
     ap.add_argument("--full-mask", action="store_true", help="mask every row whole (the engine's test switch)")
     args = ap.parse_args(argv)
     systems = {"plain": specllm.LLM(args.model, None, n_threads=args.threads, n_ctx=2048),
@@ -52,7 +54,7 @@ def main(argv=None) -> None:
         for i, (kind, prompt, schema) in enumerate(PROMPTS):
             messages = [{"role": "user", "content": prompt}]
             rules = specllm.grammar.json(schema)
-            sampling = {"temperature": args.temperature, "seed": 1000 * r + i}
+            sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": 1000 * r + i}
             for name, llm in systems.items():
                 free = llm.chat(messages, max_tokens=args.max_tokens, **sampling)
                 bound = llm.chat(messages, max_tokens=args.max_tokens, grammar=rules, **sampling)

@@ -205,3 +205,9 @@ def test_response_formats():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     assert specllm.grammar.response_format({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}) \
         == specllm.grammar.json(schema)
+
+
+def test_specllm_generate_takes_a_grammar(tiny, plain):
+    out = specllm.generate(PROMPTS[0], tiny["target"], None, grammar=GRAMMAR, max_tokens=40, n_threads=1, n_ctx=512,
+                           profile_costs=False)
+    assert out.text == plain[PROMPTS[0]].text

@@ -665,3 +665,16 @@ def test_a_failing_second_position_is_not_raised_by_first_position_hits():
         if k:
             p.update(k, min(k, 1), True)
     assert all(k >= 1 for k in ks) and sum(k > 1 for k in ks) <= 4, ks
+
+
+@pytest.mark.parametrize("read_ms, drafts", [(0.0, True), (400.0, False)])
+def test_a_cost_per_row_read_is_counted(read_ms, drafts):
+    """A grammar that masks every verify row whole (top-p, rejection sampling) adds a cost per row read: a step
+    that emits e tokens reads e rows, a plain step one. A copy right 85% of the time pays on CPU-like costs, and
+    not once each row read costs ten plain steps more (both rates approach one token per row read)."""
+    p = _core.AutoPolicy()
+    p.set_verify_costs(linear_costs(37, 22))
+    p.set_row_read_cost(read_ms)
+    ks = feed(p, 0.85, 400, random.Random(9), ngram=True, match=20, verify=lambda n: 37.0 + 22 * (n - 1))
+    drafting = sum(k > 0 for k in ks[100:]) / len(ks[100:])
+    assert drafting > 0.8 if drafts else drafting < 0.1, drafting

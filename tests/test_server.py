@@ -129,6 +129,11 @@ def test_chat_logprobs_equal_llm_generate(client, local):
         assert all(abs(t.logprob - lp) < 0.01 for t, (_, lp) in zip(c.top_logprobs, w.top))
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert plain.choices[0].logprobs is None
+    # 1 and 0 as true and false (some clients send integers); 2 is a 400 (test_bad_requests)
+    one = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, logprobs=1, top_logprobs=2)
+    assert len(one.choices[0].logprobs.content) == 4 and len(one.choices[0].logprobs.content[0].top_logprobs) == 2
+    assert client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4,
+                                          logprobs=0).choices[0].logprobs is None
 
 
 def test_streamed_chat_logprobs_cover_every_token(client, local):
@@ -282,6 +287,7 @@ def test_prompt_prefix_is_reused_across_turns(client):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [  # the tiny template cannot render it
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": 2}, "logprobs"),  # chat's logprobs is a boolean (0 and 1 pass as false and true)
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({"response_format": {"type": "xml"}}, "response_format"),

@@ -102,6 +102,10 @@ void register_policy(py::module_ & m) {
             p.set_context_row_cost(ms);
         })
         .def("context_row_cost", &AutoPolicy::context_row_cost)
+        .def("set_row_read_cost", [](AutoPolicy & p, double ms) {
+            check_ms("ms", ms);
+            p.set_row_read_cost(ms);
+        })
         .def("set_draft_token_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);
             p.set_draft_token_cost(ms);

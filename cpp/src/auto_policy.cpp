@@ -89,7 +89,7 @@ void AutoPolicy::forget_draft_model() {
 }
 
 bool AutoPolicy::beats_plain(int source, const double * alpha) const {
-    const double plain = margin / cost_verify(1);
+    const double plain = margin / (cost_verify(1) + c_row_read_);
     int first = 0;
     for (int k = 1; k <= std::min(k_limit_, n_max); ++k) {
         if (best_rate(alpha, k, cost_draft(source, k), &first) > plain) {
@@ -171,7 +171,7 @@ double AutoPolicy::rate(const double * alpha, int k, double c_draft_ms, int firs
         reach = run; // the next chunk is decoded only if every draft so far was accepted
         r0 += n;
     }
-    return e / ms;
+    return e / (ms + c_row_read_ * e); // row j is read iff drafts 1..j were accepted: e rows expected
 }
 
 double AutoPolicy::best_rate(const double * alpha, int k, double c_draft_ms, int * first) const {
@@ -196,7 +196,7 @@ double AutoPolicy::best_rate(const double * alpha, int k, double c_draft_ms, int
 Choice AutoPolicy::choose(const StepContext & ctx) {
     Choice best;
     n_past_ = ctx.n_past;
-    double best_rate = margin / cost_verify(1);
+    double best_rate = margin / (cost_verify(1) + c_row_read_);
     exploring_ = false;
     const int k_cap = std::min({ctx.k_max, k_limit_, n_max});
     int explore = -1;

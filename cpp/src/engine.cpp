@@ -118,12 +118,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     if (prompt.empty()) {
         throw InvalidArgument("the prompt is empty (no tokens); pass some text");
     }
-    if (!opts.grammar.empty() && opts.ignore_eos) {
-        throw InvalidArgument("a grammar ends the output where its text is complete: it cannot be combined with "
-                              "ignore_eos");
-    }
-    std::unique_ptr<Grammar> grammar = opts.grammar.empty() ? nullptr
-                                                            : std::make_unique<Grammar>(target_->vocab(), opts.grammar);
+    std::unique_ptr<Grammar> grammar = make_grammar(target_->vocab(), opts);
     const int n_ctx = target_->n_ctx();
     if ((long long) prompt.size() + opts.max_tokens > n_ctx) {
         throw ContextOverflowError("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
@@ -143,6 +138,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         auto_.new_generation();
     }
     grammar_ = std::move(grammar);
+    auto_.set_row_read_cost(grammar_ ? mask_cost_.per_row_read(opts.sampling) : 0.0);
     rng_.seed(opts.sampling.seed);
     text_.reset(opts.stop);
     stats_ = Stats();
@@ -318,6 +314,8 @@ StepResult Engine::step_locked() {
                              : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1);
     if (constrained) {
         constrained->advance(v.n_accepted, v.next, target_->is_eog(v.next));
+        mask_cost_.observe(*constrained);
+        auto_.set_row_read_cost(mask_cost_.per_row_read(gen_.sampling));
     }
     const std::vector<TokenLogprob> emitted_lp =
         gen_.logprobs < 0 ? std::vector<TokenLogprob>() : logprobs_.emitted(draft_.tokens, v.n_accepted, v.next);

@@ -5,9 +5,11 @@
 #include "specllm/sampling.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <unordered_set>
 #include <unistd.h>
 
 namespace specllm {
@@ -15,10 +17,17 @@ namespace specllm {
 namespace {
 
 // llama.cpp's grammar parser prints its error (and the whole grammar) to stderr with fprintf: capture that for the
-// error message instead of printing it. Returns the parser's first line, without the function name.
+// error message instead of printing it. Returns the parser's first line, without the function name. The capture
+// holds the process's stderr for the parse (a line another thread writes then is lost), so a grammar that parsed
+// once is parsed again without it: a server checks and starts the same JSON grammar request after request.
 llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf, std::string & parse_error) {
     static std::mutex m;
+    static std::unordered_set<std::string> parsed;
     std::lock_guard<std::mutex> lock(m);
+    const std::string key = std::to_string(llama_vocab_n_tokens(vocab)) + "|" + gbnf; // tokens may be named
+    if (parsed.count(key) != 0) {
+        return llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
+    }
     std::fflush(stderr);
     FILE * tmp = std::tmpfile();
     const int saved = tmp != nullptr ? dup(2) : -1;
@@ -46,6 +55,12 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     }
     if (tmp != nullptr) {
         std::fclose(tmp);
+    }
+    if (s != nullptr) {
+        if (parsed.size() >= 256) {
+            parsed.clear();
+        }
+        parsed.insert(key);
     }
     return s;
 }
@@ -144,7 +159,10 @@ const float * ConstrainedRows::read(int i) {
             return only(t);
         }
     }
+    const auto t0 = std::chrono::steady_clock::now();
     work_.mask(logits, n_vocab_, masked_);
+    mask_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++n_masks_;
     return masked_.data();
 }
 
@@ -249,6 +267,24 @@ void ConstrainedRows::advance(int n_accepted, llama_token next, bool end) {
         work_.accept(next);
     }
     std::swap(committed_.smpl_, work_.smpl_); // the committed state becomes the work's; the old one is freed
+}
+
+void MaskCost::observe(const ConstrainedRows & rows) {
+    if (rows.n_masks() > 0) {
+        const double w = std::max(0.2, 1.0 / ++n_);
+        ms_ = (1.0 - w) * ms_ + w * rows.mask_ms() / rows.n_masks();
+    }
+}
+
+std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts) {
+    if (opts.grammar.empty()) {
+        return nullptr;
+    }
+    if (opts.ignore_eos) {
+        throw InvalidArgument("a grammar ends the output where its text is complete: it cannot be combined with "
+                              "ignore_eos");
+    }
+    return std::make_unique<Grammar>(vocab, opts.grammar);
 }
 
 } // namespace specllm

@@ -60,6 +60,10 @@ class AutoPolicy : public DraftPolicy {
     // 2-core EPYC: T(16) = 5.16 T(1) at 32 tokens, 5.81 T(1) at 900), which the one online scale cannot follow
     void set_context_row_cost(double ms) { c_context_row_ = ms; }
     double context_row_cost() const { return c_context_row_; }
+    // ms each verify row the verifier reads costs beyond T(n) in this generation (a grammar that masks every row
+    // whole: grammar.h). Rows are read up to the first rejected draft, one per emitted token, so a step that emits
+    // e tokens pays e of them and a plain step one
+    void set_row_read_cost(double ms) { c_row_read_ = ms; }
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
     // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
     // `keep`, so a model left out after poor prompts is tried again a few prompts later where its prior pays
@@ -150,6 +154,7 @@ class AutoPolicy : public DraftPolicy {
     double size_factor(int rows) const; // rows: the rows a batch decodes (padded)
     void observe_cost(double seen_ms, int n_rows);
     double c_context_row_ = 0.0;                               // see set_context_row_cost
+    double c_row_read_ = 0.0;                                  // see set_row_read_cost
     int n_past_ = 0;                                           // the context of the last choice
     double context_extra(int n) const;                         // ms the context adds to a batch of n rows
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position

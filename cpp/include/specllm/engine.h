@@ -148,6 +148,7 @@ class Engine {
     LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
     std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
     bool grammar_full_mask_ = false;
+    MaskCost mask_cost_;                 // what a whole-row grammar mask costs here, for "auto"
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())

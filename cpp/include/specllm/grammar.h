@@ -6,6 +6,8 @@
 // sampler does; the output is that of masking every row, greedy or sampled.
 #pragma once
 
+#include "specllm/options.h"
+#include "specllm/sampling.h"
 #include "specllm/verifier.h"
 
 #include "llama.h"
@@ -51,6 +53,12 @@ class ConstrainedRows {
                     const SamplingOptions & sampling, int64_t pos0, bool full_mask = false);
     const float * read(int i);
     void advance(int n_accepted, llama_token next, bool end); // end: next ends the generation (not accepted)
+    int n_masks() const { return n_masks_; }     // rows masked whole this step
+    double mask_ms() const { return mask_ms_; }  // ... and the time they took
+    // whether every row is masked whole with these options (rejection sampling, top-p)
+    static bool masks_every_row(const SamplingOptions & s) {
+        return s.temperature > 0.0f && (s.rejection || s.top_p < 1.0f);
+    }
 
   private:
     llama_token keyed_draw(const float * logits, int64_t pos); // -1: fall back to the whole mask
@@ -65,11 +73,28 @@ class ConstrainedRows {
     int64_t pos0_;
     bool full_mask_; // tests: mask every row whole (the reference the shortcuts must match)
     int at_ = 0;
+    int n_masks_ = 0;
+    double mask_ms_ = 0.0;
     std::vector<float> masked_;
     std::vector<llama_token> order_;
     std::vector<double> key_;
     Warper warper_;
     Dist dist_;
 };
+
+// What masking a whole row costs on this machine (a running mean over the steps that masked, kept across
+// generations), and so what "auto" counts per row read where every row is masked (AutoPolicy::set_row_read_cost)
+class MaskCost {
+  public:
+    void observe(const ConstrainedRows & rows);
+    double per_row_read(const SamplingOptions & s) const { return ConstrainedRows::masks_every_row(s) ? ms_ : 0.0; }
+
+  private:
+    double ms_ = 0.0;
+    int n_ = 0;
+};
+
+// the generation's grammar (nullptr without one); InvalidArgument for a bad one or one with ignore_eos
+std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts);
 
 } // namespace specllm

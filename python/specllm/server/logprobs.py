@@ -23,8 +23,10 @@ def _count(value, param: str) -> int:
 def chat_request(req: p.ChatRequest) -> Optional[int]:
     """How many top logprobs a chat request asks for, None for no logprobs; a 400 for a contradiction."""
     if req.logprobs is not None and not isinstance(req.logprobs, bool):
-        raise APIError(400, "logprobs must be true or false in a chat request (top_logprobs says how many "
-                            "alternatives)", "invalid_request_error", "logprobs", "invalid_value")
+        if req.logprobs not in (0, 1):  # 0 and 1 as false and true: some clients send them
+            raise APIError(400, "logprobs must be true or false in a chat request (top_logprobs says how many "
+                                "alternatives)", "invalid_request_error", "logprobs", "invalid_value")
+        req.logprobs = bool(req.logprobs)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "invalid_request_error", "top_logprobs",
                        "invalid_value")
