@@ -461,3 +461,24 @@ def test_learn_batch_costs_reaches_the_llm(tiny, tmp_path, monkeypatch, capsys, 
     assert cli.main(cli_args(tiny, "generate", "Hello world", "--max-tokens", "4")[2:] + flag) == 0
     capsys.readouterr()
     assert made[0]._engine.learn_batch_costs is bool(flag)  # off unless asked: choices that ignore the clock
+
+
+def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, env, ref, tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    r = run(tiny, env, "generate", "Hello world", "--json", str(tmp_path / "schema.json"), "--max-tokens", "60")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ref.chat(user("Hello world"), max_tokens=60, grammar=specllm.grammar.json(schema)).text
+    assert set(json.loads(r.stdout)) == {"n"}
+    (tmp_path / "yes.gbnf").write_text('root ::= "yes" | "no"')
+    r = run(tiny, env, "generate", "Hello world", "--grammar", str(tmp_path / "yes.gbnf"), "--max-tokens", "8")
+    assert r.returncode == 0 and r.stdout in ("yes", "no"), r
+    (tmp_path / "bad.gbnf").write_text("root ::= (")
+    for extra, words in [(["--grammar", str(tmp_path / "missing.gbnf")], "cannot read"),
+                         (["--json", str(tmp_path / "bad.gbnf")], "not JSON"),
+                         (["--grammar", str(tmp_path / "bad.gbnf")], "could not be parsed"),
+                         (["--json", "--grammar", str(tmp_path / "yes.gbnf")], "give one")]:
+        r = run(tiny, env, "generate", "Hello world", *extra)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], (extra, r.stderr)

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from . import registry
+from . import grammar, registry
 from .chat_screen import HELP, Style, run_chat  # noqa: F401  (Style re-exported: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM
@@ -136,6 +136,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="after the completion, print a summary on stderr: tokens, speed, drafts accepted, speed-up")
     p.add_argument("--stats-json", action="store_true",
                    help="after the completion, print all its stats as one JSON object on one line to stderr")
+    p.add_argument("--json", nargs="?", const="", default=None, metavar="SCHEMA_FILE",
+                   help="reply with a JSON object (following the JSON Schema in SCHEMA_FILE, if given)")
+    p.add_argument("--grammar", default=None, metavar="GBNF_FILE", help="reply in the grammar in GBNF_FILE")
     _model_args(p, max_tokens=256)
     p.set_defaults(func=run_generate)
 
@@ -195,6 +198,7 @@ def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not (prompt if args.raw else prompt.strip()):
         raise SpecLLMError("the prompt is empty")
+    rules = grammar.from_cli(args.json, args.grammar)  # a file that cannot be read: an error before the load
     llm = LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))  # hybrid unless --no-ngram
     if not args.raw and llm._engine.target.chat_template:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -208,7 +212,7 @@ def run_generate(args) -> int:
                            "completes the prompt as given")
     # else: --raw, or a model without a chat template: plain completion of the text as given
     last, ends_line = None, True
-    for chunk in llm.stream(prompt, **_gen_options(args)):
+    for chunk in llm.stream(prompt, **_gen_options(args), **({"grammar": rules} if rules else {})):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         ends_line = chunk.text.endswith("\n") if chunk.text else ends_line

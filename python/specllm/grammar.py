@@ -51,3 +51,23 @@ def response_format(value: Any) -> Optional[str]:
                                      "\"schema\": {...}}}")
         return json(spec["schema"])
     raise InvalidOptionError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def from_cli(schema_file: Optional[str], gbnf_file: Optional[str]) -> Optional[str]:
+    """The grammar `specllm-cli generate --json [SCHEMA_FILE]` or `--grammar GBNF_FILE` asks for (None: neither;
+    schema_file "": any JSON object). InvalidOptionError for both at once or a file that cannot be read."""
+    if schema_file is not None and gbnf_file is not None:
+        raise InvalidOptionError("--json and --grammar both constrain the reply: give one of them")
+    if gbnf_file is not None:
+        return _read(gbnf_file, "--grammar")
+    if schema_file is None:
+        return None
+    return json(_read(schema_file, "--json") if schema_file else None)
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidOptionError(f"{flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
