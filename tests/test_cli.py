@@ -470,16 +470,18 @@ def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, e
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
               "additionalProperties": False}
     (tmp_path / "schema.json").write_text(json.dumps(schema))
-    r = run(tiny, env, "generate", "Hello world", "--json", str(tmp_path / "schema.json"), "--max-tokens", "60")
+    r = run(tiny, env, "generate", "--json-schema", str(tmp_path / "schema.json"), "Hello world", "--max-tokens", "60")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ref.chat(user("Hello world"), max_tokens=60, grammar=specllm.grammar.json(schema)).text
     assert set(json.loads(r.stdout)) == {"n"}
     (tmp_path / "yes.gbnf").write_text('root ::= "yes" | "no"')
     r = run(tiny, env, "generate", "Hello world", "--grammar", str(tmp_path / "yes.gbnf"), "--max-tokens", "8")
     assert r.returncode == 0 and r.stdout in ("yes", "no"), r
+    r = run(tiny, env, "generate", "--json", "Hello world", "--max-tokens", "300")  # --json takes no value
+    assert r.returncode == 0 and r.stdout.lstrip().startswith("{"), r
     (tmp_path / "bad.gbnf").write_text("root ::= (")
     for extra, words in [(["--grammar", str(tmp_path / "missing.gbnf")], "cannot read"),
-                         (["--json", str(tmp_path / "bad.gbnf")], "not JSON"),
+                         (["--json-schema", str(tmp_path / "bad.gbnf")], "not JSON"),
                          (["--grammar", str(tmp_path / "bad.gbnf")], "could not be parsed"),
                          (["--json", "--grammar", str(tmp_path / "yes.gbnf")], "give one")]:
         r = run(tiny, env, "generate", "Hello world", *extra)

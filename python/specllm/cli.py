@@ -136,9 +136,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="after the completion, print a summary on stderr: tokens, speed, drafts accepted, speed-up")
     p.add_argument("--stats-json", action="store_true",
                    help="after the completion, print all its stats as one JSON object on one line to stderr")
-    p.add_argument("--json", nargs="?", const="", default=None, metavar="SCHEMA_FILE",
-                   help="reply with a JSON object (following the JSON Schema in SCHEMA_FILE, if given)")
-    p.add_argument("--grammar", default=None, metavar="GBNF_FILE", help="reply in the grammar in GBNF_FILE")
+    p.add_argument("--json", action="store_true", help="reply with a JSON object")
+    p.add_argument("--json-schema", default=None, metavar="FILE", help="reply with JSON following the schema in FILE")
+    p.add_argument("--grammar", default=None, metavar="FILE", help="reply in the GBNF grammar in FILE")
     _model_args(p, max_tokens=256)
     p.set_defaults(func=run_generate)
 
@@ -198,7 +198,7 @@ def run_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not (prompt if args.raw else prompt.strip()):
         raise SpecLLMError("the prompt is empty")
-    rules = grammar.from_cli(args.json, args.grammar)  # a file that cannot be read: an error before the load
+    rules = grammar.from_cli(args.json, args.json_schema, args.grammar)  # a bad file: an error before the load
     llm = LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))  # hybrid unless --no-ngram
     if not args.raw and llm._engine.target.chat_template:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []

@@ -53,16 +53,17 @@ def response_format(value: Any) -> Optional[str]:
     raise InvalidOptionError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
-def from_cli(schema_file: Optional[str], gbnf_file: Optional[str]) -> Optional[str]:
-    """The grammar `specllm-cli generate --json [SCHEMA_FILE]` or `--grammar GBNF_FILE` asks for (None: neither;
-    schema_file "": any JSON object). InvalidOptionError for both at once or a file that cannot be read."""
-    if schema_file is not None and gbnf_file is not None:
-        raise InvalidOptionError("--json and --grammar both constrain the reply: give one of them")
-    if gbnf_file is not None:
+def from_cli(any_json: bool, schema_file: Optional[str], gbnf_file: Optional[str]) -> Optional[str]:
+    """The grammar `specllm-cli generate --json`, `--json-schema FILE` or `--grammar FILE` asks for (None: none).
+    InvalidOptionError for more than one of them or a file that cannot be read."""
+    given = [flag for flag, v in (("--json", any_json), ("--json-schema", schema_file), ("--grammar", gbnf_file)) if v]
+    if len(given) > 1:
+        raise InvalidOptionError(f"{' and '.join(given)} each constrain the reply: give one of them")
+    if gbnf_file:
         return _read(gbnf_file, "--grammar")
-    if schema_file is None:
-        return None
-    return json(_read(schema_file, "--json") if schema_file else None)
+    if schema_file:
+        return json(_read(schema_file, "--json-schema"))
+    return json() if any_json else None
 
 
 def _read(path: str, flag: str) -> str:
