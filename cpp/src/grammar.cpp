@@ -191,21 +191,24 @@ template <typename Less> size_t sort_more(std::vector<llama_token> & order, size
 // tokens that the warper would keep of the masked row.
 llama_token ConstrainedRows::keyed_draw(const float * logits, int64_t pos) {
     const SamplingOptions & o = sampling_;
+    const bool truncated = o.top_k > 0 || o.min_p > 0.0f;
+    if (!truncated) {
+        warper_.warp(logits, n_vocab_, o, dist_);
+        const llama_token t = sample_keyed(dist_, o.seed, pos);
+        if (work_.allows(t)) {
+            return t; // the common case: no order needed
+        }
+    }
     order_.resize((size_t) n_vocab_);
     for (int t = 0; t < n_vocab_; ++t) {
         order_[(size_t) t] = t;
     }
-    if (o.top_k == 0 && o.min_p <= 0.0f) {
-        warper_.warp(logits, n_vocab_, o, dist_);
-        const llama_token t = sample_keyed(dist_, o.seed, pos);
-        if (work_.allows(t)) {
-            return t;
-        }
+    if (!truncated) {
         const float l_max = *std::max_element(logits, logits + n_vocab_);
+        const uint64_t key = race_key(o.seed, pos);
         key_.resize((size_t) n_vocab_);
         for (int t = 0; t < n_vocab_; ++t) { // -log(u) / p, p up to a common factor
-            key_[(size_t) t] = -std::log(keyed_uniform(o.seed, pos, t)) / std::exp((double) (logits[t] - l_max) /
-                                                                                   o.temperature);
+            key_[(size_t) t] = -std::log(race_uniform(key, t)) / std::exp((double) (logits[t] - l_max) / o.temperature);
         }
         auto by_race = [this](llama_token a, llama_token b) { return key_[(size_t) a] < key_[(size_t) b]; };
         size_t sorted = 0;

@@ -138,14 +138,17 @@ uint64_t mix64(uint64_t z) { // splitmix64's finalizer
 
 } // namespace
 
-double keyed_uniform(uint64_t seed, int64_t pos, llama_token id) {
-    const uint64_t key = mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL));
+uint64_t race_key(uint64_t seed, int64_t pos) {
+    return mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL));
+}
+
+double race_uniform(uint64_t key, llama_token id) {
     const uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL * (uint64_t) (id + 1));
-    return ((double) (h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return ((double) (h >> 11) + 0.5) * (1.0 / 9007199254740992.0); // (0, 1)
 }
 
 llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos) {
-    const uint64_t key = mix64(seed ^ mix64((uint64_t) pos + 0x9e3779b97f4a7c15ULL)); // as keyed_uniform's
+    const uint64_t key = race_key(seed, pos);
     llama_token best = dist.ids.empty() ? 0 : dist.ids[0];
     double best_r = INFINITY; // the smallest -log(u) / p so far
     for (size_t i = 0; i < dist.ids.size(); ++i) {
@@ -153,8 +156,7 @@ llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos) {
         if (!(p > 0.0)) {
             continue;
         }
-        const uint64_t h = mix64(key + 0x9e3779b97f4a7c15ULL * (uint64_t) (dist.ids[i] + 1));
-        const double u = ((double) (h >> 11) + 0.5) * (1.0 / 9007199254740992.0); // (0, 1)
+        const double u = race_uniform(key, dist.ids[i]);
         // -log(u) >= 1 - u: most tokens are ruled out without a log (ids[0], the likeliest, sets a low bar early)
         if (1.0 - u >= best_r * p) {
             continue;

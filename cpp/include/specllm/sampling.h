@@ -54,7 +54,8 @@ llama_token sample(const Dist & dist, Rng & rng);
 // token with probability at least (1 - tv) / (1 + tv) (tv: their total variation distance). The target's token at
 // a position is this draw, whatever drafted before it: a seed names one text.
 llama_token sample_keyed(const Dist & dist, uint64_t seed, int64_t pos);
-double keyed_uniform(uint64_t seed, int64_t pos, llama_token id); // the u that sample_keyed gives token id
+uint64_t race_key(uint64_t seed, int64_t pos);   // the key of that draw ...
+double race_uniform(uint64_t key, llama_token id); // ... and the u it gives token id
 
 // validate sampling options; throws InvalidArgument with the allowed range
 void check_sampling_options(const SamplingOptions & opts);
