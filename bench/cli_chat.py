@@ -88,6 +88,8 @@ def parse_stats(text: str) -> dict:
     m = re.search(r"steps by draft length: ([^\r\n]*)", text)
     if m:
         out["k_histogram"] = {int(k): int(c) for k, c in re.findall(r"(\d+):(\d+)", m.group(1))}
+    m = re.search(r"about ([\d.]+)x plain decoding", text)
+    out["speedup"] = float(m.group(1)) if m else 0.0
     return out
 
 

@@ -62,6 +62,8 @@ def check_stats(c, k_max=None, exact_steps=True):
     assert 0.0 <= s.acceptance_rate <= 1.0
     assert min(s.prefill_ms, s.draft_ms, s.verify_ms, s.sample_ms, s.generate_ms) >= 0.0, s
     assert s.n_ngram_steps <= s.n_steps
+    assert s.n_plain_steps == s.k_histogram.get(0, 0), s  # the steps that drafted nothing, timed apart
+    assert 0.0 <= s.plain_steps_ms <= s.generate_ms + 1e-6, s
     # every step decodes the rows up to its first rejection (or the bonus row), at most all of them
     assert s.n_steps + s.n_accepted <= s.n_verify_rows <= s.n_steps + s.n_drafted, s
     assert 0 <= s.n_cached < s.n_prompt

@@ -653,6 +653,9 @@ def test_cli_chat_reads_the_chat_stats_it_is_given(tiny):
     assert got["n_accepted"] == t.n_accepted and got["n_steps"] == t.n_steps
     assert got["tokens_per_second"] == pytest.approx(t.tokens_per_second, abs=0.06)
     assert sum(got["k_histogram"].values()) == t.n_steps
+    assert got["speedup"] == pytest.approx(t.speedup, abs=0.0051)  # 0 (no line) with fewer than 3 undrafted steps
+    t.n_steps, t.n_accepted, t.n_plain_steps, t.plain_steps_ms, t.generate_ms = 10, 20, 5, 100.0, 300.0
+    assert cli_chat.parse_stats(session.summary())["speedup"] == 2.0  # 30 tokens x 20 ms against 300 ms
     with pytest.raises(SystemExit):
         cli_chat.main(["--messages", "nope"])
 

@@ -176,11 +176,12 @@ def test_a_bad_model_prints_one_error_line_and_exits_1(tiny, env, tmp_path, bad)
 
 # --- generate, models, pull
 
-# generate --stats: tokens, speed, drafts accepted (with a drafter), speed-up over the profile's plain rate (with a
-# profile), why it ended early
+# generate --stats: tokens, speed, drafts accepted (with a drafter), the speed-up over plain decoding when something
+# was drafted (timed on the reply's own undrafted steps, or else the profile's plain rate), why it ended early
 STATS_LINE = re.compile(r"(?P<n>\d+) tokens? · (?P<tps>\d+\.\d) tok/s"
                         r"(?: · (?P<accepted>\d+)% of drafted tokens accepted| · (?P<none>nothing drafted))?"
-                        r"(?: · (?P<ratio>\d+\.\d)x the plain rate measured at load)?(?P<cut> · cut at --max-tokens)?")
+                        r"(?: · (?P<ratio>\d+\.\d\d)x (?:plain decoding \(timed on its (?P<steps>\d+) undrafted "
+                        r"steps\)|(?P<profile>the plain rate of the cost profile)))?(?P<cut> · cut at --max-tokens)?")
 
 
 @pytest.fixture(scope="module")
@@ -277,12 +278,16 @@ def test_generate_stats_is_a_line_for_a_person_and_stats_json_all_of_them(tiny, 
     if llm.draft is None:  # plain decoding: no drafts to speak of, no profile to compare with
         assert m["accepted"] is m["none"] is m["ratio"] is None and llm.profile is None
         return
-    if drafter == ["--draft-length", "3"]:
-        assert stats["n_drafted"] > 0 and int(m["accepted"]) == round(100 * stats["acceptance_rate"])
-    else:
-        assert stats["n_drafted"] == 0 and m["none"] and m["accepted"] is None
-    plain_rate = 1000 / llm.profile["verify_ms"][llm.profile["sizes"].index(1)]
-    assert float(m["ratio"]) == pytest.approx(stats["tokens_per_second"] / plain_rate, abs=0.051)
+    if drafter == ["--draft-length", "0"]:  # nothing drafted: plain decoding, no speed-up to speak of
+        assert stats["n_drafted"] == 0 and m["none"] and m["accepted"] is m["ratio"] is None
+        return
+    assert stats["n_drafted"] > 0 and int(m["accepted"]) == round(100 * stats["acceptance_rate"])
+    if stats["speedup"]:  # timed on the reply's own undrafted steps
+        assert float(m["ratio"]) == pytest.approx(stats["speedup"], abs=0.0051) and not m["profile"]
+        assert int(m["steps"]) == stats["n_plain_steps"] >= 3
+    else:  # too few of them: the profile's plain rate
+        plain_rate = 1000 / llm.profile["verify_ms"][llm.profile["sizes"].index(1)]
+        assert float(m["ratio"]) == pytest.approx(stats["tokens_per_second"] / plain_rate, abs=0.0051) and m["profile"]
 
 
 def test_piped_stdout_is_exactly_the_completion_and_the_stats_start_their_own_line(tiny, env, ref):
@@ -451,13 +456,20 @@ def test_the_stats_line_of_generate():
     from specllm.results import Stats
 
     prof = {"sizes": [1, 2, 3], "verify_ms": [20.0, 24.0, 27.0]}  # T(1) = 20 ms: plain decoding at 50 tok/s
-    busy = Stats(n_generated=10, n_steps=5, n_drafted=8, n_accepted=6, generate_ms=125.0)
+    busy = Stats(n_generated=10, n_steps=5, n_drafted=8, n_accepted=6, generate_ms=125.0)  # 1 undrafted step
+    assert busy.speedup == 0.0  # too few undrafted steps to time plain decoding: the profile's rate
     assert cli.stats_line(busy, "length", drafter=True, profile=prof) == \
-        "10 tokens · 80.0 tok/s · 75% of drafted tokens accepted · 1.6x the plain rate measured at load · " \
+        "10 tokens · 80.0 tok/s · 75% of drafted tokens accepted · 1.60x the plain rate of the cost profile · " \
         "cut at --max-tokens"
-    idle = Stats(n_generated=1, n_steps=1, generate_ms=50.0)
-    assert cli.stats_line(idle, "stop", drafter=True, profile=prof) == \
-        "1 token · 20.0 tok/s · nothing drafted · 0.4x the plain rate measured at load"
+    # 4 undrafted steps of 30 ms (the machine slower now than when the profile was made): 11 target tokens would
+    # have cost plain decoding 11 x 30 ms = 330 ms against 220
+    live = Stats(n_generated=11, n_steps=7, n_drafted=6, n_accepted=4, generate_ms=220.0, n_plain_steps=4,
+                 plain_steps_ms=120.0)
+    assert live.speedup == pytest.approx(1.5)
+    assert cli.stats_line(live, "stop", drafter=True, profile=prof) == \
+        "11 tokens · 50.0 tok/s · 67% of drafted tokens accepted · 1.50x plain decoding (timed on its 4 undrafted steps)"
+    idle = Stats(n_generated=1, n_steps=1, generate_ms=50.0, n_plain_steps=1, plain_steps_ms=50.0)
+    assert cli.stats_line(idle, "stop", drafter=True, profile=prof) == "1 token · 20.0 tok/s · nothing drafted"
     assert cli.stats_line(idle, "stop", drafter=True, profile=None) == "1 token · 20.0 tok/s · nothing drafted"
     assert cli.stats_line(idle, "stop", drafter=False, profile=None) == "1 token · 20.0 tok/s"
 

@@ -113,6 +113,9 @@ def test_draft_length_zero_is_plain_decoding(tiny, make_llm, plain):
     c = load(tiny, make_llm, "draft").generate(PROMPTS[0], max_tokens=N, draft_length=0)
     assert c.tokens == plain[PROMPTS[0]].tokens
     assert c.stats.n_drafted == 0 and c.stats.k_histogram == {0: N}
+    # every step is a plain one: the speed-up over plain decoding timed on them is 1 by construction
+    assert c.stats.n_plain_steps == N and c.stats.plain_steps_ms == pytest.approx(c.stats.generate_ms)
+    assert c.stats.speedup == pytest.approx(1.0)
 
 
 def test_token_list_prompt_equals_text_prompt(tiny, make_llm, plain):

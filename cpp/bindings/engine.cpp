@@ -42,6 +42,8 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_memory_steps", &Stats::n_memory_steps)
         .def_readonly("n_verify_rows", &Stats::n_verify_rows)
         .def_readonly("n_pad_rows", &Stats::n_pad_rows)
+        .def_readonly("n_plain_steps", &Stats::n_plain_steps)
+        .def_readonly("plain_steps_ms", &Stats::plain_steps_ms)
         .def_readonly("prefill_ms", &Stats::prefill_ms)
         .def_readonly("draft_ms", &Stats::draft_ms)
         .def_readonly("verify_ms", &Stats::verify_ms)

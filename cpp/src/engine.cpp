@@ -393,7 +393,10 @@ StepResult Engine::step_locked() {
     if (active_) {
         out.text = text_.take_ready();
     }
-    stats_.generate_ms += now_ms() - t_step;
+    const double step_ms = now_ms() - t_step;
+    stats_.generate_ms += step_ms;
+    stats_.n_plain_steps += out.n_drafted == 0 ? 1 : 0;
+    stats_.plain_steps_ms += out.n_drafted == 0 ? step_ms : 0.0;
     return out;
 }
 

@@ -17,7 +17,7 @@ from .llm import DEFAULT, LLM, default_draft
 from .results import Stats
 
 _SUMMED = ("n_prompt", "n_cached", "n_generated", "n_steps", "n_drafted", "n_accepted", "n_ngram_steps",
-           "prefill_ms", "draft_ms", "verify_ms", "sample_ms", "generate_ms")
+           "prefill_ms", "draft_ms", "verify_ms", "sample_ms", "generate_ms", "n_plain_steps", "plain_steps_ms")
 
 
 def add_stats(total: Stats, s: Stats) -> None:
@@ -162,6 +162,9 @@ class ChatSession:
                          f"length {t.mean_draft_length:.2f}; {t.n_steps} steps, "
                          f"{t.n_generated / max(t.n_steps, 1):.2f} tokens/step")
             lines.append("steps by draft length: " + ", ".join(f"{k}:{c}" for k, c in sorted(t.k_histogram.items())))
+            if t.speedup:
+                lines.append(f"about {t.speedup:.2f}x plain decoding (its step timed on the {t.n_plain_steps} steps "
+                             "that drafted nothing)")
         stopped = f" (not counting {self.n_stopped} stopped)" if self.n_stopped else ""
         lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache; prefill "
                      f"{t.prefill_ms / 1000:.1f} s{stopped}")

@@ -236,16 +236,19 @@ def run_generate(args) -> int:
 
 
 def stats_line(stats, finish_reason: str, drafter: bool, profile) -> str:
-    """generate --stats: e.g. "256 tokens · 24.1 tok/s · 61% of drafted tokens accepted · 1.4x the plain rate
-    measured at load". The last part compares with 1000 / T(1), the cost of a plain decoding step measured when
-    the drafter was loaded (the cost profile): none without a profile (no drafter, or profile_costs off)."""
+    """generate --stats: e.g. "256 tokens · 24.1 tok/s · 61% of drafted tokens accepted · 1.4x plain decoding".
+    The speed-up is Stats.speedup, plain decoding timed on this reply's own undrafted steps (the machine as it is
+    now); with fewer of them, 1000 / T(1) of the cost profile, measured when it was made (a quieter or busier
+    moment: its words say so). None when nothing was drafted (a plain decoding run) or nothing is known."""
     s = stats
     parts = [f"{s.n_generated} token{'' if s.n_generated == 1 else 's'}", f"{s.tokens_per_second:.1f} tok/s"]
     if drafter:
         parts.append(f"{s.acceptance_rate:.0%} of drafted tokens accepted" if s.n_drafted else "nothing drafted")
     plain = _plain_rate(profile)
-    if plain and s.tokens_per_second > 0:
-        parts.append(f"{s.tokens_per_second / plain:.1f}x the plain rate measured at load")
+    if s.n_drafted and s.speedup:
+        parts.append(f"{s.speedup:.2f}x plain decoding (timed on its {s.n_plain_steps} undrafted steps)")
+    elif s.n_drafted and plain and s.tokens_per_second > 0:
+        parts.append(f"{s.tokens_per_second / plain:.2f}x the plain rate of the cost profile")
     if finish_reason == "length":
         parts.append("cut at --max-tokens")
     return " · ".join(parts)

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 
+MIN_PLAIN_STEPS = 3  # Stats.speedup: undrafted steps needed to time plain decoding in the generation itself
+
+
 @dataclass
 class Stats:
     n_prompt: int = 0          # prompt tokens
@@ -22,6 +25,8 @@ class Stats:
     verify_ms: float = 0.0     # the target's batched decodes
     sample_ms: float = 0.0     # verification arithmetic (argmax, rejection sampling)
     generate_ms: float = 0.0   # wall time of generation, prefill excluded
+    n_plain_steps: int = 0     # steps that drafted nothing: plain decoding steps, timed in this generation ...
+    plain_steps_ms: float = 0.0  # ... their wall time
     seed: int = 0              # the sampling seed used (drawn when none was given)
     k_histogram: Dict[int, int] = field(default_factory=dict)    # draft length -> steps
     acceptance_by_position: List[float] = field(default_factory=list)  # P(accept) at draft position i
@@ -42,9 +47,19 @@ class Stats:
     def tokens_per_second(self) -> float:
         return 1000.0 * self.n_generated / self.generate_ms if self.generate_ms > 0 else 0.0
 
+    @property
+    def speedup(self) -> float:
+        """Estimated speed-up over plain decoding of this generation: plain decoding takes a step per token the
+        target produced (the accepted drafts and one per step, an end-of-turn token included), each at the mean
+        wall time of this generation's own steps that drafted nothing, so a busy machine slows both sides alike.
+        0.0 when fewer than MIN_PLAIN_STEPS steps drafted nothing (no live measure of plain decoding)."""
+        if self.n_plain_steps < MIN_PLAIN_STEPS or self.generate_ms <= 0:
+            return 0.0
+        return (self.n_steps + self.n_accepted) * (self.plain_steps_ms / self.n_plain_steps) / self.generate_ms
+
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        for k in ("acceptance_rate", "mean_accepted_per_step", "mean_draft_length", "tokens_per_second"):
+        for k in ("acceptance_rate", "mean_accepted_per_step", "mean_draft_length", "tokens_per_second", "speedup"):
             d[k] = getattr(self, k)
         return d
 
@@ -57,7 +72,7 @@ class Stats:
             n_verify_rows=s.n_verify_rows,
             n_pad_rows=s.n_pad_rows,
             prefill_ms=s.prefill_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms, sample_ms=s.sample_ms,
-            generate_ms=s.generate_ms, seed=s.seed,
+            generate_ms=s.generate_ms, n_plain_steps=s.n_plain_steps, plain_steps_ms=s.plain_steps_ms, seed=s.seed,
             k_histogram={k: n for k, n in enumerate(s.k_hist) if n},
             acceptance_by_position=[a / d for a, d in zip(s.n_accepted_at, s.n_drafted_at) if d],
         )

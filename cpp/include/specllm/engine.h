@@ -58,6 +58,8 @@ struct Stats {
     double verify_ms = 0.0;  // target batched decode
     double sample_ms = 0.0;  // verification arithmetic (argmax / rejection sampling)
     double generate_ms = 0.0; // wall time of all steps
+    int n_plain_steps = 0;   // steps that drafted nothing (a plain decoding step, timed in this generation) ...
+    double plain_steps_ms = 0.0; // ... and their wall time: what plain decoding costs per token now, for comparison
     uint64_t seed = 0;       // the seed used for sampling
     std::vector<int> k_hist;        // k_hist[k]: steps that drafted k tokens
     std::vector<int> n_drafted_at;  // per draft position: times drafted
