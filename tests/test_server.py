@@ -74,6 +74,11 @@ def test_chat_equals_llm_chat(client, local):
     assert set(spec) >= {"drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_per_step",
                          "tokens_per_second", "prompt_tokens_cached", "queue_ms", "steps"}
     assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"] and spec["tokens_per_second"] > 0
+    assert spec["speedup"] is None or spec["speedup"] > 0  # None: fewer than 3 undrafted steps to time plain on
+    # nothing drafted: every step a plain one, the speed-up over plain decoding timed on them is 1
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
+                                           extra_body={"draft_length": 0}).model_extra["speculative"]
+    assert plain["drafted_tokens"] == 0 and plain["speedup"] == 1.0
 
 
 def test_content_parts_and_max_completion_tokens(client, local):

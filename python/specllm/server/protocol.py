@@ -105,6 +105,7 @@ class Speculative(BaseModel):
     mean_accepted_per_step: float
     steps: int
     tokens_per_second: float
+    speedup: Optional[float] = None  # over plain decoding timed on the request's undrafted steps (Stats.speedup)
     prompt_tokens_cached: int
     queue_ms: float
     draft_length: Union[int, str]

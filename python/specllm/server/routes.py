@@ -146,7 +146,8 @@ def _speculative(stats, job: Job, draft_length) -> p.Speculative:
     return p.Speculative(drafted_tokens=stats.n_drafted, accepted_tokens=stats.n_accepted,
                          acceptance_rate=round(stats.acceptance_rate, 4),
                          mean_accepted_per_step=round(stats.mean_accepted_per_step, 4), steps=stats.n_steps,
-                         tokens_per_second=round(stats.tokens_per_second, 2), prompt_tokens_cached=stats.n_cached,
+                         tokens_per_second=round(stats.tokens_per_second, 2),
+                         speedup=round(stats.speedup, 3) if stats.speedup else None, prompt_tokens_cached=stats.n_cached,
                          queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
 
 
