@@ -503,3 +503,25 @@ def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, e
         r = run(tiny, env, "generate", "Hello world", *extra)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], (extra, r.stderr)
+
+
+def test_memory_file_carries_the_drafting_memory_from_one_run_to_the_next(tiny, env, tmp_path):
+    path = tmp_path / "memory.bin"
+    args = ["generate", "Hello world", "--max-tokens", "32", "--draft", "ngram", "--draft-length", "4", "--stats-json",
+            "--memory-file", str(path)]
+    first = run(tiny, env, *args)
+    assert first.returncode == 0, first.stderr
+    n_vocab = specllm.LLM(tiny["target"], None, n_ctx=64, profile_costs=False)._engine.target.n_vocab
+    assert len(specllm.memory.load(str(path), n_vocab)) >= 32  # the reply (and a separator)
+    second = run(tiny, env, *args)  # a new process: its KV cache is empty, only the file knows the reply
+    assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
+    stats = [json.loads(r.stderr.strip().splitlines()[-1]) for r in (first, second)]
+    assert stats[0]["n_memory_steps"] == 0 < stats[1]["n_memory_steps"] and stats[1]["n_steps"] < stats[0]["n_steps"]
+    # a file that is not a drafting memory: one error line, exit 1, the file untouched
+    (tmp_path / "notes.txt").write_text("my notes")
+    for where, words in ((tmp_path / "notes.txt", "is not a specllm drafting memory"),
+                         (tmp_path / "nowhere" / "m.bin", "does not exist")):
+        r = run(tiny, env, "generate", "Hello world", "--memory-file", str(where))
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "my notes"

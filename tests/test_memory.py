@@ -140,3 +140,80 @@ def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
         llm.save_memory(tmp_path / "no-such-dir" / "m.bin")
     assert not any(p.name.startswith("m.bin") for p in tmp_path.rglob("*"))
     assert issubclass(specllm.MemoryFileError, ValueError)
+
+
+# --- memory_file: the memory kept in a file across processes
+
+def saved(path, llm):
+    return specllm.memory.load(str(path), llm._engine.target.n_vocab)
+
+
+def test_a_memory_file_keeps_the_memory_from_one_llm_to_the_next(tiny, make_llm, plain, tmp_path):
+    path = tmp_path / "memory.bin"
+    llm = make(make_llm, tiny, memory_file=path)
+    assert saved(path, llm) == []  # created at load: a place that cannot be written fails there
+    first = llm.generate(PROMPT, max_tokens=N, draft_length=4)
+    assert saved(path, llm) == llm._engine.memory() != []  # written after the generation
+    for chunk in llm.stream(OTHER, max_tokens=8):  # streams too, and one closed early
+        break
+    assert saved(path, llm) == llm._engine.memory()
+    llm.close()
+    # the next LLM (another process would do the same) starts with it and drafts the repeated reply from it
+    again = make(make_llm, tiny, memory_file=path)
+    assert again._engine.memory() == saved(path, again) != []
+    c = again.generate(PROMPT, max_tokens=N, draft_length=4)
+    assert c.tokens == first.tokens == plain[PROMPT] and c.stats.n_memory_steps > 0
+    assert saved(path, again) == again._engine.memory()
+    again.reset(keep_memory=True)
+    assert saved(path, again) == again._engine.memory() != []
+    again.clear_memory()  # clear_memory, reset() and load_memory are written too
+    assert saved(path, again) == []
+    good = tmp_path / "good.bin"
+    llm2 = make(make_llm, tiny)
+    llm2.generate(OTHER, max_tokens=N)
+    llm2.save_memory(good)
+    again.load_memory(good)
+    assert saved(path, again) == saved(good, again) != []
+    again.reset()
+    assert saved(path, again) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.bin", "memory.bin"]  # no temporary file left
+
+
+def test_bad_memory_files_fail_at_load_and_are_never_overwritten(tiny, make_llm, tmp_path):
+    with pytest.raises(specllm.InvalidOptionError, match="memory_tokens=0"):
+        make(make_llm, tiny, memory_tokens=0, memory_file=tmp_path / "m.bin")
+    with pytest.raises(specllm.MemoryFileError, match="does not exist; create it"):
+        make(make_llm, tiny, memory_file=tmp_path / "no-such-dir" / "m.bin")
+    with pytest.raises(specllm.MemoryFileError, match="is a directory"):
+        make(make_llm, tiny, memory_file=tmp_path)
+    with pytest.raises(specllm.MemoryFileError, match="cannot be written"):
+        make(make_llm, tiny, memory_file="/proc/specllm-memory.bin")  # a directory nobody may create files in
+    # a file that is not a drafting memory (the model itself, given by mistake) or fits another vocabulary
+    model = tmp_path / "model.gguf"
+    model.write_bytes(open(tiny["target"], "rb").read())
+    other = tmp_path / "other.bin"
+    llm = make_llm(tiny["draft_other_vocab"], "ngram")
+    llm.generate(PROMPT, max_tokens=8)
+    llm.save_memory(other)
+    for path, message in ((model, "is not a specllm drafting memory"), (other, "vocabulary has")):
+        before = path.read_bytes()
+        with pytest.raises(specllm.MemoryFileError, match=message):
+            make(make_llm, tiny, memory_file=path)
+        assert path.read_bytes() == before
+
+
+def test_a_memory_file_that_cannot_be_written_later_is_logged_once_not_raised(tiny, make_llm, tmp_path, caplog):
+    where = tmp_path / "d"
+    where.mkdir()
+    llm = make(make_llm, tiny, memory_file=where / "m.bin")
+    (where / "m.bin").unlink()
+    where.rmdir()  # the directory went away while the LLM runs
+    with caplog.at_level("WARNING", logger="specllm.memory"):
+        for p in (PROMPT, OTHER):
+            assert llm.generate(p, max_tokens=N).finish_reason == "length"  # the reply stands
+        assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+        assert "could not be saved" in caplog.records[0].getMessage() and len(caplog.records) == 1
+        where.mkdir()
+        llm.generate(PROMPT, max_tokens=N)
+        assert "saved to" in caplog.records[-1].getMessage() and len(caplog.records) == 2
+    assert saved(where / "m.bin", llm) == llm._engine.memory()

@@ -93,6 +93,9 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-tokens", type=_nonnegative_int, default=None, metavar="N",
                    help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
                         "(0 = off; default: the library's)")
+    g.add_argument("--memory-file", default=None, metavar="PATH",
+                   help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
+                        "every reply")
     g.add_argument("--learn-batch-costs", action="store_true", default=None,
                    help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
                         "load changes; the choices then move with the clock; default: off, see README)")
@@ -179,7 +182,8 @@ def _check(parser, args) -> None:
 
 
 def _llm_options(args) -> dict:
-    given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("learn_batch_costs", args.learn_batch_costs))
+    given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("memory_file", args.memory_file),
+             ("learn_batch_costs", args.learn_batch_costs))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 
@@ -373,11 +377,13 @@ def _stderr_handler() -> logging.Handler:
 
 
 def _show_profile_notes() -> None:
-    """The first load on a machine measures verify costs (10-20 s on a 2-core CPU): say so on stderr."""
-    log = logging.getLogger("specllm.profile")
-    if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
-        log.addHandler(_stderr_handler())
-        log.setLevel(logging.INFO)
+    """The first load on a machine measures verify costs (10-20 s on a 2-core CPU): say so on stderr; and a
+    --memory-file that could not be saved."""
+    for name in ("specllm.profile", "specllm.memory"):
+        log = logging.getLogger(name)
+        if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
+            log.addHandler(_stderr_handler())
+            log.setLevel(logging.INFO)
 
 
 def main(argv=None) -> int:

@@ -95,6 +95,7 @@ class LLM:
         exact: bool = False,
         stream_idle_timeout: float = 10.0,
         memory_tokens: int = 32768,
+        memory_file: Union[str, os.PathLike, None] = None,
         learn_batch_costs: bool = False,
     ):
         """Load a target model and, optionally, a drafter.
@@ -119,6 +120,9 @@ class LLM:
             shape, code written two requests ago) is drafted; "auto" tracks its acceptance apart and does not use
             it where it does not pay. 0 = off. reset() and clear_memory() empty it; save_memory/load_memory keep
             it across processes.
+        memory_file: a file that keeps the drafting memory across processes: read now if it exists (a file that is
+            not one is a MemoryFileError, never overwritten), written atomically after every generation and after
+            reset / clear_memory / load_memory (a failed write after a generation is logged, not raised).
         learn_batch_costs: False (default): "auto" costs a verify batch as the cost profile's shape times one level
             learned from the steps, so its choices depend on the profile and the text only, never on the clock (the
             same prompt drafts alike, and in fast mode writes the same text, in every process). True: it also learns
@@ -131,6 +135,9 @@ class LLM:
                             ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
             _int(name, value)
         _int("memory_tokens", memory_tokens, lo=0)
+        if memory_file is not None and memory_tokens == 0:
+            raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
+        self._memory_file = memory.MemoryFile(_text("memory_file", os.fspath(memory_file))) if memory_file else None
         if not isinstance(learn_batch_costs, bool):
             raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
         if draft_n_gpu_layers is not None:
@@ -176,6 +183,12 @@ class LLM:
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
         self._drafter_loaded(draft, swapped=False)
+        if self._memory_file is not None:
+            saved = self._memory_file.read(self._engine.target.n_vocab)
+            if saved:
+                self._engine.set_memory(saved)
+            else:  # no file yet: one now, so that a place that cannot be written fails at load
+                self._memory_file.create(self._engine.target.n_vocab, self.model_path)
 
     def set_draft(self, draft: Union[str, os.PathLike, None] = DEFAULT, *, ngram: Optional[bool] = None,
                   draft_n_gpu_layers: Optional[int] = None) -> None:
@@ -288,12 +301,14 @@ class LLM:
             self._engine.reset()
             if saved:
                 self._engine.set_memory(saved)
+            self._memory_changed()
 
     # --- the drafting memory (earlier outputs the n-gram drafter looks up)
     def clear_memory(self) -> None:
         """Forget earlier outputs (the KV cache stays)."""
         with Call(self._gate):
             self._engine.clear_memory()
+            self._memory_changed()
 
     def save_memory(self, path: Union[str, os.PathLike]) -> None:
         """Write the drafting memory to a file (atomically), for load_memory in another process."""
@@ -310,6 +325,11 @@ class LLM:
         tokens = memory.load(path, self._engine.target.n_vocab)
         with Call(self._gate):
             self._engine.set_memory(tokens)
+            self._memory_changed()
+
+    def _memory_changed(self) -> None:  # under the gate
+        if self._memory_file is not None:
+            self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path)
 
     @property
     def memory_size(self) -> int:
@@ -341,8 +361,9 @@ class LLM:
         opts = self._options(options)
         return Stream(self, tokens, opts, self._finished)
 
-    def _finished(self, stats: Stats) -> None:
+    def _finished(self, stats: Stats) -> None:  # the stream still holds the gate
         self.last_stats = stats
+        self._memory_changed()
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])

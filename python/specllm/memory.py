@@ -6,12 +6,15 @@ little-endian ids. Written to a temporary file and renamed, so a crash never lea
 from __future__ import annotations
 
 import json
+import logging
 import os
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
 from .errors import MemoryFileError
+
+log = logging.getLogger("specllm.memory")  # specllm-cli shows this one on stderr
 
 MAGIC = b"SPECLLM-DRAFTING-MEMORY\n"
 VERSION = 1
@@ -33,7 +36,8 @@ def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
         raise
 
 
-def load(path: str, n_vocab: int) -> List[int]:
+def load(path: str, n_vocab: Optional[int]) -> List[int]:
+    """The tokens of a saved memory. n_vocab None: the file's form only (before a model is loaded)."""
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(MAGIC):
@@ -47,7 +51,7 @@ def load(path: str, n_vocab: int) -> List[int]:
         raise MemoryFileError(f"{path}: the drafting memory's header is damaged; delete the file") from None
     if version != VERSION:
         raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}")
-    if saved_vocab != n_vocab:
+    if n_vocab is not None and saved_vocab != n_vocab:
         raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has {saved_vocab} tokens "
                               f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model family")
     body = data[end + 1:]
@@ -55,6 +59,55 @@ def load(path: str, n_vocab: int) -> List[int]:
         raise MemoryFileError(f"{path}: the drafting memory is truncated ({len(body)} bytes of tokens, the header "
                               f"says {4 * n}); delete the file")
     tokens = np.frombuffer(body, dtype="<i4")
-    if n and (tokens.min() < -1 or tokens.max() >= n_vocab):
+    if n and (tokens.min() < -1 or tokens.max() >= (saved_vocab if n_vocab is None else n_vocab)):
         raise MemoryFileError(f"{path}: the drafting memory holds token ids outside the vocabulary; delete the file")
     return tokens.tolist()
+
+
+class MemoryFile:
+    """LLM(memory_file=PATH): the drafting memory kept in a file across processes. Read at load (a file that is not
+    a drafting memory, or one of another vocabulary, is an error and is never overwritten); written, atomically,
+    after every generation and after reset / clear_memory / load_memory, so a process that dies loses at most the
+    generation it was running. A write that fails after a generation is logged, not raised: the reply stands."""
+
+    def __init__(self, path: str):
+        self.path = path
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise MemoryFileError(f"memory_file {path}: the directory {parent} does not exist; create it or give "
+                                  "another path")
+        if os.path.isdir(path):
+            raise MemoryFileError(f"memory_file {path} is a directory; give the path of a file")
+        self._failing = False
+        self.read(None)  # a file that is not a drafting memory fails now, before the models load
+
+    def read(self, n_vocab: Optional[int]) -> List[int]:
+        """The saved memory, or [] when the file does not exist yet."""
+        if not os.path.exists(self.path):
+            return []
+        try:
+            return load(self.path, n_vocab)
+        except OSError as e:
+            raise MemoryFileError(f"memory_file {self.path} cannot be read: {e.strerror or e}") from None
+        except MemoryFileError as e:
+            raise MemoryFileError(f"memory_file: {e}") from None
+
+    def create(self, n_vocab: int, model: str) -> None:
+        """Write an empty memory where there is no file yet: a place that cannot be written fails now, at load."""
+        try:
+            save(self.path, [], n_vocab, model)
+        except OSError as e:
+            raise MemoryFileError(f"memory_file {self.path} cannot be written: {e.strerror or e}") from None
+
+    def write(self, tokens: List[int], n_vocab: int, model: str) -> None:
+        try:
+            save(self.path, tokens, n_vocab, model)
+        except OSError as e:
+            if not self._failing:  # once until a write succeeds again, not after every reply
+                log.warning("the drafting memory could not be saved to %s: %s (the reply is not affected; tried "
+                            "again after the next generation)", self.path, e.strerror or e)
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("the drafting memory is saved to %s again", self.path)
+        self._failing = False
