@@ -92,15 +92,23 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
         r3 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
                                             tool_choice="none", max_tokens=16)
         assert r3.choices[0].message.tool_calls is None
-        # tool_choice "required" and a named function: the reply is opened as a call, the model writes the rest.
+        # tool_choice "required" and a named function: the reply is opened as a call, and a grammar from the tools'
+        # schemas makes the model write the rest as a call of one of them with arguments that follow its schema.
         # With one tool "required" names it, even for a question that asks for no tool; with several the model
-        # names one (asked "Say hello." with both tools, the 1.5B model named a "say_hello" of its own: that
-        # would be text, not a call)
+        # names one (asked "Say hello." with both tools, the 1.5B model named a "say_hello" of its own before the
+        # grammar: text, not a call)
         chat = [{"role": "user", "content": "Say hello."}]
         r4 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=chat, tools=[TIME],
                                             tool_choice="required", max_tokens=64)
         assert r4.choices[0].finish_reason == "tool_calls", r4.choices[0]
         assert r4.choices[0].message.tool_calls[0].function.name == "get_time"
+        assert set(json.loads(r4.choices[0].message.tool_calls[0].function.arguments)) == {"tz"}
+        r4 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=chat, tools=[TIME, WEATHER],
+                                            tool_choice="required", max_tokens=64)
+        assert r4.choices[0].finish_reason == "tool_calls", r4.choices[0]
+        (call,) = r4.choices[0].message.tool_calls
+        assert call.function.name in ("get_time", "get_weather"), call
+        assert set(json.loads(call.function.arguments)) <= {"tz", "city"}, call
         r4 = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[TIME, WEATHER],
                                             tool_choice="required", max_tokens=64)
         assert [c.function.name for c in r4.choices[0].message.tool_calls] == ["get_weather"], r4.choices[0]

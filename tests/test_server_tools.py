@@ -147,3 +147,49 @@ def test_a_forced_call_must_name_one_of_the_tools():
     # one tool: "required" names it
     assert tools.forced_opening("required", [WEATHER]) == tools.forced_opening(
         {"type": "function", "function": {"name": "get_weather"}}, [WEATHER])
+
+
+FORECAST = {"type": "function", "function": {"name": "get_forecast", "parameters": {
+    "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"},
+                                     "hourly": {"type": "boolean"}},
+    "required": ["unit", "days", "hourly"], "additionalProperties": False}}}
+
+
+def follows_forecast(call):
+    args = json.loads(call["function"]["arguments"])
+    return (call["function"]["name"] == "get_forecast" and set(args) == {"unit", "days", "hourly"}
+            and args["unit"] in ("celsius", "fahrenheit") and type(args["days"]) is int
+            and type(args["hourly"]) is bool)
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "required-one"])
+def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
+    """The grammar of a forced call: a random tiny model, which never writes JSON of its own, writes a call of one
+    of the tools whose arguments follow that tool's schema, with or without drafting."""
+    tool_list = [FORECAST] if choice == "required-one" else [WEATHER, FORECAST]
+    tool_choice = {"type": "function", "function": {"name": "get_forecast"}} if choice == "named" else "required"
+    opening, rules = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
+    names = tools.names_of(tool_list)
+    for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
+        free = llm.generate("Hello world" + opening, max_tokens=60)
+        assert tools.parse(opening + free.text, names, strict=True)[1] == []  # no call without the grammar
+        for seed in range(3):
+            c = llm.generate("Hello world" + opening, max_tokens=120, grammar=rules, temperature=0.0 if seed == 0
+                             else 1.0, seed=seed)
+            assert c.finish_reason == "stop", c.text
+            text, calls = tools.parse(opening + c.text, names, strict=True)
+            assert text == "" and len(calls) == 1, c.text
+            if choice != "required":
+                assert follows_forecast(calls[0]), calls
+            else:  # the model named one of them, and its arguments follow that one's schema
+                assert follows_forecast(calls[0]) or (calls[0]["function"]["name"] == "get_weather"
+                                                      and isinstance(json.loads(calls[0]["function"]["arguments"]),
+                                                                     dict)), calls
+
+
+def test_a_tool_schema_the_converter_cannot_express_lets_its_arguments_be_any_object(tiny, make_llm):
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {"$ref": "#/nowhere"}}}
+    rules = tools.call_grammar("required", [odd])
+    assert "arguments-0-any" in rules
+    make_llm(tiny["target"]).check_options(grammar=rules)  # it parses
+    assert tools.call_grammar("auto", [odd]) is tools.call_grammar("none", [odd]) is None

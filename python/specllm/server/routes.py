@@ -76,7 +76,9 @@ def _message(m: p.Message, i: int) -> dict:
     return out
 
 
-def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int], logprobs: Optional[int]) -> dict:
+def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int], logprobs: Optional[int],
+             call_rules: Optional[str] = None) -> dict:
+    """The generation options of a request (a 400 for a bad one). call_rules: a forced tool call's grammar."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
@@ -93,7 +95,7 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
         raise _bad_option(e) from None
-    rules, param = _grammar(req)
+    rules, param = _grammar(req) if call_rules is None else (call_rules, "tools")  # both: _grammar's 400 first
     if rules is not None:
         try:  # parsed now: a grammar that is not one is the caller's 400
             state.llm.check_options(**opts, grammar=rules)
@@ -264,8 +266,9 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
                        "unsupported_parameter")
-    try:
-        forced = tool_calls.forced_opening(req.tool_choice, tools)  # the reply begins with it: a call is made
+    try:  # the reply begins with the opening, and its grammar makes the rest a call with valid arguments
+        forced = tool_calls.forced_opening(req.tool_choice, tools)
+        call_rules = tool_calls.call_grammar(req.tool_choice, tools) if forced else None
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
     try:
@@ -274,7 +277,9 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
     n_logprobs = lp.chat_request(req)
-    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs)
+    if call_rules is not None:
+        _grammar(req)  # a response_format or grammar beside the tools: its 400
+    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs, call_rules)
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:

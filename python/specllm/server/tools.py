@@ -73,7 +73,8 @@ def _call(body: str, names=None) -> Optional[dict]:
 def forced_opening(tool_choice, tools: Optional[list]) -> str:
     """What the reply is made to begin with so that it calls a tool: tool_choice "required" opens a block and its
     name, a named function ({"type": "function", "function": {"name": ...}}) opens the block up to its arguments.
-    The model writes the rest: not constrained by a grammar, so a reply that does not go on as JSON stays text.
+    The model writes the rest, constrained by call_grammar: a call of one of the tools with arguments that follow
+    its schema.
     One tool and "required": that tool, named. "" for "auto" or "none". Raises ValueError (with what to fix) for
     a choice that cannot be honoured."""
     if tool_choice in (None, "auto", "none"):
@@ -94,6 +95,43 @@ def forced_opening(tool_choice, tools: Optional[list]) -> str:
         raise ValueError(f"tool_choice names the function {name!r}, which is not among the request's tools "
                          f"({', '.join(sorted(n for n in names_of(tools) if isinstance(n, str)))})")
     return OPEN + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
+
+
+def call_grammar(tool_choice, tools: Optional[list]) -> Optional[str]:
+    """GBNF for the rest of a forced call, after forced_opening(tool_choice, tools): the arguments follow the
+    called tool's `parameters` schema ("required" with several tools: the name is one of theirs, then its
+    arguments), then "}" and the block's end. None for "auto" or "none". A schema the converter cannot express
+    lets that tool's arguments be any JSON object (the call is still JSON)."""
+    opening = forced_opening(tool_choice, tools)
+    if not opening:
+        return None
+    from llama_cpp import llama_grammar  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
+
+    conv = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    fns = {}
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            fns.setdefault(fn["name"], fn)
+
+    def arguments(i: int, fn: dict) -> str:
+        schema = fn.get("parameters")
+        try:
+            schema = conv.resolve_refs(schema if isinstance(schema, dict) and schema else {"type": "object"},
+                                       f"tool-{i}")
+            return conv.visit(schema, f"arguments-{i}")
+        except Exception:  # what the converter cannot express (it raises what it meets)
+            return conv.visit({"type": "object"}, f"arguments-{i}-any")
+
+    if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
+        name = json.loads(opening[len(OPEN):] + "0}")["name"]
+        call = arguments(0, fns[name])
+    else:  # the model names one of the tools
+        call = "( " + " | ".join(
+            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": ') + " " +
+            arguments(i, fn) for i, (name, fn) in enumerate(fns.items())) + " )"
+    conv._add_rule("root", call + ' "}" ( "\\n"? "' + CLOSE + '" )?')
+    return conv.format_grammar()
 
 
 def _closed(text: str) -> str:
