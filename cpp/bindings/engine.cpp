@@ -34,6 +34,7 @@ void register_engine(py::module_ & m) {
     py::class_<Stats>(m, "Stats")
         .def_readonly("n_prompt", &Stats::n_prompt)
         .def_readonly("n_cached", &Stats::n_cached)
+        .def_readonly("n_restored", &Stats::n_restored)
         .def_readonly("n_generated", &Stats::n_generated)
         .def_readonly("n_steps", &Stats::n_steps)
         .def_readonly("n_drafted", &Stats::n_drafted)
@@ -111,6 +112,11 @@ void register_engine(py::module_ & m) {
         .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
         .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("memory_tokens", &Engine::memory_tokens)
+        .def("set_prompt_cache_bytes", &Engine::set_prompt_cache_bytes, py::arg("bytes"),
+             py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("prompt_cache_bytes", &Engine::prompt_cache_bytes)
+        .def_property_readonly("prompt_cache_used", &Engine::prompt_cache_used)
+        .def_property_readonly("prompt_cache_entries", &Engine::prompt_cache_entries)
         .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),
              py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("sentence_boundaries", &Engine::sentence_boundaries)

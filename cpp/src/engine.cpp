@@ -153,8 +153,10 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     const double t0 = now_ms();
     history_.assign(prompt.begin(), prompt.end() - 1);
     id_last_ = prompt.back();
+    const int n_restored = prompt_cache_.prepare(*target_, history_); // a saved state sharing more of it
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
+    stats_.n_restored = n_restored > 0 ? n_keep : 0;
     const std::function<void()> check = [&] {
         if (interrupt_.load()) {
             throw Cancelled("the generation was cancelled during prompt processing");
@@ -422,6 +424,7 @@ void Engine::cancel() {
 void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     memory_.clear();
+    prompt_cache_.clear();
     target_->clear();
     if (draft_model_) {
         draft_model_->clear();

@@ -1,5 +1,5 @@
-// Engine's drafting memory: the outputs of earlier generations kept for n-gram drafts (remember), and its accessors
-// (save / load / clear / size).
+// Engine's memories across generations: the drafting memory, the outputs of earlier generations kept for n-gram
+// drafts (remember), and its accessors (save / load / clear / size); the prompt cache's size.
 #include "specllm/engine.h"
 
 #include "specllm/errors.h"
@@ -52,6 +52,26 @@ void Engine::set_memory_tokens(int n) {
 void Engine::set_sentence_boundaries(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
     opts_.sentence_boundaries = on;
+}
+
+void Engine::set_prompt_cache_bytes(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prompt_cache_.set_capacity(bytes);
+}
+
+size_t Engine::prompt_cache_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.capacity();
+}
+
+size_t Engine::prompt_cache_used() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.bytes();
+}
+
+int Engine::prompt_cache_entries() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.n_entries();
 }
 
 } // namespace specllm

@@ -176,6 +176,26 @@ int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
     return n_past();
 }
 
+size_t Model::state_size() const {
+    return llama_state_seq_get_size(ctx_.get(), 0);
+}
+
+std::vector<uint8_t> Model::state() const {
+    std::vector<uint8_t> out(state_size());
+    out.resize(llama_state_seq_get_data(ctx_.get(), out.data(), out.size(), 0));
+    return out;
+}
+
+bool Model::set_state(const std::vector<uint8_t> & state, const std::vector<llama_token> & tokens) {
+    clear();
+    if (state.empty() || llama_state_seq_set_data(ctx_.get(), state.data(), state.size(), 0) == 0) {
+        cut_memory(0); // llama.cpp clears the sequence when it fails part way: say so
+        return false;
+    }
+    cached_ = tokens;
+    return true;
+}
+
 void Model::decode_polled(const llama_token * tokens, int n, const std::function<void()> & poll) {
     const int step = std::min(n_batch(), prompt_batch);
     for (int i = 0; i < n; i += step) {

@@ -93,6 +93,9 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-tokens", type=_nonnegative_int, default=None, metavar="N",
                    help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
                         "(0 = off; default: the library's)")
+    g.add_argument("--prompt-cache-mb", type=_nonnegative_int, default=None, metavar="N",
+                   help="keep KV states of earlier prompts, at most N MiB, so that switching between "
+                        "conversations does not decode them again (0 = off; default: the library's)")
     g.add_argument("--memory-file", default=None, metavar="PATH",
                    help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
                         "every reply")
@@ -183,7 +186,7 @@ def _check(parser, args) -> None:
 
 def _llm_options(args) -> dict:
     given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("memory_file", args.memory_file),
-             ("learn_batch_costs", args.learn_batch_costs))
+             ("prompt_cache_mb", args.prompt_cache_mb), ("learn_batch_costs", args.learn_batch_costs))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 

@@ -96,6 +96,7 @@ class LLM:
         stream_idle_timeout: float = 10.0,
         memory_tokens: int = 32768,
         memory_file: Union[str, os.PathLike, None] = None,
+        prompt_cache_mb: int = 512,
         learn_batch_costs: bool = False,
     ):
         """Load a target model and, optionally, a drafter.
@@ -123,6 +124,10 @@ class LLM:
         memory_file: a file that keeps the drafting memory across processes: read now if it exists (a file that is
             not one is a MemoryFileError, never overwritten), written atomically after every generation and after
             reset / clear_memory / load_memory (a failed write after a generation is logged, not raised).
+        prompt_cache_mb: the prompt cache: KV states of earlier prompts (at most this many MiB of RAM, least
+            recently used out first; 0 = off), so that a prompt continuing a conversation other than the last one
+            reuses its prefix instead of decoding it again (an assistant asking for a title between two turns,
+            interleaved agents). A state is kept when a prompt cuts 64+ tokens off the cache; reset() empties it.
         learn_batch_costs: False (default): "auto" costs a verify batch as the cost profile's shape times one level
             learned from the steps, so its choices depend on the profile and the text only, never on the clock (the
             same prompt drafts alike, and in fast mode writes the same text, in every process). True: it also learns
@@ -135,6 +140,7 @@ class LLM:
                             ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
             _int(name, value)
         _int("memory_tokens", memory_tokens, lo=0)
+        _int("prompt_cache_mb", prompt_cache_mb, lo=0)
         if memory_file is not None and memory_tokens == 0:
             raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
         self._memory_file = memory.MemoryFile(_text("memory_file", os.fspath(memory_file))) if memory_file else None
@@ -178,6 +184,7 @@ class LLM:
         finally:
             logs.drain()
         self._engine.set_learn_batch_costs(learn_batch_costs)
+        self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)

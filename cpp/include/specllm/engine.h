@@ -9,6 +9,7 @@
 #include "specllm/logprobs.h"
 #include "specllm/model.h"
 #include "specllm/options.h"
+#include "specllm/prompt_cache.h"
 #include "specllm/text.h"
 #include "specllm/verifier.h"
 
@@ -45,6 +46,7 @@ constexpr int exact_verify_rows = 3;
 struct Stats {
     int n_prompt = 0;        // prompt tokens
     int n_cached = 0;        // of them reused from the KV cache of an earlier call
+    int n_restored = 0;      // of those, from a state the prompt cache had saved (0: the live cache, or none)
     int n_generated = 0;     // tokens generated
     int n_steps = 0;         // target verify calls (one per step)
     int n_drafted = 0;       // draft tokens proposed
@@ -110,6 +112,11 @@ class Engine {
     void clear_memory();
     void set_memory_tokens(int n); // its size in tokens (0 = off; a smaller size drops the oldest outputs)
     int memory_tokens() const { return opts_.memory_tokens; }
+    // saved KV states of earlier prompts (prompt_cache.h): at most `bytes` (0 = off; reset() empties it)
+    void set_prompt_cache_bytes(size_t bytes);
+    size_t prompt_cache_bytes() const;
+    size_t prompt_cache_used() const;   // bytes held now
+    int prompt_cache_entries() const;
     void set_sentence_boundaries(bool on);
     bool sentence_boundaries() const { return opts_.sentence_boundaries; }
     const Stats & stats() const { return stats_; }
@@ -151,6 +158,7 @@ class Engine {
     std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
     bool grammar_full_mask_ = false;
     MaskCost mask_cost_;                 // what a whole-row grammar mask costs here, for "auto"
+    PromptCache prompt_cache_;           // the target's KV states of earlier prompts
     llama_token id_last_ = -1;
     bool active_ = false;
     bool model_in_step_ = false; // the draft model was prefilled for this generation (see start())

@@ -6,6 +6,7 @@
 
 #include "llama-cpp.h"
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,6 +51,11 @@ class Model {
     int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq; returns
                                                                   // n_past() after it
     void clear() { truncate(0); }
+    // the cache's state as llama.cpp copies it out (llama_state_seq_get_data), and back: set_state makes the cache
+    // hold `tokens` from a state saved when it held them; false (and an empty cache) if llama.cpp refuses it
+    std::vector<uint8_t> state() const;
+    size_t state_size() const; // the bytes state() would copy
+    bool set_state(const std::vector<uint8_t> & state, const std::vector<llama_token> & tokens);
 
     // decode tokens at positions n_past().. in batches of n_batch; logits for every row (all_logits; but the last
     // n_filler rows, padding) or only the last row. Throws ContextOverflowError / DecodeError; on error the cache
