@@ -277,7 +277,7 @@ def test_prompt_prefix_is_reused_across_turns(client):
     assert second.model_extra["speculative"]["prompt_tokens_cached"] == cached
 
 
-def test_a_conversation_taken_up_after_another_reuses_its_prefix(client, local):
+def test_a_conversation_taken_up_after_another_reuses_its_prefix(server, client, local):
     # an assistant asking for a title (another prompt) between two turns: the prompt cache restores the first
     # conversation's state, so its next turn is not decoded again, and the reply is the one it would have been
     chat = [{"role": "user", "content": "Tell me a story about a fox. " * 12}]
@@ -289,6 +289,8 @@ def test_a_conversation_taken_up_after_another_reuses_its_prefix(client, local):
     second = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=30, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens, second.usage
     assert second.choices[0].message.content == local.chat(chat, max_tokens=30).text
+    assert server.metric("specllm_prompt_tokens_restored_total", headers=AUTH) >= first.usage.prompt_tokens
+    assert server.metric("specllm_prompt_cache_bytes", headers=AUTH) > 0
 
 
 # --- errors arrive as the client's exception classes

@@ -339,6 +339,11 @@ class LLM:
             self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path)
 
     @property
+    def prompt_cache_used(self) -> int:
+        """Bytes of KV states the prompt cache holds now (at most prompt_cache_mb MiB)."""
+        return self._engine.prompt_cache_used
+
+    @property
     def memory_size(self) -> int:
         """Tokens in the drafting memory now (outputs and the separators between them)."""
         return len(self._engine.memory())

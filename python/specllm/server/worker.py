@@ -87,6 +87,7 @@ class Job:
                 for chunk in stream:
                     self.post("chunk", chunk)
             metrics.finished(stream.stats, stream.finish_reason)
+            metrics.prompt_cache_bytes.set(llm.prompt_cache_used)
         except Exception as e:  # a decode error: the request fails, the server goes on
             log.exception("generation failed")
             self.post("error", e)
