@@ -6,6 +6,7 @@ schema) from plain decoding and the default drafting, with and without the gramm
     python -m bench.grammar --temperature 0.7      # sampled (a seed per round and prompt, the same for every system)
     python -m bench.grammar --full-mask            # every row masked whole: what the shortcuts (grammar.h) save
     python -m bench.grammar --temperature 0.7 --top-p 0.9   # top-p: masked whole, the draft-length policy knows it
+    python -m bench.grammar --baseline-no-grammar-drafts     # what drafting the text a grammar forces gains
 
 Reported per prompt kind: tokens per second of each system (medians over rounds and prompts), the default's
 speedup over plain decoding under the same grammar, the grammar's cost in each system (ms per token of
@@ -42,9 +43,19 @@ def main(argv=None) -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0, help="below 1, every constrained row is masked whole")
     ap.add_argument("--full-mask", action="store_true", help="mask every row whole (the engine's test switch)")
+    ap.add_argument("--baseline-no-grammar-drafts", action="store_true",
+                    help="the baseline ('plain' columns) is the default with drafts of the text a grammar forces "
+                         "turned off, not plain decoding: what those drafts gain")
+    ap.add_argument("--memory-tokens", type=int, default=None,
+                    help="the drafting memory's size (0: off, every request a first one; default: the library's)")
     args = ap.parse_args(argv)
+    mem = {} if args.memory_tokens is None else {"memory_tokens": args.memory_tokens}
     systems = {"plain": specllm.LLM(args.model, None, n_threads=args.threads, n_ctx=2048),
-               "default": specllm.LLM(args.model, n_threads=args.threads, n_ctx=2048)}
+               "default": specllm.LLM(args.model, n_threads=args.threads, n_ctx=2048, **mem)}
+    if args.baseline_no_grammar_drafts:
+        systems["plain"] = specllm.LLM(args.model, n_threads=args.threads, n_ctx=2048, **mem)
+        systems["plain"]._engine.set_grammar_drafts(False)
+        print("baseline ('plain' columns): the default without drafts of grammar-forced text")
     for llm in systems.values():
         llm._engine.set_grammar_full_mask_for_tests(args.full_mask)
     tps = {}       # (kind, system, constrained) -> tokens per second per run

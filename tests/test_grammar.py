@@ -211,3 +211,33 @@ def test_specllm_generate_takes_a_grammar(tiny, plain):
     out = specllm.generate(PROMPTS[0], tiny["target"], None, grammar=GRAMMAR, max_tokens=40, n_threads=1, n_ctx=512,
                            profile_costs=False)
     assert out.text == plain[PROMPTS[0]].text
+
+
+KEYS = {"type": "object", "properties": {
+    "temperature_in_celsius": {"type": "integer"}, "is_raining_right_now": {"type": "boolean"},
+    "wind_direction": {"enum": ["north", "south"]}},
+    "required": ["temperature_in_celsius", "is_raining_right_now", "wind_direction"], "additionalProperties": False}
+FLAT = [10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2]  # verify costs where a batch costs about one step: drafts pay
+
+
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_the_text_a_grammar_forces_is_drafted_and_the_output_stays_plain_decodings(tiny, make_llm, draft):
+    """A JSON schema's keys and punctuation are forced by the grammar: "auto" drafts them (free, the target
+    verifies), and the text is plain decoding's under the same grammar, greedy and sampled."""
+    rules = specllm.grammar.json(KEYS)
+    plain = make_llm(tiny["target"])
+    llm = make_llm(tiny["target"], "ngram") if draft == "ngram" else make_llm(tiny["target"], tiny["draft"], ngram=True)
+    llm._engine.set_verify_costs(FLAT)
+    for p in PROMPTS:
+        for opts in ({}, {"temperature": 1.0, "seed": 3}):
+            want = plain.generate(p, max_tokens=160, grammar=rules, **opts)
+            got = llm.generate(p, max_tokens=160, grammar=rules, **opts)
+            assert (got.text, got.finish_reason) == (want.text, want.finish_reason == "stop" and "stop"), opts
+            assert set(json.loads(got.text)) == set(KEYS["properties"])
+            assert want.stats.n_grammar_steps == 0  # plain decoding stays plain
+            # the three keys are drafted in few steps: most of their tokens accepted
+            assert got.stats.n_grammar_steps >= 2 and got.stats.n_accepted >= 12, got.stats
+            assert got.stats.n_steps < want.stats.n_steps * 0.8, (got.stats.n_steps, want.stats.n_steps)
+    llm._engine.set_grammar_drafts(False)  # the switch bench.grammar compares with: none drafted, the same text
+    off = llm.generate(PROMPTS[0], max_tokens=160, grammar=rules)
+    assert off.stats.n_grammar_steps == 0 and off.text == plain.generate(PROMPTS[0], max_tokens=160, grammar=rules).text

@@ -35,6 +35,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_prompt", &Stats::n_prompt)
         .def_readonly("n_cached", &Stats::n_cached)
         .def_readonly("n_restored", &Stats::n_restored)
+        .def_readonly("n_grammar_steps", &Stats::n_grammar_steps)
         .def_readonly("n_generated", &Stats::n_generated)
         .def_readonly("n_steps", &Stats::n_steps)
         .def_readonly("n_drafted", &Stats::n_drafted)
@@ -115,6 +116,7 @@ void register_engine(py::module_ & m) {
         .def("set_prompt_cache_bytes", &Engine::set_prompt_cache_bytes, py::arg("bytes"),
              py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("prompt_cache_bytes", &Engine::prompt_cache_bytes)
+        .def("set_grammar_drafts", &Engine::set_grammar_drafts, py::arg("on"))
         .def_property_readonly("prompt_cache_used", &Engine::prompt_cache_used)
         .def_property_readonly("prompt_cache_entries", &Engine::prompt_cache_entries)
         .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),

@@ -56,6 +56,8 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     text_hits_ = text_expected_ = 0.0;
     alpha_boundary_ = alpha_prior_boundary;
     n_boundary_obs_ = 0;
+    alpha_forced_ = alpha_prior_forced; // how a reply lays out its text (whitespace) is its own
+    n_forced_obs_ = 0;
     for (int s = 0; s < n_sources; ++s) {
         const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
         for (int j = 0; j < n_max; ++j) {
@@ -246,6 +248,29 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         }
     }
     return best;
+}
+
+Choice AutoPolicy::forced_choice(int m) const {
+    Choice best;
+    double best_rate = margin / (cost_verify(1) + c_row_read_);
+    std::array<double, n_max> alpha{};
+    alpha.fill(alpha_forced_);
+    for (int k = 1; k <= std::min({m, k_limit_, n_max}); ++k) { // one batch: no probe (and the cost the step
+        const double rate = this->rate(alpha.data(), k, cost_draft(1, k)); // teaches is that of one batch)
+        if (rate > best_rate) {
+            best_rate = rate;
+            best.k = k;
+        }
+    }
+    return best;
+}
+
+void AutoPolicy::observe_forced(int n_drafted, int n_accepted) {
+    // per position reached: accepted ones, and the first rejected one (positions after it were never tried)
+    for (int j = 0; j < std::min(n_drafted, n_accepted + 1); ++j) { // the prior worth 4 observations
+        const double w = std::max(ema_alpha, 1.0 / (++n_forced_obs_ + 4.0));
+        alpha_forced_ = (1.0 - w) * alpha_forced_ + w * (j < n_accepted ? 1.0 : 0.0);
+    }
 }
 
 void AutoPolicy::update(const StepOutcome & o) {

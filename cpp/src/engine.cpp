@@ -138,6 +138,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         auto_.new_generation();
     }
     grammar_ = std::move(grammar);
+    grammar_text_.clear();
     auto_.set_row_read_cost(grammar_ ? mask_cost_.per_row_read(opts.sampling) : 0.0);
     rng_.seed(opts.sampling.seed);
     text_.reset(opts.stop);
@@ -260,6 +261,17 @@ StepResult Engine::step_locked() {
             draft_.q.resize(std::min(draft_.q.size(), draft_.tokens.size()));
         }
     }
+    // nothing else drafted: the text the grammar forces next (a schema's keys and punctuation), if it pays
+    Choice forced;
+    if (grammar_ && grammar_drafts_ && drafter_ && draft_.tokens.empty() && sctx.k_max > 0 &&
+        gen_.policy == PolicyKind::automatic) {
+        std::vector<llama_token> tokens = forced_draft(*grammar_, *target_, grammar_text_, sctx.k_max);
+        forced = auto_.forced_choice((int) grammar_->legal_prefix(tokens));
+        if (forced.k > 0) {
+            draft_.tokens.assign(tokens.begin(), tokens.begin() + forced.k);
+            draft_.q.clear();
+        }
+    }
     const double draft_ms = now_ms() - t0;
 
     // 2+3. verify [id_last, d1..dk] with logits for every row and accept. With verify_rows set, the rows go to
@@ -276,7 +288,8 @@ StepResult Engine::step_locked() {
     // (T(16) < T(13) on some CPUs); the filler leaves the KV cache right after its decode
     Model & tgt = *target_;
     const bool fast = opts_.verify_rows == 0;
-    const int first = fast && choice.first_rows > 0 && choice.first_rows < n_rows ? choice.first_rows : 0;
+    const int first_rows = forced.k > 0 ? 0 : choice.first_rows; // a forced draft: one batch (forced_choice)
+    const int first = fast && first_rows > 0 && first_rows < n_rows ? first_rows : 0;
     int n_decoded = 0, chunk_start = 0, n_pad = 0;
     double verify_ms = 0.0;
     const LogitsRow row = [&](int i) {
@@ -334,7 +347,13 @@ StepResult Engine::step_locked() {
     outcome.draft_ms = draft_ms;
     outcome.verify_ms = verify_ms;
     outcome.n_verified = n_decoded;
-    if (drafter_) {
+    if (forced.k > 0) { // the policy's sources drafted nothing: it learns the batch's cost alone
+        auto_.observe_forced(outcome.n_drafted, v.n_accepted);
+        StepOutcome cost_only = outcome;
+        cost_only.n_drafted = cost_only.n_accepted = 0;
+        policy().update(cost_only);
+        stats_.n_grammar_steps += 1;
+    } else if (drafter_) {
         policy().update(outcome);
         if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
             auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next,
@@ -375,7 +394,11 @@ StepResult Engine::step_locked() {
             out.logprobs.push_back(emitted_lp[i]);
         }
         stats_.n_generated += 1;
-        const bool stopped = text_.push(target_->piece(tok));
+        const std::string piece = target_->piece(tok);
+        if (grammar_) {
+            grammar_text_ += piece; // what forced drafts' whitespace follows
+        }
+        const bool stopped = text_.push(piece);
         if (stopped) {
             history_.push_back(tok);
             finish("stop", out);

@@ -19,6 +19,7 @@ class Stats:
     n_accepted: int = 0        # draft tokens accepted
     n_ngram_steps: int = 0     # steps drafted by n-gram lookup
     n_memory_steps: int = 0    # of them, drafted from the memory of earlier outputs
+    n_grammar_steps: int = 0   # steps that drafted the text a grammar forces next (keys, punctuation)
     n_verify_rows: int = 0     # rows the target decoded to verify (exact mode skips chunks after a rejection)
     n_pad_rows: int = 0        # filler rows decoded beside them: a batch padded to a size the profile found cheaper
     prefill_ms: float = 0.0    # prompt processing (target and draft)
@@ -69,7 +70,7 @@ class Stats:
         return cls(
             n_prompt=s.n_prompt, n_cached=s.n_cached, n_restored=s.n_restored, n_generated=s.n_generated, n_steps=s.n_steps,
             n_drafted=s.n_drafted, n_accepted=s.n_accepted, n_ngram_steps=s.n_ngram_steps,
-            n_memory_steps=s.n_memory_steps,
+            n_memory_steps=s.n_memory_steps, n_grammar_steps=s.n_grammar_steps,
             n_verify_rows=s.n_verify_rows,
             n_pad_rows=s.n_pad_rows,
             prefill_ms=s.prefill_ms, draft_ms=s.draft_ms, verify_ms=s.verify_ms, sample_ms=s.sample_ms,

@@ -105,6 +105,13 @@ class AutoPolicy : public DraftPolicy {
     // its source's: measured on the dev runs' plain answers, 0.55 of 490 positions inside a draft and 0.43 of 49 at
     // the first (pooled: 0.54; anywhere else 0.96). Learned in each generation afresh, as the text's sources are
     static constexpr double alpha_prior_boundary = 0.54;
+    // a draft the grammar forces (grammar_draft.cpp) of m tokens: how many to verify and how, with their own
+    // acceptance estimate (the same at every position: a forced text is tokenized right or not), k = 0 when none
+    // beats a plain step; and what became of one
+    Choice forced_choice(int m) const;
+    void observe_forced(int n_drafted, int n_accepted);
+    static constexpr double alpha_prior_forced = 0.9;
+    double forced_acceptance() const { return alpha_forced_; }
     double boundary_acceptance() const { return alpha_boundary_; }
 
     // introspection (stats, tests)
@@ -161,6 +168,8 @@ class AutoPolicy : public DraftPolicy {
     std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position
     std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted
     double alpha_boundary_ = alpha_prior_boundary;             // see alpha_prior_boundary
+    double alpha_forced_ = alpha_prior_forced;                 // see forced_choice
+    int n_forced_obs_ = 0;
     int n_boundary_obs_ = 0;
     int last_boundary_ = -1; // the boundary position of the last choice's n-gram draft (-1 = none or the model)
     // planning_alpha with the boundary's estimate at position `boundary` of an n-gram source

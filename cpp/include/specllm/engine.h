@@ -53,6 +53,7 @@ struct Stats {
     int n_accepted = 0;      // draft tokens accepted
     int n_ngram_steps = 0;   // steps drafted by the n-gram drafter
     int n_memory_steps = 0;  // of them, drafted from the memory of earlier generations
+    int n_grammar_steps = 0; // steps that drafted the text a grammar forces (grammar_draft.cpp)
     int n_verify_rows = 0;   // rows the target decoded to verify (chunks after a rejection are skipped)
     int n_pad_rows = 0;      // filler rows decoded beside them (a batch padded to a cheaper size)
     double prefill_ms = 0.0; // prompt processing (target and draft)
@@ -130,6 +131,8 @@ class Engine {
     // a deliberately wrong sampling verifier, for tests that must be able to fail
     void set_wrong_sampling_for_tests(bool on) { verifier_.wrong_for_tests = on; }
     void set_grammar_full_mask_for_tests(bool on) { grammar_full_mask_ = on; } // no shortcuts (grammar.h)
+    // drafts of the text a grammar forces (grammar_draft.cpp): on by default; off to measure what they gain
+    void set_grammar_drafts(bool on) { grammar_drafts_ = on; }
 
   private:
     StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws
@@ -156,7 +159,9 @@ class Engine {
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
     std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
+    std::string grammar_text_;           // ... and the text it has read
     bool grammar_full_mask_ = false;
+    bool grammar_drafts_ = true;
     MaskCost mask_cost_;                 // what a whole-row grammar mask costs here, for "auto"
     PromptCache prompt_cache_;           // the target's KV states of earlier prompts
     llama_token id_last_ = -1;

@@ -18,6 +18,8 @@
 
 namespace specllm {
 
+class Model;
+
 class Grammar {
   public:
     // throws InvalidArgument with llama.cpp's parse error when gbnf is empty or not a grammar with a "root" rule
@@ -33,6 +35,10 @@ class Grammar {
     // logits with every token the grammar forbids at -inf, into out; when it allows nothing (a dead end), the
     // end-of-generation token stays, so the generation stops there
     void mask(const float * logits, int n_vocab, std::vector<float> & out);
+    // the text the grammar forces next (at most max_chars), whitespace as `reply` (the output so far) wrote it
+    // before (grammar_draft.cpp); "" where the next character is free
+    // *joins: whether a newline may follow it (set at every character: what holds where it stops)
+    std::string forced_text(const std::string & reply, size_t max_chars, bool * joins = nullptr) const;
 
   private:
     friend class ConstrainedRows; // hands the advanced state over
@@ -93,6 +99,11 @@ class MaskCost {
     double ms_ = 0.0;
     int n_ = 0;
 };
+
+// a draft of the text the grammar forces next, in target's tokens (at most max_tokens; what may join the free
+// text after it in one token is left out): free drafts for a JSON schema's keys and punctuation
+std::vector<llama_token> forced_draft(const Grammar & grammar, const Model & target, const std::string & reply,
+                                      int max_tokens);
 
 // the generation's grammar (nullptr without one); InvalidArgument for a bad one or one with ignore_eos
 std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts);
