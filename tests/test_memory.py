@@ -186,6 +186,10 @@ def test_bad_memory_files_fail_at_load_and_are_never_overwritten(tiny, make_llm,
         make(make_llm, tiny, memory_file=tmp_path / "no-such-dir" / "m.bin")
     with pytest.raises(specllm.MemoryFileError, match="is a directory"):
         make(make_llm, tiny, memory_file=tmp_path)
+    with pytest.raises(specllm.MemoryFileError, match="is empty"):  # not "no file"
+        make(make_llm, tiny, memory_file="")
+    with pytest.raises(TypeError):
+        make(make_llm, tiny, memory_file=3)
     with pytest.raises(specllm.MemoryFileError, match="cannot be written"):
         make(make_llm, tiny, memory_file="/proc/specllm-memory.bin")  # a directory nobody may create files in
     # a file that is not a drafting memory (the model itself, given by mistake) or fits another vocabulary

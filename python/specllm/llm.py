@@ -143,7 +143,8 @@ class LLM:
         _int("prompt_cache_mb", prompt_cache_mb, lo=0)
         if memory_file is not None and memory_tokens == 0:
             raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
-        self._memory_file = memory.MemoryFile(_text("memory_file", os.fspath(memory_file))) if memory_file else None
+        self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
+                                                                                    os.fspath(memory_file)))
         if not isinstance(learn_batch_costs, bool):
             raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
         if draft_n_gpu_layers is not None:

@@ -71,6 +71,8 @@ class MemoryFile:
     generation it was running. A write that fails after a generation is logged, not raised: the reply stands."""
 
     def __init__(self, path: str):
+        if not path.strip():
+            raise MemoryFileError("memory_file is empty: give a file's path, or None for no file")
         self.path = path
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
