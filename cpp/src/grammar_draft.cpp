@@ -89,47 +89,47 @@ std::string habit(const std::string & text, char prev, char next, bool & known) 
 std::string Grammar::forced_text(const std::string & reply, size_t max_chars, bool * joins) const {
     const CharTokens & table = char_tokens(vocab_);
     const llama_token eos = llama_vocab_eos(vocab_);
-    Grammar g(*this);
-    std::string out;
-    std::vector<llama_token_data> cand;
-    std::string pending; // whitespace the habit chose, written one character at a time
-    while (out.size() < max_chars) {
-        cand.clear();
-        for (int c = 0; c < 128; ++c) {
-            if (table[(size_t) c] >= 0) {
-                cand.push_back(llama_token_data{table[(size_t) c], 0.0f, 0.0f});
-            }
+    std::vector<llama_token_data> cand; // the single-character tokens (and the end), asked at every character
+    std::string chars;                  // ... and their characters (0 for the end)
+    for (int c = 0; c < 128; ++c) {
+        if (table[(size_t) c] >= 0) {
+            cand.push_back(llama_token_data{table[(size_t) c], 0.0f, 0.0f});
+            chars += (char) c;
         }
-        if (eos >= 0) {
-            cand.push_back(llama_token_data{eos, 0.0f, 0.0f});
+    }
+    if (eos >= 0) {
+        cand.push_back(llama_token_data{eos, 0.0f, 0.0f});
+        chars += '\0';
+    }
+    Grammar g(*this);
+    std::string text = reply;  // the reply and the forced text after it
+    std::string pending;       // whitespace the habit chose, written one character at a time
+    std::string spaces, others; // what the grammar allows at the current character
+    bool may_end = false;
+    while (text.size() - reply.size() < max_chars) {
+        for (auto & t : cand) {
+            t.logit = 0.0f;
         }
         llama_token_data_array arr{cand.data(), cand.size(), -1, false};
-        llama_sampler_apply(g.smpl_, &arr);
-        std::string spaces, others;
-        for (size_t i = 0; i < arr.size; ++i) {
-            if (cand[i].logit == -INFINITY) {
-                continue;
+        llama_sampler_apply(g.smpl_, &arr); // keeps the order, lowers what is forbidden to -inf
+        spaces.clear();
+        others.clear();
+        for (size_t i = 0; i < cand.size(); ++i) {
+            if (cand[i].logit != -INFINITY) {
+                may_end = may_end || chars[i] == '\0';
+                (is_space(chars[i]) ? spaces : others) += chars[i];
             }
-            if (cand[i].id == eos) {
-                return out; // the text may end here
-            }
-            const std::string p = piece_of(vocab_, cand[i].id);
-            (is_space(p[0]) ? spaces : others) += p[0];
+        }
+        if (may_end) {
+            break; // the text may end here
         }
         char c = 0;
-        if (joins != nullptr) { // a newline may come next, and tokenizers write it with what precedes ("{\n")
-            bool known = false;
-            const std::string text = reply + out;
-            const std::string ws = text.empty() ? std::string() : habit(text, text.back(), 0, known);
-            *joins = spaces.find('\n') != std::string::npos && (!known || (!ws.empty() && ws[0] == '\n'));
-        }
         if (!pending.empty()) {
             c = spaces.find(pending[0]) != std::string::npos ? pending[0] : 0;
             pending.erase(0, 1);
         } else if (spaces.empty() && others.size() == 1) {
             c = others[0];
         } else if (!spaces.empty() && others.size() <= 1) {
-            const std::string text = reply + out;
             bool known = false;
             const std::string ws = text.empty() ? std::string() : habit(text, text.back(), others.empty() ? 0 :
                                                                                           others[0], known);
@@ -147,9 +147,14 @@ std::string Grammar::forced_text(const std::string & reply, size_t max_chars, bo
             break;
         }
         g.accept(table[(size_t) (unsigned char) c]);
-        out += c;
+        text += c;
     }
-    return out;
+    if (joins != nullptr) { // a newline may come next, and tokenizers write it with what precedes ("{\n")
+        bool known = false;
+        const std::string ws = text.empty() ? std::string() : habit(text, text.back(), 0, known);
+        *joins = !may_end && spaces.find('\n') != std::string::npos && (!known || (!ws.empty() && ws[0] == '\n'));
+    }
+    return text.substr(reply.size());
 }
 
 std::vector<llama_token> forced_draft(const Grammar & grammar, const Model & target, const std::string & reply,

@@ -95,7 +95,9 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
         raise _bad_option(e) from None
-    rules, param = _grammar(req) if call_rules is None else (call_rules, "tools")  # both: _grammar's 400 first
+    rules, param = _grammar(req)  # with tools, a response_format or grammar is a 400 here
+    if call_rules is not None:
+        rules, param = call_rules, "tools"
     if rules is not None:
         try:  # parsed now: a grammar that is not one is the caller's 400
             state.llm.check_options(**opts, grammar=rules)
@@ -277,8 +279,6 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
     n_logprobs = lp.chat_request(req)
-    if call_rules is not None:
-        _grammar(req)  # a response_format or grammar beside the tools: its 400
     opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs, call_rules)
     job = _submit(request, tokens, opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
