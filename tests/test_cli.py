@@ -505,6 +505,26 @@ def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, e
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], (extra, r.stderr)
 
 
+def test_prompt_cache_dir_carries_a_long_system_prompt_from_one_run_to_the_next(tiny, env, tmp_path):
+    states = tmp_path / "states"
+    system = "You answer questions about this file. " * 12
+    args = ["generate", "--system", system, "--max-tokens", "8", "--stats-json", "--prompt-cache-dir", str(states)]
+    first = run(tiny, env, *args, "Question one?")
+    second = run(tiny, env, *args, "Another question?")  # a new process: only the directory knows the prompt
+    plain = run(tiny, env, *args[:-2], "Another question?")
+    assert first.returncode == second.returncode == plain.returncode == 0, (first.stderr, second.stderr)
+    assert second.stdout == plain.stdout
+    stats = [json.loads(r.stderr.strip().splitlines()[-1]) for r in (first, second, plain)]
+    assert stats[0]["n_cached"] == 0 and stats[2]["n_cached"] == 0 and not stats[2]["restored_from_disk"]
+    assert stats[1]["restored_from_disk"] and stats[1]["n_cached"] >= 128, stats[1]
+    (tmp_path / "a-file").write_text("x")
+    for extra, words in ((["--prompt-cache-dir", str(tmp_path / "a-file")], "not a directory"),
+                         (["--prompt-cache-dir", str(states), "--prompt-cache-disk-mb", "0"], "must be")):
+        r = run(tiny, env, "generate", "Hello world", *extra)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode in (1, 2) and words in lines[-1], r.stderr
+
+
 def test_memory_file_carries_the_drafting_memory_from_one_run_to_the_next(tiny, env, tmp_path):
     path = tmp_path / "memory.bin"
     args = ["generate", "Hello world", "--max-tokens", "32", "--draft", "ngram", "--draft-length", "4", "--stats-json",

@@ -293,6 +293,33 @@ def test_a_conversation_taken_up_after_another_reuses_its_prefix(server, client,
     assert server.metric("specllm_prompt_cache_bytes", headers=AUTH) > 0
 
 
+def test_a_restarted_server_reads_a_long_system_prompt_back_from_its_prompt_cache_dir(tiny, tmp_path_factory):
+    states = tmp_path_factory.mktemp("states")
+    system = {"role": "system", "content": "You answer questions about foxes and their stories. " * 12}
+    asked = []
+    for question in ("Tell me a story.", "And another one?"):  # one server each, the second started after
+        # plain decoding, so that the reply can be compared with an LLM's in this process (drafts verified in batches
+        # of 4+ rows round differently in fast mode; test_prompt_store checks the drafters)
+        s = serve(tiny, tmp_path_factory, "--prompt-cache-dir", str(states), "--draft", "none")
+        try:
+            c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=60)
+            chat = [system, {"role": "user", "content": question}]
+            asked.append((c.chat.completions.create(model=MODEL, messages=chat, max_tokens=20, temperature=0), chat,
+                          s.metric("specllm_prompt_tokens_restored_from_disk_total")))
+        finally:
+            assert s.stop(signal.SIGINT) == 0, s.log()
+    (first, _, none), (second, chat, restored) = asked
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 and none == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 128 and restored == cached, (second.usage, restored)
+    # the reply a server that never stopped writes (its KV cache kept the system prompt's rows from the first
+    # request's prompt batches; a prompt decoded whole rounds its last batch differently)
+    import specllm
+    kept = specllm.LLM(tiny["slow"], None, n_threads=1, n_ctx=2048, profile_costs=False)
+    kept.chat([system, {"role": "user", "content": "Tell me a story."}], max_tokens=20)
+    assert second.choices[0].message.content == kept.chat(chat, max_tokens=20).text
+
+
 # --- errors arrive as the client's exception classes
 
 @pytest.mark.parametrize("kw, param", [

@@ -35,6 +35,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_prompt", &Stats::n_prompt)
         .def_readonly("n_cached", &Stats::n_cached)
         .def_readonly("n_restored", &Stats::n_restored)
+        .def_readonly("restored_from_disk", &Stats::restored_from_disk)
         .def_readonly("n_grammar_steps", &Stats::n_grammar_steps)
         .def_readonly("n_generated", &Stats::n_generated)
         .def_readonly("n_steps", &Stats::n_steps)
@@ -119,6 +120,12 @@ void register_engine(py::module_ & m) {
         .def("set_grammar_drafts", &Engine::set_grammar_drafts, py::arg("on"))
         .def_property_readonly("prompt_cache_used", &Engine::prompt_cache_used)
         .def_property_readonly("prompt_cache_entries", &Engine::prompt_cache_entries)
+        .def("set_prompt_store", &Engine::set_prompt_store, py::arg("dir"), py::arg("max_bytes"), py::arg("identity"),
+             py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("prompt_store_dir", &Engine::prompt_store_dir)
+        .def("flush_prompt_store", &Engine::flush_prompt_store, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("prompt_store_entries", &Engine::prompt_store_entries)
+        .def_property_readonly("prompt_store_bytes", &Engine::prompt_store_bytes)
         .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),
              py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("sentence_boundaries", &Engine::sentence_boundaries)

@@ -158,6 +158,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     const int n_keep = target_->keep_common_prefix(history_);
     stats_.n_cached = n_keep;
     stats_.n_restored = n_restored > 0 ? n_keep : 0;
+    stats_.restored_from_disk = n_restored > 0 && prompt_cache_.restored_from_disk();
     const std::function<void()> check = [&] {
         if (interrupt_.load()) {
             throw Cancelled("the generation was cancelled during prompt processing");
@@ -429,6 +430,7 @@ void Engine::finish(const std::string & reason, StepResult & out) {
     // the KV cache must be a prefix of prompt + committed tokens
     target_->keep_common_prefix(history_);
     remember();
+    prompt_cache_.persist(*target_);
     out.done = true;
     out.finish_reason = reason;
     out.text = text_.take_rest();
@@ -440,6 +442,7 @@ void Engine::cancel() {
     if (active_) {
         target_->keep_common_prefix(history_);
         remember();
+        prompt_cache_.persist(*target_);
         active_ = false;
     }
 }
@@ -448,6 +451,9 @@ void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     memory_.clear();
     prompt_cache_.clear();
+    if (prompt_cache_.store()) {
+        prompt_cache_.store()->remove_all();
+    }
     target_->clear();
     if (draft_model_) {
         draft_model_->clear();

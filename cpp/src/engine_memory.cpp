@@ -4,6 +4,7 @@
 
 #include "specllm/errors.h"
 
+#include <memory>
 #include <string>
 
 namespace specllm {
@@ -67,6 +68,39 @@ size_t Engine::prompt_cache_bytes() const {
 size_t Engine::prompt_cache_used() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return prompt_cache_.bytes();
+}
+
+void Engine::set_prompt_store(const std::string & dir, size_t max_bytes, uint64_t identity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        throw InvalidArgument("the prompt store cannot change during a generation: finish or close it first");
+    }
+    prompt_cache_.set_store(nullptr); // the old one's writes finish first
+    if (!dir.empty()) {
+        prompt_cache_.set_store(std::make_unique<PromptStore>(dir, max_bytes, identity));
+    }
+}
+
+std::string Engine::prompt_store_dir() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.store() ? prompt_cache_.store()->dir() : std::string();
+}
+
+void Engine::flush_prompt_store() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prompt_cache_.store()) {
+        prompt_cache_.store()->flush();
+    }
+}
+
+int Engine::prompt_store_entries() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.store() ? prompt_cache_.store()->n_entries() : 0;
+}
+
+size_t Engine::prompt_store_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prompt_cache_.store() ? prompt_cache_.store()->bytes() : 0;
 }
 
 int Engine::prompt_cache_entries() const {

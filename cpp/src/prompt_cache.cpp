@@ -56,7 +56,8 @@ void PromptCache::save(Model & model) {
 }
 
 int PromptCache::prepare(Model & model, const std::vector<llama_token> & seq) {
-    if (capacity_ == 0 || !model.can_rollback()) {
+    from_disk_ = false;
+    if ((capacity_ == 0 && !store_) || !model.can_rollback()) {
         return 0;
     }
     const auto & live = model.cached();
@@ -70,9 +71,18 @@ int PromptCache::prepare(Model & model, const std::vector<llama_token> & seq) {
             best_n = n;
         }
     }
+    // a state on disk, if it shares more again (reading it costs more than copying one in RAM)
+    Entry chosen;
+    std::string file;
+    if (store_ && store_->best(seq, chosen.tokens, file) >= best_n + (size_t) min_tokens) {
+        best_n = common_prefix(chosen.tokens, seq);
+        best = entries_.end();
+        from_disk_ = true;
+    } else {
+        chosen.tokens.clear();
+    }
     // taken out first: saving the live state below may evict the least recently used. Not put back: the live
     // cache holds it from now on, and is saved when a later prompt cuts it
-    Entry chosen;
     if (best != entries_.end()) {
         chosen = std::move(*best);
         bytes_ -= chosen.state.size();
@@ -84,12 +94,25 @@ int PromptCache::prepare(Model & model, const std::vector<llama_token> & seq) {
     if (chosen.tokens.empty()) {
         return 0;
     }
+    if (from_disk_ && !store_->read(file, chosen.tokens, chosen.state)) {
+        from_disk_ = false;
+        return 0; // logged by the store; the prompt is decoded
+    }
     if (!model.set_state(chosen.state, chosen.tokens)) {
         log_note(2, "a saved prompt state of " + std::to_string(chosen.tokens.size()) +
                         " tokens could not be restored; the prompt is decoded instead");
+        from_disk_ = false;
         return 0;
     }
     return (int) best_n;
+}
+
+void PromptCache::persist(Model & model) {
+    if (!store_ || !model.can_rollback() || model.cached().size() < (size_t) min_tokens ||
+        store_->covers(model.cached(), (size_t) min_tokens)) {
+        return;
+    }
+    store_->write(model.cached(), model.state());
 }
 
 } // namespace specllm

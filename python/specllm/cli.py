@@ -96,6 +96,12 @@ def _load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-cache-mb", type=_nonnegative_int, default=None, metavar="N",
                    help="keep KV states of earlier prompts, at most N MiB, so that switching between "
                         "conversations does not decode them again (0 = off; default: the library's)")
+    g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
+                   help="keep prompt states in DIR across runs (made if missing): a long system prompt or a chat "
+                        "taken up again is read back instead of decoded (default: none)")
+    g.add_argument("--prompt-cache-disk-mb", type=_positive_int, default=None, metavar="N",
+                   help="at most N MiB of states in --prompt-cache-dir, least recently used out first (default: "
+                        "the library's, 4096)")
     g.add_argument("--memory-file", default=None, metavar="PATH",
                    help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
                         "every reply")
@@ -186,7 +192,8 @@ def _check(parser, args) -> None:
 
 def _llm_options(args) -> dict:
     given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("memory_file", args.memory_file),
-             ("prompt_cache_mb", args.prompt_cache_mb), ("learn_batch_costs", args.learn_batch_costs))
+             ("prompt_cache_mb", args.prompt_cache_mb), ("prompt_cache_dir", args.prompt_cache_dir),
+             ("prompt_cache_disk_mb", args.prompt_cache_disk_mb), ("learn_batch_costs", args.learn_batch_costs))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 

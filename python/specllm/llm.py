@@ -7,11 +7,13 @@ closed once another call has waited for it for stream_idle_timeout seconds.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import numbers
 import os
 import signal
 import threading
+import weakref
 from typing import Iterable, List, Optional, Sequence, Union
 
 from . import _core, gguf_check, logs, memory, profile
@@ -60,6 +62,13 @@ def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
         _core.NgramIndex(sizes.n_min, sizes.n_max)
 
 
+def _flush_at_exit(ref) -> None:
+    """At interpreter exit: the prompt states still being written reach the disk (close() waits for them too)."""
+    llm = ref()
+    if llm is not None and not llm.closed:
+        llm._engine.flush_prompt_store()
+
+
 @contextlib.contextmanager
 def _interrupt_after():
     """Ctrl-C inside the block is raised when it ends (main thread; elsewhere there is no Ctrl-C to defer)."""
@@ -97,6 +106,8 @@ class LLM:
         memory_tokens: int = 32768,
         memory_file: Union[str, os.PathLike, None] = None,
         prompt_cache_mb: int = 512,
+        prompt_cache_dir: Union[str, os.PathLike, None] = None,
+        prompt_cache_disk_mb: int = 4096,
         learn_batch_costs: bool = False,
     ):
         """Load a target model and, optionally, a drafter.
@@ -128,6 +139,13 @@ class LLM:
             recently used out first; 0 = off), so that a prompt continuing a conversation other than the last one
             reuses its prefix instead of decoding it again (an assistant asking for a title between two turns,
             interleaved agents). A state is kept when a prompt cuts 64+ tokens off the cache; reset() empties it.
+        prompt_cache_dir: a directory (made if missing) that keeps prompt states across processes: after each
+            generation the KV state of its prompt and reply is written there (by a thread of its own, atomically,
+            unless a state there holds all but 64 of its tokens), and a prompt that shares 64+ more tokens with a
+            stored state than with what is cached reads it back instead of decoding them: a long system prompt
+            (an agent's tools) or a chat taken up again after a restart. At most prompt_cache_disk_mb MiB of state
+            files in it, least recently used out first (~28 KiB a token for a 1.5B model). The files hold the
+            conversation's tokens (mode 0600); reset() removes this model's. None (default): nothing on disk.
         learn_batch_costs: False (default): "auto" costs a verify batch as the cost profile's shape times one level
             learned from the steps, so its choices depend on the profile and the text only, never on the clock (the
             same prompt drafts alike, and in fast mode writes the same text, in every process). True: it also learns
@@ -141,6 +159,14 @@ class LLM:
             _int(name, value)
         _int("memory_tokens", memory_tokens, lo=0)
         _int("prompt_cache_mb", prompt_cache_mb, lo=0)
+        _int("prompt_cache_disk_mb", prompt_cache_disk_mb, lo=1)
+        if prompt_cache_dir is not None:
+            if not isinstance(prompt_cache_dir, (str, os.PathLike)):
+                raise TypeError(f"prompt_cache_dir must be a path or None, got {type(prompt_cache_dir).__name__}")
+            prompt_cache_dir = _text("prompt_cache_dir", os.fspath(prompt_cache_dir))
+            if not prompt_cache_dir:
+                raise InvalidOptionError("prompt_cache_dir is empty: give a directory (made if missing), or None "
+                                         "for no prompt states on disk")
         if memory_file is not None and memory_tokens == 0:
             raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
@@ -186,6 +212,15 @@ class LLM:
             logs.drain()
         self._engine.set_learn_batch_costs(learn_batch_costs)
         self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
+        if prompt_cache_dir is not None:
+            # the states' numbers depend on the model file, the kernels (exact mode, GPU) and llama.cpp's version
+            numerics = f"{_core.llama_cpp_version}|verify_rows={opts.verify_rows}|gpu={not on_cpu}"
+            try:
+                self._engine.set_prompt_store(prompt_cache_dir, int(prompt_cache_disk_mb) << 20,
+                                              _core.prompt_store_identity(self.model_path, numerics))
+            finally:
+                logs.drain()
+            atexit.register(_flush_at_exit, weakref.ref(self))
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
@@ -343,6 +378,13 @@ class LLM:
     def prompt_cache_used(self) -> int:
         """Bytes of KV states the prompt cache holds now (at most prompt_cache_mb MiB)."""
         return self._engine.prompt_cache_used
+
+    @property
+    def prompt_cache_stored(self) -> int:
+        """Bytes of this model's prompt states in prompt_cache_dir (0 without one), once the writes queued are
+        done."""
+        self._engine.flush_prompt_store()
+        return self._engine.prompt_store_bytes
 
     @property
     def memory_size(self) -> int:

@@ -47,6 +47,7 @@ struct Stats {
     int n_prompt = 0;        // prompt tokens
     int n_cached = 0;        // of them reused from the KV cache of an earlier call
     int n_restored = 0;      // of those, from a state the prompt cache had saved (0: the live cache, or none)
+    bool restored_from_disk = false; // that state was read from the prompt store's directory
     int n_generated = 0;     // tokens generated
     int n_steps = 0;         // target verify calls (one per step)
     int n_drafted = 0;       // draft tokens proposed
@@ -118,6 +119,13 @@ class Engine {
     size_t prompt_cache_bytes() const;
     size_t prompt_cache_used() const;   // bytes held now
     int prompt_cache_entries() const;
+    // prompt states on disk across processes (prompt_store.h): dir "" = none. identity: prompt_store_identity's.
+    // Written after each generation by a thread of the store's; reset() removes this model's
+    void set_prompt_store(const std::string & dir, size_t max_bytes, uint64_t identity);
+    std::string prompt_store_dir() const;
+    void flush_prompt_store();          // wait for the states queued to be written
+    int prompt_store_entries() const;
+    size_t prompt_store_bytes() const;
     void set_sentence_boundaries(bool on);
     bool sentence_boundaries() const { return opts_.sentence_boundaries; }
     const Stats & stats() const { return stats_; }

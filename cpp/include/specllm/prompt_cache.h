@@ -7,11 +7,14 @@
 // out first. Only for models whose cache can be cut back to any position (not recurrent ones).
 #pragma once
 
+#include "specllm/prompt_store.h"
+
 #include "llama.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <vector>
 
 namespace specllm {
@@ -35,6 +38,13 @@ class PromptCache {
     // restore the saved state sharing the longest prefix with seq if it beats the live one. Returns the tokens
     // restored (0 when the live cache stays)
     int prepare(Model & model, const std::vector<llama_token> & seq);
+    bool restored_from_disk() const { return from_disk_; } // the last prepare() restored a state from the store
+
+    // states on disk across processes (prompt_store.h); nullptr = none. persist: after a generation, the live
+    // state is queued for the store unless it holds all but min_tokens of it already
+    void set_store(std::unique_ptr<PromptStore> store) { store_ = std::move(store); }
+    PromptStore * store() const { return store_.get(); }
+    void persist(Model & model);
 
   private:
     struct Entry {
@@ -46,6 +56,8 @@ class PromptCache {
     size_t capacity_ = 0;
     size_t bytes_ = 0;
     std::list<Entry> entries_; // most recently used first
+    std::unique_ptr<PromptStore> store_;
+    bool from_disk_ = false;
 };
 
 } // namespace specllm

@@ -20,6 +20,9 @@ class Metrics:
                                      registry=r)
         self.prompt_restored = Counter("specllm_prompt_tokens_restored",
                                        "prompt tokens reused from a KV state the prompt cache restored", registry=r)
+        self.prompt_restored_disk = Counter("specllm_prompt_tokens_restored_from_disk",
+                                            "prompt tokens reused from a KV state read from --prompt-cache-dir",
+                                            registry=r)
         self.prompt_cache_bytes = Gauge("specllm_prompt_cache_bytes", "bytes of KV states the prompt cache holds",
                                         registry=r)
         self.generated = Counter("specllm_generated_tokens", "tokens generated", registry=r)
@@ -48,6 +51,8 @@ class Metrics:
         self.prompt_tokens.inc(stats.n_prompt)
         self.prompt_cached.inc(stats.n_cached)
         self.prompt_restored.inc(stats.n_restored)
+        if stats.restored_from_disk:
+            self.prompt_restored_disk.inc(stats.n_restored)
         self.generated.inc(stats.n_generated)
         self.drafted.inc(stats.n_drafted)
         self.accepted.inc(stats.n_accepted)

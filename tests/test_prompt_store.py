@@ -1,0 +1,237 @@
+"""Prompt states on disk (LLM(prompt_cache_dir=...)): a new process (here a new LLM, or a child process) whose
+prompt shares a long prefix with a conversation an earlier one had reads that KV state back instead of decoding
+it, and writes what an LLM that never stopped writes. The files are whole or absent, private, bounded; a
+damaged file or another model's is never restored."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import specllm
+from helpers import check_kv
+
+N = 16
+
+
+def long_prompt(llm, text, times=20):
+    tokens = llm.tokenize(text * times)
+    assert len(tokens) >= 128  # twice the least a restored state must give (PromptCache::min_tokens)
+    return tokens
+
+
+def states(d) -> list:
+    return sorted(p.name for p in Path(d).iterdir() if p.name.endswith(".kv"))
+
+
+def more(llm, prompt, reply, text=" the cat sat on a mat" * 6):
+    return list(prompt) + list(reply.tokens) + llm.tokenize(text, add_special=False)
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "model"])
+def test_a_new_llm_takes_a_conversation_up_again_from_disk_and_writes_the_same(tiny, make_llm, tmp_path, draft):
+    def make(**kw):
+        if draft == "model":
+            return make_llm(tiny["target"], tiny["near_draft"], **kw)
+        return make_llm(tiny["target"], draft, **kw)
+
+    opts = dict(max_tokens=N) if draft is None else dict(max_tokens=N, draft_length=4)
+    with make(prompt_cache_dir=tmp_path) as first:
+        a = long_prompt(first, "Hello world ")
+        one = first.generate(a, **opts)
+        assert one.stats.n_cached == 0 and not one.stats.restored_from_disk
+    assert len(states(tmp_path)) == 1  # close() waited for the write
+    again = make(prompt_cache_dir=tmp_path)
+    a2 = more(again, a, one)
+    two = again.generate(a2, **opts)
+    assert two.stats.restored_from_disk, two.stats
+    assert two.stats.n_restored == two.stats.n_cached >= len(a) + len(one.tokens) - 1
+    kept = make()  # an LLM that never stopped: its KV cache kept a's rows
+    kept.generate(a, **opts)
+    assert two.tokens == kept.generate(a2, **opts).tokens
+    check_kv(again, a2, two)
+    # the conversation went on (by 64+ tokens): its new state replaces the one it extends
+    assert again.prompt_cache_stored > 0 and len(states(tmp_path)) == 1
+    three = make(prompt_cache_dir=tmp_path).generate(more(again, a2, two, " and a dog"), **opts)
+    assert three.stats.restored_from_disk and three.stats.n_restored >= len(a2) + len(two.tokens) - 1
+
+
+def test_a_new_question_under_the_same_long_system_prompt_reuses_it(tiny, make_llm, tmp_path):
+    with make_llm(tiny["target"], "ngram", prompt_cache_dir=tmp_path) as first:
+        system = long_prompt(first, "You answer questions about this file. ", times=12)
+        first.generate(system + first.tokenize(" Question one?", add_special=False), max_tokens=N)
+    again = make_llm(tiny["target"], "ngram", prompt_cache_dir=tmp_path)
+    q2 = system + again.tokenize(" Another question entirely?", add_special=False)
+    c = again.generate(q2, max_tokens=N)
+    assert c.stats.restored_from_disk and len(system) - 2 <= c.stats.n_cached < len(system) + 4
+    kept = make_llm(tiny["target"], "ngram")
+    kept.generate(system + kept.tokenize(" Question one?", add_special=False), max_tokens=N)
+    assert c.tokens == kept.generate(q2, max_tokens=N).tokens
+    check_kv(again, q2, c)
+
+
+def test_the_same_conversation_again_writes_nothing_new(tiny, make_llm, tmp_path):
+    llm = make_llm(tiny["target"], prompt_cache_dir=tmp_path)
+    a = long_prompt(llm, "Hello world ")
+    llm.generate(a, max_tokens=N)
+    written = llm.prompt_cache_stored
+    before = {p: os.stat(tmp_path / p).st_mtime_ns for p in states(tmp_path)}
+    llm.generate(a, max_tokens=N)  # the store holds all of it but the last few tokens
+    assert llm.prompt_cache_stored == written
+    assert {p: os.stat(tmp_path / p).st_mtime_ns for p in states(tmp_path)} == before
+
+
+def test_another_model_or_exact_mode_never_reads_them_and_leaves_them(tiny, make_llm, tmp_path):
+    with make_llm(tiny["target"], prompt_cache_dir=tmp_path) as first:
+        a = long_prompt(first, "Hello world ")
+        one = first.generate(a, max_tokens=N)
+    ours = states(tmp_path)
+    a2 = list(a) + list(one.tokens)
+    for kw in (dict(model=tiny["draft"]), dict(model=tiny["target"], exact=True)):
+        with make_llm(kw.pop("model"), prompt_cache_dir=tmp_path, **kw) as other:
+            c = other.generate(a2, max_tokens=4)
+            assert c.stats.n_cached == 0 and not c.stats.restored_from_disk
+            other.reset()  # removes its own states, not the first model's
+        assert states(tmp_path) == ours
+
+
+def test_a_damaged_or_truncated_state_is_not_restored_and_is_removed(tiny, make_llm, tmp_path, caplog):
+    a = None
+    for damage in ("flip", "truncate", "garbage"):
+        for p in states(tmp_path):
+            os.remove(tmp_path / p)
+        with make_llm(tiny["target"], prompt_cache_dir=tmp_path) as first:
+            a = long_prompt(first, "Hello world ")
+            one = first.generate(a, max_tokens=N)
+        (name,) = states(tmp_path)
+        path = tmp_path / name
+        data = bytearray(path.read_bytes())
+        if damage == "flip":
+            data[len(data) // 2] ^= 0x40  # in the KV bytes: only the checksum tells
+        elif damage == "truncate":
+            data = data[:len(data) - 100]
+        else:
+            data = bytearray(b"not a state at all" * 10)
+        path.write_bytes(bytes(data))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="specllm"):
+            llm = make_llm(tiny["target"], prompt_cache_dir=tmp_path)
+            a2 = more(llm, a, one)
+            c = llm.generate(a2, max_tokens=N)
+            specllm.logs.drain()
+        assert not c.stats.restored_from_disk and c.stats.n_cached == 0, damage
+        assert c.tokens == make_llm(tiny["target"]).generate(a2, max_tokens=N).tokens
+        assert not path.exists(), damage
+        assert "damaged" in caplog.text, damage
+        llm.close()
+
+
+def test_other_files_in_the_directory_are_left_alone(tiny, make_llm, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "weights.kv").write_bytes(b"not ours")
+    stale = tmp_path / ("0" * 16 + "-" + "1" * 16 + ".kv.tmp.123.0")  # a writer killed an hour ago
+    stale.write_bytes(b"half")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    fresh = tmp_path / ("0" * 16 + "-" + "2" * 16 + ".kv.tmp.123.1")  # another process writing now
+    fresh.write_bytes(b"half")
+    llm = make_llm(tiny["target"], prompt_cache_dir=tmp_path)
+    llm.generate(long_prompt(llm, "Hello world "), max_tokens=N)
+    llm.reset()
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "weights.kv").read_bytes() == b"not ours"
+    assert not stale.exists() and fresh.exists()
+
+
+def test_states_are_private_whole_and_written_at_exit_without_close(tiny, tmp_path):
+    # exits without close(), and skips the interpreter's teardown (os._exit, registered first so it runs last):
+    # only LLM's own exit handler waits for the write
+    code = ("import atexit, os, specllm, sys\n"
+            "atexit.register(os._exit, 0)\n"
+            "llm = specllm.LLM(sys.argv[1], None, n_threads=1, n_ctx=512, profile_costs=False, "
+            "prompt_cache_dir=sys.argv[2])\n"
+            "llm.generate(llm.tokenize('Hello world ' * 40), max_tokens=4)\n")
+    subprocess.run([sys.executable, "-c", code, tiny["target"], str(tmp_path)], check=True, timeout=120)
+    (name,) = states(tmp_path)
+    assert os.stat(tmp_path / name).st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file, no probe
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=512, profile_costs=False, prompt_cache_dir=tmp_path)
+    c = llm.generate(llm.tokenize("Hello world " * 40 + "and more"), max_tokens=4)
+    assert c.stats.restored_from_disk
+
+
+def test_the_directory_is_bounded_least_recently_used_out_first(tiny, make_llm, tmp_path):
+    llm = make_llm(tiny["target"], n_ctx=2048, prompt_cache_dir=tmp_path, prompt_cache_disk_mb=1, prompt_cache_mb=0)
+    texts = ["Hello world ", "the cat sat ", "on a mat and ", "a dog ran by ", "green apples ", "rivers flow "]
+    prompts = {t: long_prompt(llm, t, times=80) for t in texts}  # 400-800 tokens: 0.2-0.4 MiB of state each
+    sizes = []
+    for t in texts:
+        llm.generate(prompts[t], max_tokens=4)
+        sizes.append(llm.prompt_cache_stored)
+        total = sum(os.path.getsize(tmp_path / p) for p in states(tmp_path))
+        assert total <= 1 << 20
+    assert len(states(tmp_path)) < len(texts)  # some went
+    again = make_llm(tiny["target"], n_ctx=2048, prompt_cache_dir=tmp_path, prompt_cache_disk_mb=1,
+                     prompt_cache_mb=0)
+    assert again.generate(prompts[texts[-1]] + [5], max_tokens=2).stats.restored_from_disk  # the newest stayed
+    assert not again.generate(prompts[texts[0]] + [5], max_tokens=2).stats.restored_from_disk  # the oldest went
+    # a state larger than the whole directory is not written
+    big = make_llm(tiny["target"], n_ctx=4096, prompt_cache_dir=tmp_path / "small", prompt_cache_disk_mb=1)
+    big.generate(long_prompt(big, "Hello world ", times=300), max_tokens=2)
+    assert big.prompt_cache_stored == 0 and states(tmp_path / "small") == []
+
+
+def test_reset_removes_this_models_states(tiny, make_llm, tmp_path):
+    llm = make_llm(tiny["target"], prompt_cache_dir=tmp_path)
+    a = long_prompt(llm, "Hello world ")
+    llm.generate(a, max_tokens=N)
+    assert llm.prompt_cache_stored > 0
+    llm.reset()
+    assert llm.prompt_cache_stored == 0 and states(tmp_path) == []
+    c = make_llm(tiny["target"], prompt_cache_dir=tmp_path).generate(a + [5], max_tokens=2)
+    assert c.stats.n_cached == 0
+
+
+def test_a_write_that_fails_later_is_logged_once_and_the_replies_stand(tiny, make_llm, tmp_path, caplog):
+    d = tmp_path / "states"
+    llm = make_llm(tiny["target"], prompt_cache_dir=d)
+    ref = make_llm(tiny["target"])
+    d.rmdir()  # gone after load
+    with caplog.at_level("WARNING", logger="specllm"):
+        for text in ("Hello world ", "the cat sat "):
+            p = long_prompt(llm, text, times=30)
+            assert llm.generate(p, max_tokens=N).tokens == ref.generate(p, max_tokens=N).tokens
+            llm._engine.flush_prompt_store()
+        specllm.logs.drain()
+    assert caplog.text.count("could not be written") == 1, caplog.text
+    assert llm.prompt_cache_stored == 0
+
+
+def test_a_recurrent_model_stores_nothing(tiny, make_llm, tmp_path):
+    llm = make_llm(tiny["recurrent"], prompt_cache_dir=tmp_path)
+    llm.generate(long_prompt(llm, "Hello world ")[:80], max_tokens=8)
+    assert llm.prompt_cache_stored == 0 and states(tmp_path) == []
+
+
+@pytest.mark.parametrize("where, error, match", [
+    ("", specllm.InvalidOptionError, "is empty"),
+    ("a-file", specllm.InvalidOptionError, "not a directory"),
+    ("a-file/below", specllm.InvalidOptionError, "not a directory"),
+    ("/proc/specllm-states", specllm.InvalidOptionError, "not a directory|cannot be written"),
+    (5, TypeError, "prompt_cache_dir"),
+])
+def test_bad_directories_fail_at_load(tiny, tmp_path, where, error, match):
+    (tmp_path / "a-file").write_text("x")
+    if isinstance(where, str) and where and not where.startswith("/"):
+        where = str(tmp_path / where)
+    with pytest.raises(error, match=match):
+        specllm.LLM(tiny["target"], None, profile_costs=False, prompt_cache_dir=where)
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+@pytest.mark.parametrize("value, error", [(0, specllm.InvalidOptionError), (-5, specllm.InvalidOptionError),
+                                          ("64", TypeError), (2.5, TypeError)])
+def test_bad_disk_sizes(tiny, tmp_path, value, error):
+    with pytest.raises(error, match="prompt_cache_disk_mb"):
+        specllm.LLM(tiny["target"], None, profile_costs=False, prompt_cache_dir=tmp_path, prompt_cache_disk_mb=value)
