@@ -31,13 +31,17 @@ _WORDS_ALT = ["\u2581", "A", "B", "C", "0", "1", "2", "3", "4", "5", "\u2581A", 
               "AB", "\u2581AB", "x", "y", "z", "xy", "\u2581x", "yz"]
 
 
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
 def _vocab(kind):
-    """Return (tokens, scores, types) for vocab kind "byte" or "byte-alt"."""
+    """Return (tokens, scores, types) for vocab kind "byte", "byte-alt" or "byte-fim" ("byte" with Qwen2.5-Coder's
+    fill-in-the-middle tokens, which llama.cpp finds by their text)."""
     T = gguf.TokenType
-    specials = ["<unk>", "<s>", "</s>"] + (["<pad>"] if kind == "byte-alt" else [])
-    words = {"byte": _WORDS, "byte-alt": _WORDS_ALT}.get(kind)
+    specials = ["<unk>", "<s>", "</s>"] + {"byte-alt": ["<pad>"], "byte-fim": list(FIM_TOKENS)}.get(kind, [])
+    words = {"byte": _WORDS, "byte-alt": _WORDS_ALT, "byte-fim": _WORDS}.get(kind)
     if words is None:
-        raise ValueError(f"unknown vocab {kind!r}: expected 'byte' or 'byte-alt'")
+        raise ValueError(f"unknown vocab {kind!r}: expected 'byte', 'byte-alt' or 'byte-fim'")
     tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + words
     types = [T.UNKNOWN] + [T.CONTROL] * (len(specials) - 1) + [T.BYTE] * 256 + [T.NORMAL] * len(words)
     # SentencePiece merges the pair whose result has the highest score: prefer longer pieces.

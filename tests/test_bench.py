@@ -924,3 +924,14 @@ def test_spread_records_every_step_of_a_run_on_tiny_models(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| holdout2-rag-1 | 0 |" in table and "| 0.00 |" in table and "2/2" in table
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fim_holes_are_cut_from_the_files_and_repeat():
+    from bench import fim
+
+    got = fim.holes(12, seed=0)
+    assert got == fim.holes(12, seed=0) and got != fim.holes(12, seed=1)
+    for h, path in zip(got, fim.SOURCES):
+        text = (fim.REPO / path).read_text(encoding="utf-8")
+        assert h["middle"].strip() and h["prefix"] + h["middle"] + h["suffix"] in text, h["id"]
+        assert h["id"].startswith(path.rsplit("/", 1)[-1] + ":")

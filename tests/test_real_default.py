@@ -153,3 +153,15 @@ def test_logprobs_of_drafted_tokens_are_the_targets(mode_runs):
     print(f"\n{mode}: |logprob speculative - plain| over {len(diffs)} tokens: median {diffs[len(diffs) // 2]:.5f}, "
           f"largest {diffs[-1]:.4f}")
     assert diffs[len(diffs) // 2] < 0.01 and diffs[-1] < 1.0
+
+
+def test_fill_in_the_middle_writes_the_missing_line(real_models):
+    # an editor's cursor inside a function: the default configuration writes the body (the instruct model then
+    # often writes on past the middle: editors cut there, or ask with a stop sequence); the prompt uses
+    # Qwen2.5-Coder's own FIM tokens (llama-cpp-python 0.3.36 sends token 0 for them)
+    import specllm
+
+    with specllm.LLM(real_models["target"], real_models["draft"], n_threads=2, n_ctx=1024) as llm:
+        assert llm._engine.target.fim_tokens == {"pre": 151659, "suf": 151661, "mid": 151660}
+        c = llm.generate("def add(a, b):\n    ", suffix="\n\n\nprint(add(2, 3))\n", max_tokens=24, stop=["\n\n"])
+    assert c.text == "return a + b" and c.finish_reason == "stop", c

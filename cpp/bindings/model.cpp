@@ -54,6 +54,15 @@ void register_model(py::module_ & m) {
         // the texts of BOS and EOS ("" if the model has none): what a Jinja chat template's bos_token/eos_token are
         .def_property_readonly("bos_text", [](const Model & self) { return token_text(self, llama_vocab_bos(self.vocab())); })
         .def_property_readonly("eos_text", [](const Model & self) { return token_text(self, llama_vocab_eos(self.vocab())); })
+        // the fill-in-the-middle tokens (-1 where the model has none): infill.py
+        .def_property_readonly("fim_tokens", [](const Model & self) {
+            const llama_vocab * v = self.vocab();
+            py::dict d;
+            d["pre"] = llama_vocab_fim_pre(v);
+            d["suf"] = llama_vocab_fim_suf(v);
+            d["mid"] = llama_vocab_fim_mid(v);
+            return d;
+        })
         .def("is_eog", &Model::is_eog)
         .def("sentence_boundary", [](const Model & self, llama_token last, const std::vector<llama_token> & draft) {
             // boundary.h: the first draft position right after the end of a sentence (-1 = none)

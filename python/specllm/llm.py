@@ -16,7 +16,7 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Union
 
-from . import _core, gguf_check, logs, memory, profile
+from . import _core, gguf_check, infill, logs, memory, profile
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, make_options
@@ -398,7 +398,9 @@ class LLM:
         uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
         min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
         token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
-        rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema)."""
+        rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),
+        suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
+        the model writes what goes between; a code model trained for it, see infill_prompt)."""
         text, tokens, logprobs, last = [], [], [], None
         with self.stream(prompt, **options) as stream:
             for chunk in stream:
@@ -412,7 +414,11 @@ class LLM:
     def stream(self, prompt: Prompt, **options) -> Stream:
         """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only). The options are
         checked now; the generation starts at the first next(). The Stream can be cancel()ed from any thread."""
-        tokens = self._prompt_tokens(prompt)
+        suffix = options.pop("suffix", None)
+        if suffix is None:
+            tokens = self._prompt_tokens(prompt)
+        else:
+            tokens = self.infill_prompt(prompt, suffix, max_tokens=options.get("max_tokens", 256))
         opts = self._options(options)
         return Stream(self, tokens, opts, self._finished)
 
@@ -431,6 +437,14 @@ class LLM:
     def prompt_tokens(self, prompt: Prompt) -> List[int]:
         """The tokens generate(prompt) evaluates: text tokenized with BOS (once), or checked token ids."""
         return self._prompt_tokens(prompt)
+
+    def infill_prompt(self, prefix: str, suffix: str, max_tokens: int = 256) -> List[int]:
+        """The tokens generate(prefix, suffix=suffix) evaluates: the model's fill-in-the-middle form (infill.py),
+        what does not fit beside max_tokens cut from the start of the prefix and the end of the suffix.
+        InvalidOptionError for a model without FIM tokens."""
+        prefix, suffix = _text("prompt", prefix), _text("suffix", suffix)
+        _int("max_tokens", max_tokens, lo=1)
+        return infill.prompt(self._engine.target, prefix, suffix, self.n_ctx - max_tokens)
 
     def check_options(self, **options) -> None:
         """Raise what generate(**options) would raise for these options (InvalidOptionError, TypeError)."""

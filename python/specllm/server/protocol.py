@@ -88,8 +88,7 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
     ]
     if isinstance(req, CompletionRequest):
         checks += [("echo", bool(req.echo), "echo is not supported"),
-                   ("best_of", req.best_of not in (None, 1), "best_of > 1 is not supported"),
-                   ("suffix", bool(req.suffix), "suffix (insertion) is not supported")]
+                   ("best_of", req.best_of not in (None, 1), "best_of > 1 is not supported")]
     for param, bad, message in checks:
         if bad:
             return param, message

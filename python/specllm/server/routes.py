@@ -328,9 +328,18 @@ async def completions(request: Request, req: p.CompletionRequest):
             raise APIError(400, "one prompt per request: a list of several prompts is not supported",
                            "invalid_request_error", "prompt", "unsupported_parameter")
         prompt = prompt[0]
-    if not prompt:
+    if req.suffix is not None:  # fill in the middle: the prompt is the text before the insertion point
+        if not isinstance(prompt, str):
+            raise APIError(400, "with suffix, prompt must be the text before the insertion point (a string)",
+                           "invalid_request_error", "prompt", "invalid_value")
+        try:
+            tokens = state.llm.infill_prompt(prompt, req.suffix, max_tokens=req.max_tokens or 16)
+        except (InvalidOptionError, TypeError) as e:
+            raise APIError(400, str(e), "invalid_request_error", "suffix", "invalid_value") from None
+    elif not prompt:
         raise APIError(400, "prompt is empty", "invalid_request_error", "prompt", "invalid_value")
-    tokens = _tokens(state, prompt)
+    else:
+        tokens = _tokens(state, prompt)
     n_logprobs = lp.completion_request(req)
     opts = _options(state, req, len(tokens), req.max_tokens or 16, n_logprobs)
     job = _submit(request, tokens, opts)
