@@ -97,6 +97,38 @@ def test_chat_streams_a_reply_then_a_status_line_and_keeps_the_session(tiny, env
     assert (pathlib.Path(env["HOME"]) / ".cache/specllm/history").read_text().count("/stats") == 2
 
 
+def test_a_saved_chat_is_taken_up_again_in_a_new_process_from_the_prompt_cache_dir(tiny, env, tmp_path):
+    # /save, quit, a new chat /loads it: the conversation's prefix comes back from --prompt-cache-dir, not decoded
+    states, saved = tmp_path / "states", tmp_path / "chat.json"
+    system = "You tell long stories about foxes. " * 8
+    child = chat(tiny, env, "--max-tokens", "16", "--prompt-cache-dir", str(states), "--system", system)
+    assert "tok/s" in ask(child, "Tell me about the fox and the crow, in many words please.")
+    assert "saved 2 messages and the system prompt" in ask(child, f"/save {saved}")
+    child.sendline("/exit")
+    exits_cleanly(child)
+    kept = json.loads(saved.read_text())
+    assert kept["system"] == system and [m["role"] for m in kept["messages"]] == ["user", "assistant"]
+    child = chat(tiny, env, "--max-tokens", "16", "--prompt-cache-dir", str(states))
+    assert "loaded 2 messages and the system prompt" in ask(child, f"/load {saved}")
+    assert "tok/s" in ask(child, "And then?")
+    stats = ask(child, "/stats")
+    assert re.search(r"[1-9]\d+ read from --prompt-cache-dir", stats), stats
+    assert "conversation: 4 messages" in stats
+    # what is not a saved conversation: one error line, the conversation unchanged
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "odd.json").write_text('{"messages": [{"role": "tool", "content": "x"}]}')
+    for bad, words in ((tmp_path / "missing.json", "cannot read"), (tmp_path / "notes.txt", "not JSON"),
+                       (tmp_path / "odd.json", "is not a saved conversation")):
+        out = ask(child, f"/load {bad}")
+        assert "error:" in out and words in out, out
+    assert "conversation: 4 messages" in ask(child, "/stats")
+    assert "error:" in ask(child, f"/save {tmp_path / 'nowhere' / 'chat.json'}")
+    assert "/save FILE" in ask(child, "/save")
+    child.sendline("/exit")
+    exits_cleanly(child)
+    assert (tmp_path / "notes.txt").read_text() == "my notes" and not list(tmp_path.glob("*.tmp"))
+
+
 def test_a_code_fence_a_backslash_or_a_paste_makes_one_multi_line_message(tiny, env):
     # a user pastes a function to edit: its lines are one message, not one message each
     child = chat(tiny, env, "--max-tokens", "4")

@@ -17,6 +17,9 @@ HELP = """\
 /reset                          forget the conversation (the system prompt stays)
 /system [TEXT]                  show, or set, the system prompt
 /stats                          statistics of the whole session
+/save FILE                      save the conversation (JSON)
+/load FILE                      take a saved conversation up again (with --prompt-cache-dir, its prefix is read
+                                back from disk instead of decoded)
 /draft on|off|ngram|NAME|PATH   change the drafter (the target and the conversation stay)
 /exit                           quit (also Ctrl-D, or Ctrl-C at an empty prompt)
 Ctrl-C during a reply stops it; what was written so far stays in the conversation.
@@ -96,6 +99,19 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
             print(session.system if session.system else style.dim("no system prompt (/system TEXT sets one)"))
     elif name == "/stats":
         print(session.summary())
+    elif name in ("/save", "/load"):
+        if not arg:
+            print(style.red(f"{name} FILE"))
+            return True
+        try:
+            getattr(session, name[1:])(os.path.expanduser(arg))
+        except SpecLLMError as e:
+            print(style.red(f"error: {e}"))
+            return True
+        n = len(session.turns)
+        print(style.dim(f"{'saved' if name == '/save' else 'loaded'} {n} message{'' if n == 1 else 's'}" +
+                        (" and the system prompt" if session.system else "") + (f" to {arg}" if name == "/save"
+                                                                                else f" from {arg}")))
     elif name == "/draft":
         draft = {"on": session.draft_model, "off": None, "none": None}.get(arg.lower(), arg)
         if not arg or (arg.lower() == "on" and draft is None):

@@ -7,12 +7,14 @@ is evaluated. A reply stopped early is kept in the conversation as what the assi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from .errors import ContextOverflowError, SpecLLMError
+from .errors import ContextOverflowError, InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM, default_draft
 from .results import Stats
 
@@ -52,6 +54,7 @@ class ChatSession:
         self.totals = Stats()
         self.n_replies = 0
         self.n_stopped = 0  # replies stopped early: their stats are counted from chunks, without prompt or prefill
+        self.n_from_disk = 0  # prompt tokens read back from LLM(prompt_cache_dir=...)
         self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
         # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
         self.draft_model = self._draft_model(self.llm.draft) or self._draft_model(DEFAULT)
@@ -100,6 +103,50 @@ class ChatSession:
         """Forget the conversation (the system prompt stays) and the cached prefix."""
         self.turns.clear()
         self.llm.reset()
+
+    def save(self, path: str) -> None:
+        """Write the conversation (the system prompt and the messages, as JSON) to path atomically, for load()."""
+        path = os.fspath(path)
+        body = json.dumps({"specllm_chat": 1, "system": self.system, "messages": self.turns}, ensure_ascii=False,
+                          indent=1)
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as f:
+                f.write(body)
+            os.replace(f.name, path)
+        except OSError as e:
+            with contextlib.suppress(OSError, NameError):
+                os.unlink(f.name)
+            raise InvalidOptionError(f"cannot save the conversation to {path}: {e.strerror or e}") from None
+
+    def load(self, path: str) -> None:
+        """Replace the conversation with one save() wrote (or an OpenAI-style list of messages: system, user and
+        assistant, with string contents). The next reply sends it whole: with LLM(prompt_cache_dir=...) a
+        conversation this model had before is read back instead of decoded. InvalidOptionError (the conversation
+        unchanged) for a file that is not one."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise InvalidOptionError(f"cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise InvalidOptionError(f"{path} is not a saved conversation (not JSON: {e})") from None
+        system, messages = None, data
+        if isinstance(data, dict):
+            system, messages = data.get("system"), data.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict) and \
+                messages[0].get("role") == "system" and system is None:
+            system, messages = messages[0].get("content"), messages[1:]
+        ok = isinstance(messages, list) and (system is None or isinstance(system, str)) and all(
+            isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
+            for m in messages)
+        if not ok:
+            raise InvalidOptionError(f"{path} is not a saved conversation: expected {{\"system\": ..., \"messages\": "
+                                     f"[{{\"role\": \"user\" or \"assistant\", \"content\": TEXT}}, ...]}} "
+                                     f"(what /save writes) or a list of such messages")
+        self.system = system or None
+        self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
 
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None,
               stop_requested: Callable[[], bool] = lambda: False) -> Reply:
@@ -150,6 +197,7 @@ class ChatSession:
             self.n_stopped += 1
         self.n_replies += 1
         add_stats(self.totals, stats)
+        self.n_from_disk += stats.n_restored if stats.restored_from_disk else 0
         return Reply(reply_text, stats, reason, context_full=(reason == "length" and max_tokens < self.max_tokens))
 
     def summary(self) -> str:
@@ -166,7 +214,8 @@ class ChatSession:
                 lines.append(f"about {t.speedup:.2f}x plain decoding (its step timed on the {t.n_plain_steps} steps "
                              "that drafted nothing)")
         stopped = f" (not counting {self.n_stopped} stopped)" if self.n_stopped else ""
-        lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache; prefill "
+        disk = f" ({self.n_from_disk} read from --prompt-cache-dir)" if self.n_from_disk else ""
+        lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache{disk}; prefill "
                      f"{t.prefill_ms / 1000:.1f} s{stopped}")
         lines.append(f"conversation: {len(self.turns)} messages, {self.n_tokens()} of {self.n_ctx} tokens; "
                      f"drafter: {self.draft_label}")
