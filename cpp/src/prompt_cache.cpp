@@ -8,15 +8,6 @@
 
 namespace specllm {
 
-namespace {
-
-size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
-    const size_t n = std::min(a.size(), b.size());
-    return (size_t) (std::mismatch(a.begin(), a.begin() + (long) n, b.begin()).first - a.begin());
-}
-
-} // namespace
-
 void PromptCache::set_capacity(size_t bytes) {
     capacity_ = bytes;
     evict_to(bytes);

@@ -43,11 +43,6 @@ uint64_t mix(const void * data, size_t n, uint64_t h) {
     return h;
 }
 
-size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
-    const size_t n = std::min(a.size(), b.size());
-    return (size_t) (std::mismatch(a.begin(), a.begin() + (long) n, b.begin()).first - a.begin());
-}
-
 std::string hex16(uint64_t v) {
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long) v);
@@ -107,6 +102,11 @@ bool write_all(int fd, const void * data, size_t n) {
 }
 
 } // namespace
+
+size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b) {
+    const size_t n = std::min(a.size(), b.size());
+    return (size_t) (std::mismatch(a.begin(), a.begin() + (long) n, b.begin()).first - a.begin());
+}
 
 uint64_t prompt_store_identity(const std::string & model_path, const std::string & options) {
     std::ifstream in(model_path, std::ios::binary);
