@@ -32,16 +32,19 @@ _WORDS_ALT = ["\u2581", "A", "B", "C", "0", "1", "2", "3", "4", "5", "\u2581A", 
 
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+REPO_TOKENS = ("<|repo_name|>", "<|file_sep|>")  # the repo-level FIM form's (Qwen2.5-Coder's)
 
 
 def _vocab(kind):
-    """Return (tokens, scores, types) for vocab kind "byte", "byte-alt" or "byte-fim" ("byte" with Qwen2.5-Coder's
-    fill-in-the-middle tokens, which llama.cpp finds by their text)."""
+    """Return (tokens, scores, types) for vocab kind "byte", "byte-alt", "byte-fim" ("byte" with Qwen2.5-Coder's
+    fill-in-the-middle tokens, which llama.cpp finds by their text) or "byte-repo" ("byte-fim" with its repo-level
+    tokens)."""
     T = gguf.TokenType
-    specials = ["<unk>", "<s>", "</s>"] + {"byte-alt": ["<pad>"], "byte-fim": list(FIM_TOKENS)}.get(kind, [])
-    words = {"byte": _WORDS, "byte-alt": _WORDS_ALT, "byte-fim": _WORDS}.get(kind)
+    specials = ["<unk>", "<s>", "</s>"] + {"byte-alt": ["<pad>"], "byte-fim": list(FIM_TOKENS),
+                                           "byte-repo": list(FIM_TOKENS + REPO_TOKENS)}.get(kind, [])
+    words = {"byte": _WORDS, "byte-alt": _WORDS_ALT, "byte-fim": _WORDS, "byte-repo": _WORDS}.get(kind)
     if words is None:
-        raise ValueError(f"unknown vocab {kind!r}: expected 'byte', 'byte-alt' or 'byte-fim'")
+        raise ValueError(f"unknown vocab {kind!r}: expected 'byte', 'byte-alt', 'byte-fim' or 'byte-repo'")
     tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + words
     types = [T.UNKNOWN] + [T.CONTROL] * (len(specials) - 1) + [T.BYTE] * 256 + [T.NORMAL] * len(words)
     # SentencePiece merges the pair whose result has the highest score: prefer longer pieces.

@@ -2,6 +2,7 @@
 prompt (<FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID>) from its own special tokens, cut to fit beside max_tokens,
 and draft and verify it like any prompt. Tiny models with Qwen2.5-Coder's FIM tokens (models/tiny.py "byte-fim")."""
 
+import json
 import signal
 
 import openai
@@ -10,6 +11,7 @@ import pytest
 import specllm
 from helpers import check_kv, write_perturbed_copy
 from serving import Server
+from specllm.server.infill import Limits
 
 PREFIX = "def add(a, b):\n    the cat "
 SUFFIX = "\n\nprint(add(1, 2))  # the cat sat on the mat\n"
@@ -21,13 +23,15 @@ def fim(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("fim")
     target = write_tiny_model(d / "fim.gguf", seed=0, vocab="byte-fim", name="tiny-fim")
-    return {"target": target, "near_draft": write_perturbed_copy(target, d / "fim-near.gguf", noise=0.3, seed=1)}
+    repo = write_tiny_model(d / "repo.gguf", seed=0, vocab="byte-repo", name="tiny-repo")
+    return {"target": target, "near_draft": write_perturbed_copy(target, d / "fim-near.gguf", noise=0.3, seed=1),
+            "repo": repo}
 
 
 def test_the_prompt_is_the_models_fim_form_with_special_text_kept_as_text(fim, make_llm):
     llm = make_llm(fim["target"])
     ids = llm._engine.target.fim_tokens
-    assert sorted(ids.values()) == [3, 4, 5]  # found by their text, as Qwen2.5-Coder's are
+    assert ids == {"pre": 3, "suf": 4, "mid": 5, "rep": -1, "sep": -1}  # found by their text, as Qwen2.5-Coder's are
     prefix = PREFIX + "<|fim_middle|>"  # text in a file, not the token
     tokens = llm.infill_prompt(prefix, SUFFIX, max_tokens=16)
     t = llm._engine.target
@@ -112,3 +116,143 @@ def test_the_server_fills_the_middle_from_completions_suffix(fim, tiny, make_llm
         assert e.value.body["param"] == "suffix" and "FIM tokens" in e.value.body["message"]
     finally:
         assert plain.stop(signal.SIGINT) == 0, plain.log()
+
+
+EXTRA = [("util.py", "def sub(a, b):\n    return a - b\n"), ("main.py", "print(sub(3, 1))\n")]
+
+
+def test_other_files_go_before_the_prefix_in_the_repo_level_form(fim, make_llm):
+    # llama-server's /infill layout: <REP>myproject\n, each chunk as <SEP>name\n text, <SEP>filename\n, then the
+    # FIM prompt and the text the middle starts with
+    llm = make_llm(fim["repo"])
+    t, ids = llm._engine.target, llm._engine.target.fim_tokens
+    assert ids == {"pre": 3, "suf": 4, "mid": 5, "rep": 6, "sep": 7}
+    tok = lambda s: t.tokenize(s, False, False)  # noqa: E731
+    got = llm.infill_prompt(PREFIX, SUFFIX, 16, extra=EXTRA, middle="ret")
+    head = [6] + tok("myproject\n") + [7] + tok("util.py\n") + tok(EXTRA[0][1]) + [7] + tok("main.py\n") + \
+        tok(EXTRA[1][1]) + [7] + tok("filename\n")
+    assert got == t.tokenize("", True, False) + head + [3] + tok(PREFIX) + [4] + tok(SUFFIX) + [5] + tok("ret")
+    bos = t.tokenize("", True, False)
+    empty = llm.infill_prompt(PREFIX, SUFFIX, 16, extra=[])  # no chunks: the repo header and the file's line still
+    assert empty[:len(bos) + 2 + len(tok("myproject\n")) + len(tok("filename\n"))] == \
+        bos + [6] + tok("myproject\n") + [7] + tok("filename\n")
+    # what does not fit keeps the prefix and suffix whole and the end of the extra text (the chunks last sent)
+    room = len(got) + 10
+    small = make_llm(fim["repo"], n_ctx=256)
+    old = "".join(f"old {i}\n" for i in range(100))
+    cut = small.infill_prompt(PREFIX, SUFFIX, small.n_ctx - room, extra=[("old.py", old)] + EXTRA, middle="ret")
+    n_rep = 1 + len(tok("myproject\n"))  # the header's tokens: the room's 10 and these come from old.py's end
+    assert len(cut) == room and cut[len(bos) + n_rep + 10:] == got[len(bos) + n_rep:]
+    assert cut[len(bos):len(bos) + n_rep + 10] == tok(old)[-(n_rep + 10):]
+    # a model without the repo tokens: each chunk after a snippet line, as llama-server writes it
+    plain = make_llm(fim["target"])
+    tp = plain._engine.target
+    got = plain.infill_prompt(PREFIX, SUFFIX, 16, extra=EXTRA[:1])
+    assert got[:-len(plain.infill_prompt(PREFIX, SUFFIX, 16)) + 1] == tp.tokenize("", True, False) + \
+        tp.tokenize("\n\n--- snippet ---\n\n", False, False) + tp.tokenize(EXTRA[0][1], False, False)
+    with pytest.raises(TypeError, match="extra text"):
+        llm.infill_prompt(PREFIX, SUFFIX, 16, extra=[("a.py", 5)])
+
+
+def test_llama_servers_limits_on_the_middle():
+    from specllm.server.infill import Limits
+
+    # n_indent: the first line after the first indented less ends the middle, cut where its text starts; a line's
+    # indentation is held back until its text shows which it is, so what was passed on stands
+    text = "x = 1\n    y = 2\n\n  z = 3\n"
+    for pieces in ([text], list(text), ["x = 1\n  ", "  y = 2\n", "\n  z", " = 3\n"]):
+        lim = Limits(4, 0)
+        out = "".join(lim.feed(p) for p in pieces)
+        assert lim.stopped and out == "x = 1\n    y = 2\n" and lim.rest() == ""
+    lim = Limits(2, 0)
+    out = lim.feed("a\n  b\n ")  # the last line's text has not come
+    assert out == "a\n  b\n" and not lim.stopped and lim.rest() == " "
+    assert Limits(0, 0).feed(text) == text
+    # t_max_predict_ms: at a newline once generating has taken that long
+    now = [0.0]
+    lim = Limits(0, 100, clock=lambda: now[0])
+    assert lim.feed("def f(") == "def f("
+    now[0] = 0.5
+    assert lim.feed("):") == "):" and not lim.stopped  # no newline yet
+    assert lim.feed("\n    return 1") == "\n    return 1" and lim.stopped
+    assert lim.feed("more") == ""
+
+
+def _infill(url, **body):
+    import httpx
+
+    r = httpx.post(f"{url}/infill", json=body, timeout=60)
+    return r.status_code, r.json()
+
+
+def _infill_stream(url, **body):
+    import httpx
+
+    events = []
+    with httpx.stream("POST", f"{url}/infill", json=dict(body, stream=True), timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_path):
+    # an editor plugin's request (llama.vscode, llama.vim): other files' chunks, the text the middle starts with,
+    # llama-server's sampling fields and limits; the answer in llama-server's form
+    local = make_llm(fim["repo"], "ngram", n_ctx=2048)
+    prompt = local.infill_prompt(PREFIX, SUFFIX, 24, extra=EXTRA, middle="ret")
+    want = local.generate(prompt, max_tokens=24, temperature=0)
+    sampled = local.generate(prompt, max_tokens=24, temperature=1.0, top_k=40, top_p=0.99, min_p=0.0, seed=5)
+    s = Server("--model", fim["repo"], "--draft", "ngram", "--threads", "1", "--ctx", "2048",
+               log_path=tmp_path / "infill.log").wait_healthy()
+    request = dict(input_prefix=PREFIX, input_suffix=SUFFIX, prompt="ret", n_predict=24,
+                   input_extra=[{"filename": f, "text": t} for f, t in EXTRA])
+    try:
+        status, warm = _infill(s.url, **dict(request, n_predict=0, t_max_predict_ms=1, cache_prompt=True))
+        assert status == 200 and warm["content"] == "" and warm["timings"]["prompt_n"] == len(prompt), warm
+        status, r = _infill(s.url, **request, temperature=0, cache_prompt=True, t_max_prompt_ms=500)
+        assert status == 200, r
+        assert r["content"] == want.text and r["stop"] is True and r["tokens_predicted"] == want.stats.n_generated
+        assert r["tokens_evaluated"] == len(prompt) and r["timings"]["cache_n"] >= len(prompt) - 1  # warmed
+        assert r["stop_type"] == ("limit" if want.finish_reason == "length" else "eos")
+        assert r["timings"]["predicted_n"] == want.stats.n_generated and r["timings"]["predicted_per_second"] > 0
+        events = _infill_stream(s.url, **request, temperature=0)
+        assert "".join(e["content"] for e in events) == want.text
+        assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+        assert events[-1]["timings"]["predicted_n"] == want.stats.n_generated
+        # llama.vscode's samplers: top_k and top_p applied, temperature not (llama.cpp then samples at 1)
+        status, r = _infill(s.url, **request, samplers=["top_k", "top_p", "infill"], top_k=40, top_p=0.99, seed=5)
+        assert status == 200 and r["content"] == sampled.text, (r, sampled.text)
+        assert r["generation_settings"]["temperature"] == 1.0 and r["generation_settings"]["min_p"] == 0.0
+        # n_indent: the middle ends at the first later line indented less, as llama-server cuts it
+        lim = Limits(2, 0)
+        cut = lim.feed(want.text) + ("" if lim.stopped else lim.rest())
+        status, r = _infill(s.url, **request, temperature=0, n_indent=2)
+        assert status == 200 and r["content"] == cut and (r["stop_type"] == "limit") == (lim.stopped or
+                                                                                         want.finish_reason == "length")
+        events = _infill_stream(s.url, **request, temperature=0, n_indent=2)
+        assert "".join(e["content"] for e in events) == cut
+        for body, param in ((dict(samplers=["top_k", "mirostat_v3"]), "samplers"), (dict(lora=[{"id": 0}]), "lora"),
+                            (dict(n_probs=3), "n_probs"), (dict(input_extra={"a": 1}), "input_extra"),
+                            (dict(input_extra=[{"filename": "a.py"}]), "input_extra"), (dict(n_predict=-2), "n_predict"),
+                            (dict(input_suffix=None), "input_suffix"), (dict(n_predict=2048), "input_suffix"),
+                            (dict(top_p=0), "top_p"), (dict(seed="x"), "seed")):
+            status, r = _infill(s.url, **dict(request, **body))
+            assert status == 400 and r["error"]["param"].split(".")[0] == param, (body, r)
+        status, r = _infill(s.url, **request, model="another")
+        assert status == 404, r
+        status, r = _infill(s.url, **request, temperature=0)  # still serving
+        assert status == 200 and r["content"] == want.text
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+def test_infill_needs_a_model_with_fim_tokens(tiny, tmp_path):
+    s = Server("--model", tiny["target"], "--draft", "none", "--threads", "1", "--ctx", "512",
+               log_path=tmp_path / "plain.log").wait_healthy()
+    try:
+        status, r = _infill(s.url, input_prefix="def f():", input_suffix="\n", n_predict=4)
+        assert status == 400 and r["error"]["param"] == "input_suffix" and "FIM tokens" in r["error"]["message"]
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()

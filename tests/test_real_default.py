@@ -162,6 +162,7 @@ def test_fill_in_the_middle_writes_the_missing_line(real_models):
     import specllm
 
     with specllm.LLM(real_models["target"], real_models["draft"], n_threads=2, n_ctx=1024) as llm:
-        assert llm._engine.target.fim_tokens == {"pre": 151659, "suf": 151661, "mid": 151660}
+        assert llm._engine.target.fim_tokens == {"pre": 151659, "suf": 151661, "mid": 151660, "rep": 151663,
+                                                 "sep": 151664}
         c = llm.generate("def add(a, b):\n    ", suffix="\n\n\nprint(add(2, 3))\n", max_tokens=24, stop=["\n\n"])
     assert c.text == "return a + b" and c.finish_reason == "stop", c

@@ -164,3 +164,29 @@ def test_json_replies_through_the_openai_client(real_models, tmp_path):
         assert e.value.body["param"] == "response_format", e.value.body
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+def test_an_editor_plugins_infill_request(real_models, tmp_path):
+    # what llama.vscode sends to llama-server's /infill, to the default pair: a chunk of another file, the cursor
+    # inside a function, its samplers (top_k 1 here, so that the middle is the model's best), the line's
+    # indentation as n_indent and a time limit; first the request that only puts the chunks into the cache
+    import httpx
+
+    util = "def mul(a, b):\n    return a * b\n"
+    request = dict(input_prefix="from util import mul\n\n\ndef add(a, b):\n    ", input_suffix="\n\n\nprint(add(2, 3))\n",
+                   input_extra=[{"filename": "util.py", "text": util}], prompt="", n_predict=24, top_k=1, top_p=0.99,
+                   samplers=["top_k", "top_p", "infill"], stream=False, cache_prompt=True, t_max_prompt_ms=500,
+                   t_max_predict_ms=10000, n_indent=4)
+    s = Server("--threads", "2", "--ctx", "2048", log_path=tmp_path / "server.log").wait_healthy(timeout=600)
+    try:
+        warm = httpx.post(f"{s.url}/infill", json=dict(request, input_prefix="", input_suffix="", n_predict=0,
+                                                       t_max_predict_ms=1), timeout=300)
+        assert warm.status_code == 200 and warm.json()["content"] == "", warm.text
+        r = httpx.post(f"{s.url}/infill", json=request, timeout=300)
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()
+    assert r.status_code == 200, r.text
+    body = r.json()
+    # the body, cut where a line indented less than 4 begins (the blank line after it), as llama-server cuts it
+    assert body["content"] == "return a + b\n" and body["stop_type"] == "limit", body
+    assert body["timings"]["cache_n"] >= warm.json()["tokens_evaluated"] - 2  # the chunk was read from the cache

@@ -61,6 +61,8 @@ void register_model(py::module_ & m) {
             d["pre"] = llama_vocab_fim_pre(v);
             d["suf"] = llama_vocab_fim_suf(v);
             d["mid"] = llama_vocab_fim_mid(v);
+            d["rep"] = llama_vocab_fim_rep(v); // the repo-level form's repository name and file separator
+            d["sep"] = llama_vocab_fim_sep(v);
             return d;
         })
         .def("is_eog", &Model::is_eog)

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import weakref
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _core, gguf_check, infill, logs, memory, profile
 from . import chat_template as chat_templates
@@ -438,13 +438,17 @@ class LLM:
         """The tokens generate(prompt) evaluates: text tokenized with BOS (once), or checked token ids."""
         return self._prompt_tokens(prompt)
 
-    def infill_prompt(self, prefix: str, suffix: str, max_tokens: int = 256) -> List[int]:
+    def infill_prompt(self, prefix: str, suffix: str, max_tokens: int = 256, *,
+                      extra: Optional[Sequence[Tuple[str, str]]] = None, middle: str = "") -> List[int]:
         """The tokens generate(prefix, suffix=suffix) evaluates: the model's fill-in-the-middle form (infill.py),
-        what does not fit beside max_tokens cut from the start of the prefix and the end of the suffix.
-        InvalidOptionError for a model without FIM tokens."""
-        prefix, suffix = _text("prompt", prefix), _text("suffix", suffix)
+        what does not fit beside max_tokens cut from the start of the prefix and the end of the suffix. extra:
+        (filename, text) chunks of other files before it, in the repo-level form (the server's /infill); middle:
+        text the middle starts with. InvalidOptionError for a model without FIM tokens."""
+        prefix, suffix, middle = _text("prompt", prefix), _text("suffix", suffix), _text("middle", middle)
         _int("max_tokens", max_tokens, lo=1)
-        return infill.prompt(self._engine.target, prefix, suffix, self.n_ctx - max_tokens)
+        if extra is not None:
+            extra = [(_text("extra filename", f), _text("extra text", t)) for f, t in extra]
+        return infill.prompt(self._engine.target, prefix, suffix, self.n_ctx - max_tokens, extra, middle)
 
     def check_options(self, **options) -> None:
         """Raise what generate(**options) would raise for these options (InvalidOptionError, TypeError)."""

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import errors, routes
+from . import errors, infill, routes
 from .errors import APIError
 from .metrics import Metrics
 from .worker import Worker
@@ -141,6 +141,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     app.state.specllm = state
     errors.install(app)
     app.include_router(routes.router, dependencies=[Depends(check_key)])
+    app.include_router(infill.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])

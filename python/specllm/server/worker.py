@@ -45,6 +45,7 @@ class Job:
         self._lock = threading.Lock()
         self._stream = None
         self.cancelled = False
+        self.limited = False  # stopped by a limit of its own request (stop()), not cancelled
 
     def cancel(self, error: Optional[Exception] = None) -> None:
         """From any thread: a queued job will be skipped, a running one stops within one step. error (once, if
@@ -59,6 +60,12 @@ class Job:
                 self._metrics.cancelled.labels(stage="queued").inc()
             elif self._stream is not None:
                 self._stream.cancel()
+
+    def stop(self) -> None:
+        """End a running job early by a limit of its request (/infill's n_indent, t_max_predict_ms): a cancel that
+        the metrics count as a generation ended by a limit ("length"), not as a client gone."""
+        self.limited = True
+        self.cancel()
 
     @property
     def queue_ms(self) -> float:
@@ -86,7 +93,7 @@ class Job:
             with stream:
                 for chunk in stream:
                     self.post("chunk", chunk)
-            metrics.finished(stream.stats, stream.finish_reason)
+            metrics.finished(stream.stats, "length" if self.limited else stream.finish_reason)
             metrics.prompt_cache_bytes.set(llm.prompt_cache_used)
         except Exception as e:  # a decode error: the request fails, the server goes on
             log.exception("generation failed")
