@@ -935,3 +935,13 @@ def test_fim_holes_are_cut_from_the_files_and_repeat():
         text = (fim.REPO / path).read_text(encoding="utf-8")
         assert h["middle"].strip() and h["prefix"] + h["middle"] + h["suffix"] in text, h["id"]
         assert h["id"].startswith(path.rsplit("/", 1)[-1] + ":")
+
+
+def test_an_editor_session_accepts_the_first_line_and_asks_again():
+    from bench.editor import next_prefix
+
+    prefix = "def f(x):\n    "
+    assert next_prefix(prefix, "y = x + 1\n    return y\n") == prefix + "y = x + 1\n    "
+    assert next_prefix(prefix, "if x:\n\treturn 1") == prefix + "if x:\n\t"
+    assert next_prefix(prefix, "return x") is None  # one line: nothing left to ask for
+    assert next_prefix(prefix, "return x\n\nprint(f(1))") is None  # the next line is empty

@@ -1,0 +1,101 @@
+"""An editor's completion session, as llama.vscode and llama.vim drive /infill: a hole cut out of a real source
+file (bench.fim's holes), the cursor at its first line; the editor asks for the middle, the user accepts the
+suggestion's first line (Shift+Tab), the editor indents the next line and asks again -- up to --requests times per
+hole. A later request's middle is mostly what the request before it wrote after its first line, which no n-gram
+of the prompt holds (it was never accepted) but the drafting memory does: this measures whether the memory pays
+on that. The accepted lines are plain decoding's, so every system is asked the same prompts (the repo-level form
+/infill builds, without other files' chunks). Systems interleaved per request; the memory is cleared between
+rounds (a later round would find the same session in it), kept across holes. Reported: tokens per second of
+generation (prompt processing left out) against plain decoding, for first requests and for later ones.
+
+    python -m bench.editor                               # 8 holes (--seed 3), up to 3 requests, 2 rounds
+    python -m bench.editor --systems plain,default,no-memory --holes 4 --rounds 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from bench.fim import holes
+
+SYSTEMS = {"plain": dict(draft=None), "default": dict(), "no-memory": dict(memory_tokens=0),
+           "ngram": dict(draft="ngram")}
+
+
+def next_prefix(prefix: str, middle: str):
+    """The prefix after the user accepted the middle's first line and the editor indented the next (None when the
+    middle has no second line with text)."""
+    lines = middle.split("\n")
+    if len(lines) < 2 or not lines[1].strip():
+        return None
+    return prefix + lines[0] + "\n" + lines[1][:len(lines[1]) - len(lines[1].lstrip())]
+
+
+def main(argv=None) -> None:
+    import specllm
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--holes", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=3, help="which holes (bench.fim's --seed; default: %(default)s)")
+    ap.add_argument("--context-lines", type=int, default=30)
+    ap.add_argument("--requests", type=int, default=3, help="requests per hole at most")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--systems", default="plain,default,no-memory", help=f"comma-separated, from {','.join(SYSTEMS)}")
+    ap.add_argument("--out", help="write every request's numbers to this JSON file")
+    args = ap.parse_args(argv)
+    names = args.systems.split(",")
+    if names[0] != "plain" or any(n not in SYSTEMS for n in names):
+        ap.error(f"--systems: plain first, then any of {', '.join(SYSTEMS)}")
+    llms = {n: specllm.LLM(args.model, n_threads=args.threads, n_ctx=4096, **SYSTEMS[n]) for n in names}
+    rows = []
+    for r in range(args.rounds):
+        for llm in llms.values():
+            llm.clear_memory()
+        for h in holes(args.holes, args.seed, args.context_lines):
+            prefix = h["prefix"]
+            for i in range(args.requests):
+                prompt = llms["plain"].infill_prompt(prefix, h["suffix"], args.max_tokens, extra=[])
+                got = {n: llm.generate(prompt, max_tokens=args.max_tokens) for n, llm in llms.items()}
+                row = {"round": r, "hole": h["id"], "request": i,
+                       **{n: {"tok_s": c.stats.tokens_per_second, "n": c.stats.n_generated,
+                              "drafted": c.stats.n_drafted, "accepted": c.stats.n_accepted,
+                              "memory_steps": c.stats.n_memory_steps, "same": c.text == got["plain"].text}
+                          for n, c in got.items()}}
+                rows.append(row)
+                print(f"round {r} {h['id']} request {i}: " + ", ".join(
+                    f"{n} {v['tok_s']:.1f} tok/s ({v['accepted']}/{v['drafted']}, {v['memory_steps']} memory steps)"
+                    for n, v in row.items() if isinstance(v, dict)), flush=True)
+                prefix = next_prefix(prefix, got["plain"].text)
+                if prefix is None:
+                    break
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    report(rows, names)
+
+
+def report(rows, names) -> None:
+    """Median ratios over (hole, request) of the median over rounds, first requests and later ones apart."""
+    by = {}
+    for row in rows:
+        by.setdefault((row["hole"], row["request"]), []).append(row)
+    for label, first in (("first requests", True), ("later requests", False)):
+        keys = [k for k in by if (k[1] == 0) == first]
+        if not keys:
+            continue
+        print(f"\n{label} ({len(keys)}):")
+        for n in names[1:]:
+            ratios = [statistics.median(x[n]["tok_s"] / x["plain"]["tok_s"] for x in by[k] if x["plain"]["tok_s"] > 0)
+                      for k in keys]
+            same = sum(all(x[n]["same"] for x in by[k]) for k in keys)
+            print(f"  {n:<10} median {statistics.median(ratios):.2f}x plain (min {min(ratios):.2f}, max "
+                  f"{max(ratios):.2f}; geometric mean {statistics.geometric_mean(ratios):.3f}); plain's text on "
+                  f"{same} of {len(keys)}")
+
+
+if __name__ == "__main__":
+    main()
