@@ -10,6 +10,14 @@ generation (prompt processing left out) against plain decoding, for first reques
 
     python -m bench.editor                               # 8 holes (--seed 3), up to 3 requests, 2 rounds
     python -m bench.editor --systems plain,default,no-memory --holes 4 --rounds 1
+
+With --ring it measures the prompt instead: the plugins also send chunks of other files (a ring that drops its
+oldest chunk as a new one comes in), before the prefix. Each request rotates the ring by one chunk and asks for
+one hole's middle; an LLM with cache_reuse=256 (llama-server's --cache-reuse, as llama.vscode suggests) moves the
+chunks that stayed instead of decoding them again. Reported per request: prompt processing time and tokens
+decoded, with and without, and whether the middle is the one a fresh prompt gets.
+
+    python -m bench.editor --ring                        # 6 chunks of 24 lines, 4 rotations
 """
 from __future__ import annotations
 
@@ -47,7 +55,13 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--systems", default="plain,default,no-memory", help=f"comma-separated, from {','.join(SYSTEMS)}")
     ap.add_argument("--out", help="write every request's numbers to this JSON file")
+    ap.add_argument("--ring", action="store_true", help="measure the prompt of a rotating ring of chunks instead")
+    ap.add_argument("--chunks", type=int, default=6, help="--ring: chunks in the ring (default: %(default)s)")
+    ap.add_argument("--chunk-lines", type=int, default=24, help="--ring: lines per chunk (default: %(default)s)")
+    ap.add_argument("--rotations", type=int, default=4, help="--ring: requests after the first (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.ring:
+        return ring(args)
     names = args.systems.split(",")
     if names[0] != "plain" or any(n not in SYSTEMS for n in names):
         ap.error(f"--systems: plain first, then any of {', '.join(SYSTEMS)}")
@@ -76,6 +90,53 @@ def main(argv=None) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     report(rows, names)
+
+
+def ring_chunks(n: int, lines: int) -> list:
+    """(filename, text) chunks of `lines` lines from the repository's sources, in turn, as a plugin's ring holds
+    them (llama.vscode: 16 chunks of 64 lines by default)."""
+    from bench.fim import REPO, SOURCES
+
+    out, i = [], 0
+    while len(out) < n:
+        path = SOURCES[i % len(SOURCES)]
+        text = (REPO / path).read_text(encoding="utf-8").splitlines(keepends=True)
+        start = (i // len(SOURCES)) * lines
+        out.append((path, "".join(text[start:start + lines])))
+        i += 1
+    return out
+
+
+def ring(args) -> None:
+    import specllm
+
+    hole = holes(1, args.seed, args.context_lines)[0]
+    pool = ring_chunks(args.chunks + args.rotations, args.chunk_lines)
+    llms = {"no reuse": specllm.LLM(args.model, n_threads=args.threads, n_ctx=8192, prompt_cache_mb=0),
+            "cache_reuse=256": specllm.LLM(args.model, n_threads=args.threads, n_ctx=8192, prompt_cache_mb=0)}
+    reuse = {"no reuse": 0, "cache_reuse=256": 256}
+    rows = []
+    for i in range(args.rotations + 1):
+        extra = pool[i:i + args.chunks]
+        prompt = llms["no reuse"].infill_prompt(hole["prefix"], hole["suffix"], 16, extra=extra)
+        got = {n: llm.generate(prompt, max_tokens=16, cache_reuse=reuse[n]) for n, llm in llms.items()}
+        row = {"request": i, "prompt": len(prompt), **{n: {"prefill_ms": c.stats.prefill_ms,
+                                                           "decoded": c.stats.n_prompt - c.stats.n_cached,
+                                                           "moved": c.stats.n_shifted, "text": c.text}
+                                                       for n, c in got.items()}}
+        rows.append(row)
+        print(f"request {i}: {len(prompt)} prompt tokens; " + "; ".join(
+            f"{n}: {v['decoded']} decoded ({v['moved']} moved) in {v['prefill_ms'] / 1000:.1f} s"
+            for n, v in row.items() if isinstance(v, dict)) +
+            f"; same middle: {got['no reuse'].text == got['cache_reuse=256'].text}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    later = rows[1:]
+    for n in llms:
+        print(f"{n}: requests after the first, median prompt processing "
+              f"{statistics.median(r[n]['prefill_ms'] for r in later) / 1000:.1f} s, "
+              f"{statistics.median(r[n]['decoded'] for r in later):.0f} tokens decoded")
+    print(f"same middle on {sum(r['no reuse']['text'] == r['cache_reuse=256']['text'] for r in rows)} of {len(rows)}")
 
 
 def report(rows, names) -> None:

@@ -256,3 +256,29 @@ def test_infill_needs_a_model_with_fim_tokens(tiny, tmp_path):
         assert status == 400 and r["error"]["param"] == "input_suffix" and "FIM tokens" in r["error"]["message"]
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+def test_the_servers_cache_reuse_moves_a_chunk_the_ring_kept(fim, tmp_path):
+    # --cache-reuse (llama-server's): when an editor's ring of chunks drops its oldest, the chunk that stays is
+    # moved in the cache instead of decoded again; a request's n_cache_reuse overrides it
+    a, b, c = (("a.py", "".join(f"alpha {i} = {i}\n" for i in range(20))),
+               ("b.py", "".join(f"beta {i} = {i * 2}\n" for i in range(20))),
+               ("c.py", "".join(f"gamma {i} = {i * 3}\n" for i in range(20))))
+    chunks = lambda *fs: [{"filename": f, "text": t} for f, t in fs]  # noqa: E731
+    s = Server("--model", fim["repo"], "--draft", "ngram", "--threads", "1", "--ctx", "2048", "--cache-reuse", "8",
+               "--prompt-cache-mb", "0", log_path=tmp_path / "reuse.log").wait_healthy()
+    request = dict(input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=8, temperature=0)
+    try:
+        got = {}
+        for reuse in (None, 0):
+            status, warm = _infill(s.url, **dict(request, input_extra=chunks(a, b), n_predict=0))
+            assert status == 200, warm
+            extra = {} if reuse is None else {"n_cache_reuse": reuse}
+            status, r = _infill(s.url, **request, **extra, input_extra=chunks(b, c))
+            assert status == 200, r
+            got[reuse] = r
+        n_b = got[0]["tokens_evaluated"] - got[0]["timings"]["cache_n"]  # without reuse: all but the repo header
+        assert got[None]["timings"]["cache_n"] >= got[0]["timings"]["cache_n"] + 150, got  # b.py: ~200 tokens
+        assert got[None]["timings"]["prompt_n"] < n_b - 150
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()

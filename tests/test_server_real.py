@@ -167,19 +167,25 @@ def test_json_replies_through_the_openai_client(real_models, tmp_path):
 
 
 def test_an_editor_plugins_infill_request(real_models, tmp_path):
-    # what llama.vscode sends to llama-server's /infill, to the default pair: a chunk of another file, the cursor
-    # inside a function, its samplers (top_k 1 here, so that the middle is the model's best), the line's
-    # indentation as n_indent and a time limit; first the request that only puts the chunks into the cache
+    # what llama.vscode sends to llama-server's /infill, to the default pair served with llama.vscode's suggested
+    # --cache-reuse: chunks of other files, the cursor inside a function, its samplers (top_k 1 here, so that the
+    # middle is the model's best), the line's indentation as n_indent and a time limit. First the request that only
+    # puts the chunks into the cache; then the ring of chunks rotates (the oldest out, a new one in) before the
+    # completion is asked for, and the chunk both hold is moved in the cache instead of decoded again
     import httpx
 
-    util = "def mul(a, b):\n    return a * b\n"
+    files = [("util.py", "def mul(a, b):\n    return a * b\n"),
+             ("shapes.py", "".join(f"def area_{i}(w, h):\n    return w * h * {i}\n\n" for i in range(12))),
+             ("io.py", "def read(path):\n    with open(path) as f:\n        return f.read()\n")]
+    chunks = [{"filename": f, "text": t} for f, t in files]
     request = dict(input_prefix="from util import mul\n\n\ndef add(a, b):\n    ", input_suffix="\n\n\nprint(add(2, 3))\n",
-                   input_extra=[{"filename": "util.py", "text": util}], prompt="", n_predict=24, top_k=1, top_p=0.99,
+                   input_extra=chunks[1:], prompt="", n_predict=24, top_k=1, top_p=0.99,
                    samplers=["top_k", "top_p", "infill"], stream=False, cache_prompt=True, t_max_prompt_ms=500,
                    t_max_predict_ms=10000, n_indent=4)
-    s = Server("--threads", "2", "--ctx", "2048", log_path=tmp_path / "server.log").wait_healthy(timeout=600)
+    s = Server("--threads", "2", "--ctx", "2048", "--cache-reuse", "16",
+               log_path=tmp_path / "server.log").wait_healthy(timeout=600)
     try:
-        warm = httpx.post(f"{s.url}/infill", json=dict(request, input_prefix="", input_suffix="", n_predict=0,
+        warm = httpx.post(f"{s.url}/infill", json=dict(request, input_extra=chunks[:2], n_predict=0,
                                                        t_max_predict_ms=1), timeout=300)
         assert warm.status_code == 200 and warm.json()["content"] == "", warm.text
         r = httpx.post(f"{s.url}/infill", json=request, timeout=300)
@@ -189,4 +195,6 @@ def test_an_editor_plugins_infill_request(real_models, tmp_path):
     body = r.json()
     # the body, cut where a line indented less than 4 begins (the blank line after it), as llama-server cuts it
     assert body["content"] == "return a + b\n" and body["stop_type"] == "limit", body
-    assert body["timings"]["cache_n"] >= warm.json()["tokens_evaluated"] - 2  # the chunk was read from the cache
+    print("\n/infill after the ring rotated:", body["timings"], "of", body["tokens_evaluated"], "prompt tokens")
+    # shapes.py (~190 tokens) was moved up past util.py instead of decoded again
+    assert body["timings"]["cache_n"] >= 180 and body["timings"]["prompt_n"] < body["tokens_evaluated"] - 180, body

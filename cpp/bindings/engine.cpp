@@ -35,6 +35,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_prompt", &Stats::n_prompt)
         .def_readonly("n_cached", &Stats::n_cached)
         .def_readonly("n_restored", &Stats::n_restored)
+        .def_readonly("n_shifted", &Stats::n_shifted)
         .def_readonly("restored_from_disk", &Stats::restored_from_disk)
         .def_readonly("n_grammar_steps", &Stats::n_grammar_steps)
         .def_readonly("n_generated", &Stats::n_generated)

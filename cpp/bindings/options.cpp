@@ -39,6 +39,7 @@ void register_options(py::module_ & m) {
     py::class_<GenerateOptions>(m, "GenerateOptions")
         .def(py::init<>())
         .def_readwrite("max_tokens", &GenerateOptions::max_tokens)
+        .def_readwrite("cache_reuse", &GenerateOptions::cache_reuse)
         .def_readwrite("sampling", &GenerateOptions::sampling)
         .def_readwrite("stop", &GenerateOptions::stop)
         .def_readwrite("policy", &GenerateOptions::policy)

@@ -155,7 +155,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     history_.assign(prompt.begin(), prompt.end() - 1);
     id_last_ = prompt.back();
     const int n_restored = prompt_cache_.prepare(*target_, history_); // a saved state sharing more of it
-    const int n_keep = target_->keep_common_prefix(history_);
+    const int n_keep = target_->keep_shifted(history_, opts.cache_reuse, &stats_.n_shifted);
     stats_.n_cached = n_keep;
     stats_.n_restored = n_restored > 0 ? n_keep : 0;
     stats_.restored_from_disk = n_restored > 0 && prompt_cache_.restored_from_disk();

@@ -176,6 +176,47 @@ int Model::keep_common_prefix(const std::vector<llama_token> & seq) {
     return n_past();
 }
 
+int Model::keep_shifted(const std::vector<llama_token> & seq, int min_run, int * n_moved) {
+    if (n_moved != nullptr) {
+        *n_moved = 0;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    size_t head_p = 0; // seq's tokens in place (the common prefix first)
+    while (head_p < seq.size() && head_p < cached_.size() && seq[head_p] == cached_[head_p]) {
+        ++head_p;
+    }
+    if (min_run <= 0 || !can_rollback_ || !llama_memory_can_shift(mem)) {
+        return keep_common_prefix(seq);
+    }
+    // as llama-server's slot update: scan the cache past the prefix for runs that seq continues with
+    std::vector<llama_token> kept(cached_.begin(), cached_.begin() + (long) head_p);
+    size_t head_c = head_p;
+    while (head_c < cached_.size() && head_p < seq.size()) {
+        size_t n = 0;
+        while (head_c + n < cached_.size() && head_p + n < seq.size() && cached_[head_c + n] == seq[head_p + n]) {
+            ++n;
+        }
+        if (n >= (size_t) min_run) {
+            const llama_pos shift = (llama_pos) head_p - (llama_pos) head_c; // <= 0: runs only move back
+            if (shift != 0) {
+                llama_memory_seq_rm(mem, 0, (llama_pos) head_p, (llama_pos) head_c);
+                llama_memory_seq_add(mem, 0, (llama_pos) head_c, (llama_pos) (head_c + n), shift);
+                if (n_moved != nullptr) {
+                    *n_moved += (int) n;
+                }
+            }
+            kept.insert(kept.end(), cached_.begin() + (long) head_c, cached_.begin() + (long) (head_c + n));
+            head_c += n;
+            head_p += n;
+        } else {
+            ++head_c;
+        }
+    }
+    cut_memory((int) head_p); // the cached tokens past the last run (still at their old positions)
+    cached_.swap(kept);
+    return n_past();
+}
+
 size_t Model::state_size() const {
     return llama_state_seq_get_size(ctx_.get(), 0);
 }

@@ -168,6 +168,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="allow browser requests from ORIGIN (repeatable; default: none)")
     g.add_argument("--max-queue", type=_positive_int, default=16, metavar="N",
                    help="requests that may wait for the model; more get 429 (default: 16)")
+    g.add_argument("--cache-reuse", type=_nonnegative_int, default=0, metavar="N",
+                   help="as llama-server's: move runs of N+ cached tokens to where a new prompt holds them instead of "
+                        "decoding them again (an editor's rotating chunks of other files; the moved tokens' cache was "
+                        "computed after other text, so the output can differ from a fresh prompt's); 256 is what "
+                        "llama.vscode suggests (default: 0, off)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
 
@@ -313,7 +318,7 @@ def run_serve(args) -> int:
         return LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
 
     serve(load, host=args.host, port=args.port, api_key=api_key, cors_origins=args.cors_origin,
-          max_queue=args.max_queue, log_level=args.log_level)
+          max_queue=args.max_queue, cache_reuse=args.cache_reuse, log_level=args.log_level)
     return 0
 
 

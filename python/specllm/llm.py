@@ -400,7 +400,10 @@ class LLM:
         token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
         rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),
         suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
-        the model writes what goes between; a code model trained for it, see infill_prompt)."""
+        the model writes what goes between; a code model trained for it, see infill_prompt), cache_reuse (0; n:
+        llama-server's --cache-reuse, runs of n+ tokens the KV cache holds later than the prompt does are moved to
+        their place instead of decoded again, as when an editor's ring of other files' chunks drops its oldest; the
+        moved tokens' cache was computed after other text, so the output can differ from a fresh prompt's)."""
         text, tokens, logprobs, last = [], [], [], None
         with self.stream(prompt, **options) as stream:
             for chunk in stream:

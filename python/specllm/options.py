@@ -71,9 +71,11 @@ def make_options(
     acceptance: str = "coupled",
     logprobs: Optional[int] = None,
     grammar: Optional[str] = None,
+    cache_reuse: int = 0,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
     o.max_tokens = _int("max_tokens", max_tokens, lo=1)
+    o.cache_reuse = _int("cache_reuse", cache_reuse, lo=0)
     s = _core.SamplingOptions()
     s.temperature = _float("temperature", temperature)
     if not s.temperature >= 0 or s.temperature == float("inf"):
@@ -123,7 +125,7 @@ def make_options(
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "grammar"])
+     "ignore_eos", "acceptance", "logprobs", "grammar", "cache_reuse"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

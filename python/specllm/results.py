@@ -13,6 +13,7 @@ class Stats:
     n_prompt: int = 0          # prompt tokens
     n_cached: int = 0          # prompt tokens reused from the KV cache of an earlier call
     n_restored: int = 0        # of them, from a state the prompt cache saved (LLM(prompt_cache_mb=...))
+    n_shifted: int = 0         # of them, moved from later in the cache (cache_reuse=n)
     restored_from_disk: bool = False  # that state was read from LLM(prompt_cache_dir=...)
     n_generated: int = 0       # tokens generated
     n_steps: int = 0           # target verify calls
@@ -69,7 +70,8 @@ class Stats:
     @classmethod
     def from_core(cls, s) -> "Stats":
         return cls(
-            n_prompt=s.n_prompt, n_cached=s.n_cached, n_restored=s.n_restored, restored_from_disk=s.restored_from_disk,
+            n_prompt=s.n_prompt, n_cached=s.n_cached, n_restored=s.n_restored, n_shifted=s.n_shifted,
+            restored_from_disk=s.restored_from_disk,
             n_generated=s.n_generated, n_steps=s.n_steps,
             n_drafted=s.n_drafted, n_accepted=s.n_accepted, n_ngram_steps=s.n_ngram_steps,
             n_memory_steps=s.n_memory_steps, n_grammar_steps=s.n_grammar_steps,

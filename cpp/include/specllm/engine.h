@@ -47,6 +47,7 @@ struct Stats {
     int n_prompt = 0;        // prompt tokens
     int n_cached = 0;        // of them reused from the KV cache of an earlier call
     int n_restored = 0;      // of those, from a state the prompt cache had saved (0: the live cache, or none)
+    int n_shifted = 0;       // of those, moved from later in the cache (GenerateOptions::cache_reuse)
     bool restored_from_disk = false; // that state was read from the prompt store's directory
     int n_generated = 0;     // tokens generated
     int n_steps = 0;         // target verify calls (one per step)

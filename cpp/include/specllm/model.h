@@ -50,6 +50,13 @@ class Model {
     void truncate(int n);
     int keep_common_prefix(const std::vector<llama_token> & seq); // truncate to the prefix shared with seq; returns
                                                                   // n_past() after it
+    // keep_common_prefix, then llama-server's --cache-reuse: each later run of at least min_run cached tokens that
+    // seq holds next, in order, is moved to its place in seq (llama.cpp shifts its positions), the cached tokens
+    // between runs dropped. An editor's prompt whose other-file chunks rotate (one drops out at the front) keeps
+    // the rest. The moved runs' KV was computed after other text than now precedes them: the output can differ from
+    // decoding seq afresh (as with llama-server's option). min_run <= 0, or a model whose positions cannot shift
+    // (recurrent memory), keeps the common prefix alone. Returns n_past(); *n_moved gets the tokens moved
+    int keep_shifted(const std::vector<llama_token> & seq, int min_run, int * n_moved = nullptr);
     void clear() { truncate(0); }
     // the cache's state as llama.cpp copies it out (llama_state_seq_get_data), and back: set_state makes the cache
     // hold `tokens` from a state saved when it held them; false (and an empty cache) if llama.cpp refuses it

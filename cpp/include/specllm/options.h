@@ -45,6 +45,8 @@ struct SamplingOptions {
 
 struct GenerateOptions {
     int max_tokens = 256;               // most tokens to generate
+    int cache_reuse = 0;                // > 0: llama-server's --cache-reuse, runs of at least this many cached
+                                        // tokens moved to where the prompt holds them (Model::keep_shifted)
     SamplingOptions sampling;           // how target and draft tokens are chosen
     std::vector<std::string> stop;      // generation ends before the first occurrence of any of these
     PolicyKind policy = PolicyKind::automatic; // how many tokens to draft each step

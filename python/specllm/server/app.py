@@ -31,6 +31,7 @@ DEFAULT_MAX_BODY = 4 * 2**20  # bytes: a long conversation is a few hundred KiB
 class State:
     def __init__(self, worker: Worker, metrics: Metrics, model_id: Optional[str], max_queue: int):
         self.worker, self.metrics, self.max_queue = worker, metrics, max_queue
+        self.cache_reuse = 0  # create_app's
         self._model_id = model_id
         self.created = int(time.time())
 
@@ -106,19 +107,24 @@ class BodyLimit:
         await self.app(scope, counting_receive, replacing_send)
 
 
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/infill", "/v1/models", "/health", "/metrics"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
-               cors_origins: Sequence[str] = (), max_queue: int = 16, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+               cors_origins: Sequence[str] = (), max_queue: int = 16, max_body: int = DEFAULT_MAX_BODY,
+               cache_reuse: int = 0) -> FastAPI:
     """An ASGI app serving llm over the OpenAI API. llm: a loaded LLM, or a function that loads one (called on
     the worker thread at startup; /health answers 503 until it returns). The app owns a worker thread while it
-    runs (its lifespan): run it under uvicorn or another ASGI server, or drive it with starlette's TestClient."""
+    runs (its lifespan): run it under uvicorn or another ASGI server, or drive it with starlette's TestClient.
+    cache_reuse: every request's cache_reuse unless it gives n_cache_reuse (llama-server's --cache-reuse)."""
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be an int >= 1, got {max_queue!r}")
+    if isinstance(cache_reuse, bool) or not isinstance(cache_reuse, int) or cache_reuse < 0:
+        raise ValueError(f"cache_reuse must be an int >= 0, got {cache_reuse!r}")
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics)
     state = State(worker, metrics, model_id, max_queue)
+    state.cache_reuse = cache_reuse
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -56,6 +56,7 @@ class InfillRequest(_Request):
     seed: Optional[int] = None  # -1: random, as llama-server's
     stop: Union[str, List[str], None] = None
     n_indent: int = Field(0, ge=0)
+    n_cache_reuse: Optional[int] = Field(None, ge=0)  # the server's --cache-reuse unless given
     t_max_predict_ms: int = 0
     stream: bool = False
     draft_length: Union[int, str, None] = None
@@ -211,6 +212,7 @@ async def infill(request: Request, req: InfillRequest):
             opts[key] = getattr(req, key)
     if req.seed is not None and req.seed >= 0:
         opts["seed"] = req.seed % 2**64
+    opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
     opts["max_tokens"] = 1 if warm else n_predict if n_predict > 0 else state.llm.n_ctx - len(tokens)
     if opts["max_tokens"] < 1:
         raise APIError(400, f"the prompt fills the context of {state.llm.n_ctx} tokens", "invalid_request_error",

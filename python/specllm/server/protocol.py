@@ -50,6 +50,7 @@ class SamplingFields(_Request):
     logprobs: Optional[Union[bool, int]] = None  # chat: true/false; completions: how many top tokens (logprobs.py)
     top_logprobs: Optional[int] = None           # chat: how many top tokens
     grammar: Optional[str] = None  # GBNF the output follows (as llama-server's); response_format is OpenAI's way
+    n_cache_reuse: Optional[int] = Field(None, ge=0)  # llama-server's: the server's --cache-reuse for this request
     # accepted only where they change nothing
     logit_bias: Optional[Dict[str, float]] = None
     presence_penalty: Optional[float] = None

@@ -89,6 +89,7 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
     if "seed" in opts:
         opts["seed"] %= 2**64
     opts["max_tokens"] = max_tokens or n_ctx - n_prompt
+    opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
     if logprobs is not None:
         opts["logprobs"] = logprobs
     try:  # checked now, so that a bad value is a 400 before the request is queued
