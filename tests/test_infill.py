@@ -280,5 +280,21 @@ def test_the_servers_cache_reuse_moves_a_chunk_the_ring_kept(fim, tmp_path):
         n_b = got[0]["tokens_evaluated"] - got[0]["timings"]["cache_n"]  # without reuse: all but the repo header
         assert got[None]["timings"]["cache_n"] >= got[0]["timings"]["cache_n"] + 150, got  # b.py: ~200 tokens
         assert got[None]["timings"]["prompt_n"] < n_b - 150
+        import httpx
+
+        # the OpenAI endpoints: the same flag, and the same override. Token prompts: a run is moved only if it
+        # starts right where the prompt leaves the cache, and text tokenizes differently at a file's start
+        local = specllm.LLM(fim["repo"], draft=None, n_threads=1, profile_costs=False)
+        bos, (ta, tb, tc) = local.tokenize(""), (local.tokenize(f[1], add_special=False) for f in (a, b, c))
+        local.close()
+        cached = {}
+        for reuse in (None, 0):
+            for prompt in (bos + ta + tb + [10], bos + tb + tc + [11]):
+                body = dict(prompt=prompt, max_tokens=4, temperature=0, **({} if reuse is None else
+                                                                         {"n_cache_reuse": reuse}))
+                r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=60)
+                assert r.status_code == 200, r.text
+            cached[reuse] = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached[None] >= cached[0] + 150, cached
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
