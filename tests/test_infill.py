@@ -181,7 +181,8 @@ def test_llama_servers_limits_on_the_middle():
 def _infill(url, **body):
     import httpx
 
-    r = httpx.post(f"{url}/infill", json=body, timeout=60)
+    r = httpx.post(f"{url}/infill", content=json.dumps(body), headers={"Content-Type": "application/json"},
+                   timeout=60)  # json.dumps escapes a lone surrogate, as a client in another language may send it
     return r.status_code, r.json()
 
 
@@ -237,7 +238,8 @@ def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_
                             (dict(n_probs=3), "n_probs"), (dict(input_extra={"a": 1}), "input_extra"),
                             (dict(input_extra=[{"filename": "a.py"}]), "input_extra"), (dict(n_predict=-2), "n_predict"),
                             (dict(input_suffix=None), "input_suffix"), (dict(n_predict=2048), "input_suffix"),
-                            (dict(top_p=0), "top_p"), (dict(seed="x"), "seed")):
+                            (dict(top_p=0), "top_p"), (dict(seed="x"), "seed"),
+                            (dict(input_prefix="a\ud800"), "input_prefix"), (dict(prompt="x\udc00"), "prompt")):
             status, r = _infill(s.url, **dict(request, **body))
             assert status == 400 and r["error"]["param"].split(".")[0] == param, (body, r)
         status, r = _infill(s.url, **request, model="another")

@@ -203,9 +203,11 @@ async def infill(request: Request, req: InfillRequest):
         tokens = state.llm.infill_prompt(req.input_prefix, req.input_suffix,
                                          max_tokens=n_predict if n_predict > 0 else min(ROOM, state.llm.n_ctx // 4),
                                          extra=[(c.filename, c.text) for c in req.input_extra], middle=req.prompt)
-    except (InvalidOptionError, TypeError) as e:
-        raise APIError(400, str(e).replace("suffix", "input_suffix", 1), "invalid_request_error", "input_suffix",
-                       "invalid_value") from None
+    except (InvalidOptionError, TypeError) as e:  # named by LLM.infill_prompt's argument: say the field's name
+        word = str(e).split(" ", 1)[0]
+        param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word, "input_suffix")
+        raise APIError(400, f"{param}{str(e)[len(word):]}" if word in ("prompt", "suffix", "middle") else str(e),
+                       "invalid_request_error", param, "invalid_value") from None
     opts = _sampling(req)
     for key in ("stop", "draft_length", "acceptance"):
         if getattr(req, key) is not None:
@@ -261,6 +263,8 @@ async def infill(request: Request, req: InfillRequest):
         else:
             state.metrics.request_seconds.labels(endpoint="/infill").observe(time.monotonic() - t0)
             return final("".join(text), last, generated)
+    raise APIError(503, "the generation ended without a result (the server is stopping); retry", "server_error",
+                   None, "generation_ended")
 
 
 async def _run(request: Request, job, limits: Limits, warm: bool):
