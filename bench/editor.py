@@ -1,12 +1,13 @@
 """An editor's completion session, as llama.vscode and llama.vim drive /infill: a hole cut out of a real source
 file (bench.fim's holes), the cursor at its first line; the editor asks for the middle, the user accepts the
-suggestion's first line (Shift+Tab), the editor indents the next line and asks again -- up to --requests times per
-hole. A later request's middle is mostly what the request before it wrote after its first line, which no n-gram
-of the prompt holds (it was never accepted) but the drafting memory does: this measures whether the memory pays
-on that. The accepted lines are plain decoding's, so every system is asked the same prompts (the repo-level form
-/infill builds, without other files' chunks). Systems interleaved per request; the memory is cleared between
-rounds (a later round would find the same session in it), kept across holes. Reported: tokens per second of
-generation (prompt processing left out) against plain decoding, for first requests and for later ones.
+suggestion's first line (Shift+Tab) and the editor asks again at its end (--enter: the user goes on to the next
+line, which the editor indents) -- up to --requests times per hole. A later request's middle is mostly what the
+request before it wrote after its first line, which no n-gram of the prompt holds (it was never accepted) but the
+drafting memory does: this measures whether the memory pays on that. The accepted lines are plain decoding's, so
+every system is asked the same prompts (the repo-level form /infill builds, without other files' chunks). Systems
+interleaved per request; the memory is cleared between rounds (a later round would find the same session in it),
+kept across holes. Reported: tokens per second of generation (prompt processing left out) against plain
+decoding, for first requests and for later ones.
 
     python -m bench.editor                               # 8 holes (--seed 3), up to 3 requests, 2 rounds
     python -m bench.editor --systems plain,default,no-memory --holes 4 --rounds 1
@@ -32,12 +33,15 @@ SYSTEMS = {"plain": dict(draft=None), "default": dict(), "no-memory": dict(memor
            "ngram": dict(draft="ngram")}
 
 
-def next_prefix(prefix: str, middle: str):
-    """The prefix after the user accepted the middle's first line and the editor indented the next (None when the
-    middle has no second line with text)."""
+def next_prefix(prefix: str, middle: str, enter: bool = False):
+    """The prefix after the user accepted the middle's first line (Shift+Tab: the cursor stays at its end) or, with
+    `enter`, went on to the next line, which the editor indented (None when the middle has no second line with
+    text)."""
     lines = middle.split("\n")
     if len(lines) < 2 or not lines[1].strip():
         return None
+    if not enter:
+        return prefix + lines[0]
     return prefix + lines[0] + "\n" + lines[1][:len(lines[1]) - len(lines[1].lstrip())]
 
 
@@ -54,6 +58,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--systems", default="plain,default,no-memory", help=f"comma-separated, from {','.join(SYSTEMS)}")
+    ap.add_argument("--enter", action="store_true",
+                    help="after accepting a line the user presses Enter (the cursor after the next line's indent)")
     ap.add_argument("--out", help="write every request's numbers to this JSON file")
     ap.add_argument("--ring", action="store_true", help="measure the prompt of a rotating ring of chunks instead")
     ap.add_argument("--chunks", type=int, default=6, help="--ring: chunks in the ring (default: %(default)s)")
@@ -84,7 +90,7 @@ def main(argv=None) -> None:
                 print(f"round {r} {h['id']} request {i}: " + ", ".join(
                     f"{n} {v['tok_s']:.1f} tok/s ({v['accepted']}/{v['drafted']}, {v['memory_steps']} memory steps)"
                     for n, v in row.items() if isinstance(v, dict)), flush=True)
-                prefix = next_prefix(prefix, got["plain"].text)
+                prefix = next_prefix(prefix, got["plain"].text, args.enter)
                 if prefix is None:
                     break
     if args.out:

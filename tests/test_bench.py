@@ -941,7 +941,8 @@ def test_an_editor_session_accepts_the_first_line_and_asks_again():
     from bench.editor import next_prefix
 
     prefix = "def f(x):\n    "
-    assert next_prefix(prefix, "y = x + 1\n    return y\n") == prefix + "y = x + 1\n    "
-    assert next_prefix(prefix, "if x:\n\treturn 1") == prefix + "if x:\n\t"
+    assert next_prefix(prefix, "y = x + 1\n    return y\n") == prefix + "y = x + 1"  # Shift+Tab
+    assert next_prefix(prefix, "y = x + 1\n    return y\n", enter=True) == prefix + "y = x + 1\n    "
+    assert next_prefix(prefix, "if x:\n\treturn 1", enter=True) == prefix + "if x:\n\t"
     assert next_prefix(prefix, "return x") is None  # one line: nothing left to ask for
     assert next_prefix(prefix, "return x\n\nprint(f(1))") is None  # the next line is empty
