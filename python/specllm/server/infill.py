@@ -190,9 +190,7 @@ async def infill(request: Request, req: InfillRequest):
     state = routes._state(request)
     t0 = time.monotonic()
     state.require_ready()
-    if req.model and req.model != state.model_id:
-        raise APIError(404, f"the model '{req.model}' does not exist here; this server serves '{state.model_id}'",
-                       "invalid_request_error", "model", "model_not_found")
+    routes._check_model_name(state, req.model)
     refused = _refused(req)
     if refused:
         raise APIError(400, f"{refused} is not supported by specllm's /infill; leave it out", "invalid_request_error",

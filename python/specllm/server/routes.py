@@ -40,10 +40,15 @@ def _begin(request: Request, req: p.SamplingFields):
     return state, t0
 
 
-def _check_model(state, req: p.SamplingFields) -> None:
-    if req.model and req.model != state.model_id:
-        raise APIError(404, f"the model '{req.model}' does not exist here; this server serves '{state.model_id}' "
+def _check_model_name(state, model) -> None:
+    """A 404 unless the request names no model or this server's (every generation endpoint, /infill too)."""
+    if model and model != state.model_id:
+        raise APIError(404, f"the model '{model}' does not exist here; this server serves '{state.model_id}' "
                             "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
+
+
+def _check_model(state, req: p.SamplingFields) -> None:
+    _check_model_name(state, req.model)
     bad = p.unsupported(req)
     if bad:
         raise APIError(400, bad[1], "invalid_request_error", bad[0], "unsupported_parameter")
