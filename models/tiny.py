@@ -22,6 +22,18 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# chat_template="tools": a Hermes-style template, as Qwen2.5's, that offers tools and asks for <tool_call> blocks
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "Call a tool: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% elif m.tool_calls %}<|im_start|>assistant\n{{ m.content or '' }}{% for c in m.tool_calls %}<tool_call>\n"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>{% endfor %}"
+    "<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 # Normal (non-byte) pieces; "\u2581" is SentencePiece's word-boundary marker (a space).
 _WORDS = ["\u2581", "e", "t", "a", "o", "i", "n", "s", "r", "h", "l", "d", "\u2581t", "\u2581a", "th", "he",
@@ -55,12 +67,16 @@ def _vocab(kind):
 def _params(**kw):
     if kw.get("arch") == "llama":  # the default, not stored: models written before arch existed stay valid
         del kw["arch"]
+    if kw.get("chat_template") is None:  # likewise
+        kw.pop("chat_template", None)
     return dict(kw, generator_version=GENERATOR_VERSION)
 
 
 def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128, n_ctx_train=2048,
-                     vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True, arch="llama"):
+                     vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True, arch="llama",
+                     chat_template=None):
     """Write a tiny GGUF model to `path` atomically (tmp file + os.replace) and return the path.
+    chat_template: None for CHAT_TEMPLATE, "tools" for TOOLS_TEMPLATE, or a template's text.
 
     arch "llama" is a transformer (a KV cache that can be cut anywhere); "mamba" is a recurrent state-space model
     (one state per sequence that llama.cpp cannot roll back), for the engine's no-rollback path."""
@@ -79,7 +95,7 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
         raise ValueError(f"eos_token_id {eos} out of range [0, {n_vocab})")
     params = _params(seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                      n_ctx_train=n_ctx_train, vocab=vocab, eos_token_id=eos, name=name, n_pad=n_pad,
-                     add_bos=add_bos, arch=arch)
+                     add_bos=add_bos, arch=arch, chat_template=chat_template)
     head_dim = n_embd // n_head
     n_embd_kv = head_dim * n_head_kv
 
@@ -121,7 +137,7 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     w.add_eos_token_id(eos)
     w.add_add_bos_token(bool(add_bos))
     w.add_add_eos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template({None: CHAT_TEMPLATE, "tools": TOOLS_TEMPLATE}.get(chat_template, chat_template))
 
     # Weights depend only on the seed and shapes (never on eos_token_id), so models that differ only in their
     # EOS id generate the same tokens up to the EOS.

@@ -126,6 +126,26 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
             client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
                                            tool_choice=named, max_tokens=16)
         assert e.value.body["param"] == "tool_choice" and "get_time" in e.value.body["message"], e.value.body
+
+        # the Responses API (what agents call): the same call as a function_call item, then the call and the
+        # tool's output sent back as input items, the first request's prompt the second's cached prefix
+        weather = {"type": "function", **WEATHER["function"]}
+        q = ASK[0]["content"]
+        r6 = client.responses.create(model="qwen2.5-coder-1.5b", input=q, tools=[weather], max_output_tokens=64)
+        assert r6.status == "completed" and [i.type for i in r6.output] == ["function_call"], r6.output
+        call = r6.output[0]
+        assert call.name == "get_weather" and json.loads(call.arguments)["city"] == "Paris"
+        items = [{"role": "user", "content": q}, call.model_dump(exclude_none=True),
+                 {"type": "function_call_output", "call_id": call.call_id,
+                  "output": '{"temperature_c": 17, "sky": "rain"}'}]
+        r8 = client.responses.create(model="qwen2.5-coder-1.5b", input=items, tools=[weather], max_output_tokens=24)
+        assert r8.usage.input_tokens > r6.usage.input_tokens
+        assert r8.usage.input_tokens_details.cached_tokens >= r6.usage.input_tokens - 1  # all of r6's prompt
+        events = list(client.responses.create(model="qwen2.5-coder-1.5b", input=items, tools=[weather],
+                                              tool_choice="none", max_output_tokens=24, stream=True))
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas.strip() and events[-1].type in ("response.completed", "response.incomplete")
+        assert events[-1].response.output[0].content[0].text == deltas
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
 

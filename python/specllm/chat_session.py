@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from .errors import ContextOverflowError, InvalidOptionError, SpecLLMError
+from .errors import ContextOverflowError, InvalidOptionError
 from .llm import DEFAULT, LLM, default_draft
 from .results import Stats
 

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 from . import _core, gguf_check, infill, logs, memory, profile
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
-from .options import _int, make_options
+from .options import _int, check_load, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
@@ -154,35 +154,14 @@ class LLM:
             profile measured at another moment) at the price of choices that move with the timing (README, "What a
             batch costs now").
         """
-        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
-                            ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
-            _int(name, value)
-        _int("memory_tokens", memory_tokens, lo=0)
-        _int("prompt_cache_mb", prompt_cache_mb, lo=0)
-        _int("prompt_cache_disk_mb", prompt_cache_disk_mb, lo=1)
-        if prompt_cache_dir is not None:
-            if not isinstance(prompt_cache_dir, (str, os.PathLike)):
-                raise TypeError(f"prompt_cache_dir must be a path or None, got {type(prompt_cache_dir).__name__}")
-            prompt_cache_dir = _text("prompt_cache_dir", os.fspath(prompt_cache_dir))
-            if not prompt_cache_dir:
-                raise InvalidOptionError("prompt_cache_dir is empty: give a directory (made if missing), or None "
-                                         "for no prompt states on disk")
-        if memory_file is not None and memory_tokens == 0:
-            raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
+        model, prompt_cache_dir = check_load(
+            model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
+            n_threads=n_threads, ngram_min=ngram_min, ngram_max=ngram_max, memory_tokens=memory_tokens,
+            memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
+            prompt_cache_disk_mb=prompt_cache_disk_mb, learn_batch_costs=learn_batch_costs,
+            stream_idle_timeout=stream_idle_timeout)
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
-        if not isinstance(learn_batch_costs, bool):
-            raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
-        if draft_n_gpu_layers is not None:
-            _int("draft_n_gpu_layers", draft_n_gpu_layers)
-        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
-            raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
-        if n_threads is not None and not 0 <= n_threads <= _core.max_threads:
-            raise InvalidOptionError(f"n_threads must be between 0 (all cores) and {_core.max_threads}, got "
-                                     f"{n_threads}; this machine has {os.cpu_count()} cores, None uses them all")
-        if not isinstance(model, (str, os.PathLike)):
-            raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
-        model = _text("model", os.fspath(model))
         draft, ngram = _draft_arg(model, draft, ngram)
 
         opts = _core.EngineOptions()
@@ -201,10 +180,6 @@ class LLM:
         self._opts = opts
         self._profile_costs = profile_costs
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
-        if isinstance(stream_idle_timeout, bool) or not isinstance(stream_idle_timeout, numbers.Real):
-            raise TypeError(f"stream_idle_timeout must be a number, got {type(stream_idle_timeout).__name__}")
-        if not stream_idle_timeout > 0:
-            raise InvalidOptionError(f"stream_idle_timeout must be > 0 seconds, got {stream_idle_timeout}")
         self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)

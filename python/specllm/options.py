@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 import random
 from typing import Iterable, Optional, Sequence, Union
 
@@ -131,3 +132,41 @@ GENERATE_KEYS = frozenset(
 def split_kwargs(kwargs: dict, keys: Iterable[str]):
     keys = set(keys)
     return {k: v for k, v in kwargs.items() if k in keys}, {k: v for k, v in kwargs.items() if k not in keys}
+
+
+def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_threads, ngram_min, ngram_max,
+               memory_tokens, memory_file, prompt_cache_mb, prompt_cache_dir, prompt_cache_disk_mb,
+               learn_batch_costs, stream_idle_timeout):
+    """LLM(...)'s arguments checked before anything loads (TypeError, InvalidOptionError): (model, prompt_cache_dir)
+    as strs (prompt_cache_dir None when not given)."""
+    for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
+                        ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
+        _int(name, value)
+    _int("memory_tokens", memory_tokens, lo=0)
+    _int("prompt_cache_mb", prompt_cache_mb, lo=0)
+    _int("prompt_cache_disk_mb", prompt_cache_disk_mb, lo=1)
+    if prompt_cache_dir is not None:
+        if not isinstance(prompt_cache_dir, (str, os.PathLike)):
+            raise TypeError(f"prompt_cache_dir must be a path or None, got {type(prompt_cache_dir).__name__}")
+        prompt_cache_dir = text("prompt_cache_dir", os.fspath(prompt_cache_dir))
+        if not prompt_cache_dir:
+            raise InvalidOptionError("prompt_cache_dir is empty: give a directory (made if missing), or None "
+                                     "for no prompt states on disk")
+    if memory_file is not None and memory_tokens == 0:
+        raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
+    if not isinstance(learn_batch_costs, bool):
+        raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
+    if draft_n_gpu_layers is not None:
+        _int("draft_n_gpu_layers", draft_n_gpu_layers)
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
+        raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
+    if n_threads is not None and not 0 <= n_threads <= _core.max_threads:
+        raise InvalidOptionError(f"n_threads must be between 0 (all cores) and {_core.max_threads}, got "
+                                 f"{n_threads}; this machine has {os.cpu_count()} cores, None uses them all")
+    if isinstance(stream_idle_timeout, bool) or not isinstance(stream_idle_timeout, numbers.Real):
+        raise TypeError(f"stream_idle_timeout must be a number, got {type(stream_idle_timeout).__name__}")
+    if not stream_idle_timeout > 0:
+        raise InvalidOptionError(f"stream_idle_timeout must be > 0 seconds, got {stream_idle_timeout}")
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
+    return text("model", os.fspath(model)), prompt_cache_dir

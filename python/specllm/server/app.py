@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import errors, infill, routes
+from . import errors, infill, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .worker import Worker
@@ -107,7 +107,8 @@ class BodyLimit:
         await self.app(scope, counting_receive, replacing_send)
 
 
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/infill", "/v1/models", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/infill", "/v1/models", "/health",
+               "/metrics"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
@@ -148,6 +149,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     errors.install(app)
     app.include_router(routes.router, dependencies=[Depends(check_key)])
     app.include_router(infill.router, dependencies=[Depends(check_key)])
+    app.include_router(responses.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])

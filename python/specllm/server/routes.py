@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -262,9 +262,18 @@ def _respond_stream(request, job, make_chunk, first, req: p.SamplingFields):
                                ping=15, sep="\n")
 
 
-@router.post("/v1/chat/completions", response_model=p.ChatCompletion)
-async def chat_completions(request: Request, req: p.ChatRequest):
-    state, t0 = _begin(request, req)
+class Chat(NamedTuple):
+    """A checked chat request, ready to queue: its prompt tokens and options, the tools offered to the model (None
+    if none are), and the text the reply was made to begin with (a forced tool call's opening, or "")."""
+    tokens: list
+    opts: dict
+    tools: Optional[list]
+    forced: str
+    n_logprobs: Optional[int]
+
+
+def prepare_chat(state, req: p.ChatRequest) -> Chat:
+    """A chat request's prompt and options (a 400 for a bad one): /v1/chat/completions and /v1/responses."""
     if not req.messages:
         raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
                        "invalid_value")
@@ -286,7 +295,15 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     tokens = _tokens(state, prompt)
     n_logprobs = lp.chat_request(req)
     opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs, call_rules)
-    job = _submit(request, tokens, opts)
+    return Chat(tokens, opts, tools, forced, n_logprobs)
+
+
+@router.post("/v1/chat/completions", response_model=p.ChatCompletion)
+async def chat_completions(request: Request, req: p.ChatRequest):
+    state, t0 = _begin(request, req)
+    chat = prepare_chat(state, req)
+    tools, forced, n_logprobs = chat.tools, chat.forced, chat.n_logprobs
+    job = _submit(request, chat.tokens, chat.opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         held = tool_calls.ToolStream(tool_calls.names_of(tools), strict=bool(forced)) if tools else None

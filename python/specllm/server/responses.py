@@ -1,0 +1,361 @@
+"""POST /v1/responses: OpenAI's Responses API, which agents call (the OpenAI Agents SDK, Codex CLI; llama-server,
+LM Studio and Ollama serve it too). A request becomes a chat request — `instructions` the system message, the
+`input` items messages (a `function_call` item joins the assistant's message as a tool call, a
+`function_call_output` item is the tool's message), function `tools` the chat's tools, `text.format` the chat's
+response_format, `max_output_tokens` max_tokens — and runs as /v1/chat/completions runs (routes.prepare_chat), drafted
+and verified like any prompt. The answer is a Response: a `message` item with the reply's text and a
+`function_call` item per tool call, plus specllm's `speculative` object; streamed as the Responses events
+(response.created ... response.output_text.delta ... response.completed, or response.incomplete when
+max_output_tokens cut the reply).
+
+specllm keeps no responses: `previous_response_id`, `conversation` and `item_reference` items are a 400 that says to
+send the earlier items in `input` (what clients do with `store: false`). Hosted tools (web_search, file_search...)
+are not offered to the model and not echoed back, as llama-server skips them; images and files are a 400."""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field, ValidationError
+from sse_starlette.sse import EventSourceResponse
+
+from . import protocol as p
+from . import routes
+from . import tools as tool_calls
+from .errors import APIError
+from .protocol import _Request
+
+router = APIRouter()
+log = logging.getLogger("specllm.server")
+# a chat request's parameter, as the Responses request names it (in the 400s prepare_chat raises)
+PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+class ResponsesRequest(_Request):
+    model: Optional[str] = None
+    input: Union[str, List[Dict[str, Any]]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    stream: bool = False
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Any] = None
+    text: Optional[Dict[str, Any]] = None
+    parallel_tool_calls: Optional[bool] = None
+    metadata: Optional[Dict[str, Any]] = None
+    truncation: Optional[str] = None
+    # refused: specllm keeps no responses, runs no background jobs, gives no logprobs here
+    previous_response_id: Optional[str] = None
+    conversation: Optional[Any] = None
+    background: Optional[bool] = None
+    prompt: Optional[Any] = None
+    top_logprobs: Optional[int] = None
+    include: Optional[List[str]] = None
+    # specllm's own, as on /v1/chat/completions
+    top_k: Optional[int] = Field(None, ge=0)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    seed: Optional[int] = None
+    stop: Union[str, List[str], None] = None
+    draft_length: Union[int, str, None] = None
+    acceptance: Optional[str] = None
+    n_cache_reuse: Optional[int] = Field(None, ge=0)
+
+
+def _bad(message: str, param: Optional[str], code: str = "invalid_value") -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def _refuse(req: ResponsesRequest) -> None:
+    keep = ("specllm keeps no responses: send the conversation's earlier items in input (as clients do with "
+            "store: false)")
+    checks = [
+        ("previous_response_id", req.previous_response_id, f"previous_response_id cannot be followed; {keep}"),
+        ("conversation", req.conversation, f"conversation cannot be followed; {keep}"),
+        ("background", req.background, "background responses are not supported: leave out background"),
+        ("prompt", req.prompt, "stored prompt templates are not supported: send the instructions and input"),
+        ("top_logprobs", req.top_logprobs, "logprobs are not given on /v1/responses; /v1/chat/completions gives them"),
+        ("include", "message.output_text.logprobs" in (req.include or []),
+         "logprobs are not given on /v1/responses; /v1/chat/completions gives them"),
+    ]
+    for param, bad, message in checks:
+        if bad:
+            raise _bad(message, param, "unsupported_parameter")
+
+
+def _name(where: str) -> str:
+    """A parameter's path as the messages write it: input.0.content -> input[0].content."""
+    return re.sub(r"\.(\d+)", r"[\1]", where)
+
+
+def _text(content, where: str, types=("input_text", "output_text")) -> str:
+    """The text of an item's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{_name(where)} must be a string or a list of content parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in types and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise _bad(f"only text is supported: {_name(where)}[{j}] is of type '{kind}'", f"{where}.{j}.type",
+                       "unsupported_content")
+        else:
+            raise _bad(f"{_name(where)}[{j}] must be a text part ({{'type': 'input_text', 'text': ...}}), got "
+                       f"{part!r:.80}", f"{where}.{j}")
+    return "".join(texts)
+
+
+def _messages(req: ResponsesRequest) -> List[dict]:
+    """The chat messages of a request's instructions and input."""
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    if isinstance(req.input, str):
+        return messages + [{"role": "user", "content": req.input}]
+    for i, item in enumerate(req.input):
+        kind, role, where = item.get("type"), item.get("role"), f"input.{i}"
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+        if kind in (None, "message") and role is None:
+            raise _bad(f"input[{i}] is a message without a role: give role 'user', 'system', 'developer' or "
+                       "'assistant'", f"{where}.role")
+        if kind in (None, "message"):
+            if role not in ("user", "system", "developer", "assistant"):
+                raise _bad(f"input[{i}].role must be 'user', 'system', 'developer' or 'assistant', got {role!r}",
+                           f"{where}.role")
+            text = _text(item.get("content"), f"{where}.content")
+            if last is not None and role == "assistant":  # the assistant's message goes on
+                last["content"] = (last["content"] or "") + text
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise _bad(f"input[{i}] (a function_call) needs {key} as a string", f"{where}.{key}")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if last is None:
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise _bad(f"input[{i}] (a function_call_output) needs call_id as a string", f"{where}.call_id")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _text(item.get("output"), f"{where}.output")})
+        elif kind == "reasoning":  # a reasoning model's thoughts, sent back by agents: not part of the prompt
+            continue
+        elif kind == "item_reference":
+            raise _bad("item_reference cannot be followed: specllm keeps no items; send the item itself",
+                       f"{where}.type", "unsupported_parameter")
+        else:
+            raise _bad(f"input[{i}] of type {kind!r} is not supported: give messages ({{'role': ..., 'content': "
+                       "...}), function_call and function_call_output items", f"{where}.type", "unsupported_content")
+    return messages
+
+
+def _tools(req: ResponsesRequest) -> List[dict]:
+    """The request's function tools, as the chat's tools. Hosted tools are skipped (logged), as llama-server does."""
+    out = []
+    for i, t in enumerate(req.tools or []):
+        if t.get("type") != "function":
+            log.warning("/v1/responses: tools[%d] of type %r is not offered to the model (function tools only)",
+                        i, t.get("type"))
+            continue
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise _bad(f"tools[{i}] needs a name (a function tool: {{'type': 'function', 'name': ..., "
+                       "'parameters': {...}}})", f"tools.{i}.name")
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _bad(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}, got "
+               f"{choice!r:.80}", "tool_choice")
+
+
+def _format(text: Optional[dict]):
+    """text.format as the chat's response_format."""
+    fmt = (text or {}).get("format")
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    return fmt  # json_object, or what grammar.response_format names as wrong
+
+
+def chat_request(req: ResponsesRequest) -> p.ChatRequest:
+    """The chat request a Responses request asks for (a 400 for what cannot be served)."""
+    _refuse(req)
+    fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                                           "draft_length", "acceptance", "n_cache_reuse")}
+    try:
+        return p.ChatRequest(messages=_messages(req), max_tokens=req.max_output_tokens, tools=_tools(req) or None,
+                             tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.text), **fields)
+    except ValidationError as e:  # what the checks above let through (they should not)
+        raise _bad(f"the input cannot be read as a conversation: {e.errors()[0].get('msg')}", "input") from None
+
+
+def _prepare(state, chat: p.ChatRequest) -> routes.Chat:
+    try:
+        return routes.prepare_chat(state, chat)
+    except APIError as e:  # named as the Responses request names it
+        if e.param is not None:
+            head = e.param.split(".", 1)[0]
+            e.param = PARAMS.get(head, head) + e.param[len(head):]
+        e.message = e.message.replace("max_tokens", "max_output_tokens").replace("response_format", "text.format")
+        raise
+
+
+class Answer:
+    """A Response body, built as the reply comes in."""
+
+    def __init__(self, state, req: ResponsesRequest, chat: p.ChatRequest):
+        self.id, self.created = f"resp_{uuid.uuid4().hex}", int(time.time())
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.state, self.req = state, req
+        self.tools = [{"type": "function", **t["function"]} for t in chat.tools or []]
+
+    def body(self, status: str, output: list, last=None, job=None, error: Optional[APIError] = None) -> dict:
+        req, stats = self.req, last.stats if last is not None else None
+        usage = None if stats is None else {
+            "input_tokens": stats.n_prompt, "input_tokens_details": {"cached_tokens": stats.n_cached},
+            "output_tokens": stats.n_generated, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": stats.n_prompt + stats.n_generated}
+        body = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+                "error": {"code": error.code or "server_error", "message": error.message} if error else None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+                "model": self.state.model_id, "output": output,
+                "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+                "previous_response_id": None, "store": False, "temperature": req.temperature, "top_p": req.top_p,
+                "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+                "tool_choice": req.tool_choice or "auto", "tools": self.tools,
+                "truncation": req.truncation or "disabled", "metadata": req.metadata or {}, "usage": usage}
+        if status in ("completed", "incomplete"):
+            body["completed_at"] = int(time.time())
+        if stats is not None and job is not None:
+            body["speculative"] = routes._speculative(stats, job, req.draft_length).model_dump()
+        return body
+
+    def message(self, text: str, status: str) -> dict:
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+                "content": [self.part(text)]}
+
+    @staticmethod
+    def part(text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    @staticmethod
+    def call(call: dict, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}", "call_id": call["id"],
+                "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
+
+
+@router.post("/v1/responses")
+async def responses(request: Request, req: ResponsesRequest):
+    chat = chat_request(req)
+    state, t0 = routes._begin(request, chat)
+    if isinstance(req.input, list) and not req.input:
+        raise _bad("input must hold at least one item", "input")
+    prepared = _prepare(state, chat)
+    job = routes._submit(request, prepared.tokens, prepared.opts)
+    answer = Answer(state, req, chat)
+    if req.stream:
+        return EventSourceResponse(_events(request, job, answer, prepared), ping=15, sep="\n")
+    text, last, _ = await routes._collect(request, job)
+    state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+    text = prepared.forced + text
+    names = tool_calls.names_of(prepared.tools) if prepared.tools else None
+    content, calls = tool_calls.parse(text, names, bool(prepared.forced)) if prepared.tools else (text, [])
+    status = "incomplete" if last.finish_reason == "length" else "completed"
+    output = [answer.message(content, status)] if content or not calls else []
+    output += [answer.call(c) for c in calls]
+    return JSONResponse(answer.body(status, output, last, job))
+
+
+async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
+    """The Responses events of a streamed reply; leaving early (the client went away) cancels the job."""
+    state, t0 = answer.state, time.monotonic()
+    numbers = itertools.count()
+
+    def event(kind: str, **fields) -> dict:
+        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": next(numbers), **fields},
+                                                  ensure_ascii=False)}
+
+    held = (tool_calls.ToolStream(tool_calls.names_of(prepared.tools), strict=bool(prepared.forced))
+            if prepared.tools else None)
+    if prepared.forced:
+        held.feed(prepared.forced)  # held from the start: the reply is a call
+    texts: List[str] = []
+    where = {"output_index": 0, "item_id": answer.message_id}
+    try:
+        yield event("response.created", response=answer.body("in_progress", []))
+        yield event("response.in_progress", response=answer.body("in_progress", []))
+        while True:
+            kind, value = await job.events.get()
+            if kind == "error":
+                err = routes._generation_error(value)
+                yield event("error", code=err.code, message=err.message, param=err.param)
+                output = [answer.message("".join(texts), "incomplete")] if texts else []
+                yield event("response.failed", response=answer.body("failed", output, error=err))
+                break
+            if kind == "end":
+                break
+            text, calls = value.text, []
+            if held is not None:
+                text = held.feed(text)
+                if value.finish_reason is not None:
+                    rest, calls = held.finish()
+                    text += rest
+            if text and (texts or not calls or text.strip()):
+                if not texts:
+                    state.metrics.ttft_seconds.observe(time.monotonic() - t0)
+                    yield event("response.output_item.added", output_index=0,
+                                item=dict(answer.message("", "in_progress"), content=[]))
+                    yield event("response.content_part.added", **where, content_index=0, part=answer.part(""))
+                texts.append(text)
+                yield event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
+            if value.finish_reason is None:
+                continue
+            status = "incomplete" if value.finish_reason == "length" else "completed"
+            output = []
+            if texts or not calls:
+                whole = "".join(texts)
+                if not texts:  # an empty reply: its message, as the whole-body answer has it
+                    yield event("response.output_item.added", output_index=0,
+                                item=dict(answer.message("", "in_progress"), content=[]))
+                    yield event("response.content_part.added", **where, content_index=0, part=answer.part(""))
+                yield event("response.output_text.done", **where, content_index=0, text=whole, logprobs=[])
+                yield event("response.content_part.done", **where, content_index=0, part=answer.part(whole))
+                output.append(answer.message(whole, status))
+                yield event("response.output_item.done", output_index=0, item=output[-1])
+            for call in calls:
+                item, index = answer.call(call), len(output)
+                yield event("response.output_item.added", output_index=index,
+                            item=dict(item, arguments="", status="in_progress"))
+                yield event("response.function_call_arguments.delta", output_index=index, item_id=item["id"],
+                            delta=item["arguments"])
+                yield event("response.function_call_arguments.done", output_index=index, item_id=item["id"],
+                            name=item["name"], arguments=item["arguments"])
+                yield event("response.output_item.done", output_index=index, item=item)
+                output.append(item)
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            yield event(kind, response=answer.body(status, output, value, job))
+    finally:
+        job.cancel()
+        state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)

@@ -1,0 +1,234 @@
+"""POST /v1/responses (OpenAI's Responses API, which agents call) on a real `specllm-cli serve`, driven by the
+official `openai` client and its stream helper: the reply is the chat reply of the same conversation, a tool call
+is a function_call item, a call and its output in `input` go back into the prompt as the chat's tool_calls and tool
+message do, and what cannot be served is a 400 that names the field. The tiny model has a Hermes-style template
+(models/tiny.py "tools"); the draft is the tiny draft model with n-gram lookup (the default configuration)."""
+
+import json
+import signal
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from serving import Server
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                          "required": ["city"], "additionalProperties": False}}
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+ASK = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def tools_model(tmp_path_factory):
+    from models.tiny import STANDARD_SET, write_tiny_model
+
+    # the slow tiny model's shape (~135 tokens/s): a generation lasts long enough to leave in the middle of
+    return write_tiny_model(tmp_path_factory.mktemp("tools") / "tiny-tools.gguf",
+                            **dict(STANDARD_SET["slow"], chat_template="tools", name="tiny-tools"))
+
+
+@pytest.fixture(scope="module")
+def server(tools_model, tiny, tmp_path_factory):
+    s = Server("--model", tools_model, "--draft", tiny["draft"], "--threads", "1", "--ctx", "2048",
+               log_path=tmp_path_factory.mktemp("server") / "server.log").wait_healthy()
+    yield s
+    assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def local(tools_model):
+    """The same model in-process, plain decoding: the reference for greedy outputs."""
+    import specllm
+    return specllm.LLM(tools_model, None, n_threads=1, n_ctx=2048, profile_costs=False)
+
+
+def test_a_reply_is_the_chat_reply_of_the_same_conversation(client, local):
+    r = client.responses.create(model="tiny-tools", instructions="You are terse.", input=ASK, max_output_tokens=24)
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": ASK}]
+    want = local.chat(messages, max_tokens=24)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "tiny-tools"
+    assert r.output_text == want.text and len(r.output) == 1
+    item = r.output[0]
+    assert item.type == "message" and item.role == "assistant" and item.id.startswith("msg_")
+    assert item.content[0].type == "output_text" and item.content[0].text == want.text
+    # cut by max_output_tokens: incomplete, as OpenAI says it
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.input_tokens == want.stats.n_prompt and r.usage.output_tokens == 24
+    assert r.usage.total_tokens == r.usage.input_tokens + 24 and r.instructions == "You are terse."
+    assert r.model_extra["speculative"]["steps"] <= 24
+    chat = client.chat.completions.create(model="tiny-tools", messages=messages, max_tokens=24)
+    assert chat.choices[0].message.content == r.output_text
+    # input as a list of items, the text in parts: the same prompt
+    parts = [{"type": "input_text", "text": "You are "}, {"type": "input_text", "text": "terse."}]
+    r2 = client.responses.create(model="tiny-tools", input=[{"role": "developer", "content": parts},
+                                                           {"type": "message", "role": "user", "content": ASK}],
+                                 max_output_tokens=24)
+    assert r2.output_text == want.text and r2.usage.input_tokens == want.stats.n_prompt
+
+
+def test_a_streamed_reply_gives_the_events_in_order_and_the_same_text(client, local):
+    events = list(client.responses.create(model="tiny-tools", input=ASK, max_output_tokens=24, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    want = local.chat([{"role": "user", "content": ASK}], max_tokens=24).text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want
+    last = events[-1].response
+    assert last.status == "incomplete" and last.output[0].content[0].text == want and last.usage.output_tokens == 24
+    assert len({e.response.id for e in events if hasattr(e, "response")}) == 1
+
+
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+          "required": ["colour"], "additionalProperties": False}
+
+
+def test_text_format_is_the_chats_response_format(client):
+    fmt = {"format": {"type": "json_schema", "name": "pick", "schema": SCHEMA, "strict": True}}
+    r = client.responses.create(model="tiny-tools", input="Pick a colour.", text=fmt, max_output_tokens=40)
+    assert r.status == "completed" and json.loads(r.output_text)["colour"] in ("red", "green", "blue")
+    chat = client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": "Pick a colour."}],
+                                          max_tokens=40, response_format={"type": "json_schema", "json_schema": {
+                                              "name": "pick", "schema": SCHEMA, "strict": True}})
+    assert chat.choices[0].message.content == r.output_text
+    with client.responses.stream(model="tiny-tools", input="Pick a colour.", text=fmt, max_output_tokens=40) as stream:
+        final = stream.get_final_response()  # the SDK's helper accumulates the events into the same Response
+    assert final.output_text == r.output_text and final.status == "completed"
+
+
+def test_a_forced_call_is_a_function_call_item(client):
+    r = client.responses.create(model="tiny-tools", input=ASK, tools=[WEATHER], max_output_tokens=40,
+                                tool_choice={"type": "function", "name": "get_weather"})
+    assert r.status == "completed" and [i.type for i in r.output] == ["function_call"], r.output
+    call = r.output[0]
+    assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_") and call.status == "completed"
+    assert r.tools[0].name == "get_weather" and r.tool_choice.name == "get_weather"
+    chat = client.chat.completions.create(model="tiny-tools", messages=[{"role": "user", "content": ASK}],
+                                          tools=[CHAT_WEATHER], max_tokens=40,
+                                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert chat.choices[0].message.tool_calls[0].function.arguments == call.arguments
+    # streamed, through the SDK's helper: the call's events, and the same call in the final Response
+    with client.responses.stream(model="tiny-tools", input=ASK, tools=[WEATHER], tool_choice="required",
+                                 max_output_tokens=40) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert kinds[-5:] == ["response.output_item.added", "response.function_call_arguments.delta",
+                          "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert "response.output_text.delta" not in kinds
+    assert [(i.type, i.name, i.arguments) for i in final.output] == [("function_call", "get_weather", call.arguments)]
+
+
+def test_a_call_and_its_output_in_input_are_the_chats_tool_calls_and_tool_message(client, local):
+    items = [{"role": "user", "content": ASK},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": '{"sky": "rain"}'},
+             {"type": "reasoning", "id": "rs_1", "summary": []}]  # an agent's reasoning item: not in the prompt
+    r = client.responses.create(model="tiny-tools", input=items, tools=[WEATHER], max_output_tokens=16)
+    messages = [{"role": "user", "content": ASK},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "rain"}'}]
+    prompt = local.apply_chat_template(messages, tools=[CHAT_WEATHER])
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "<tool_response>\n{\"sky\": \"rain\"}" in prompt
+    want = local.generate(prompt, max_tokens=16)
+    assert r.usage.input_tokens == want.stats.n_prompt and r.output_text == want.text
+
+
+def test_hosted_tools_are_not_offered_and_not_echoed(client, local):
+    r = client.responses.create(model="tiny-tools", input=ASK, tools=[{"type": "web_search"}], max_output_tokens=8)
+    assert r.tools == [] and r.output_text == local.chat([{"role": "user", "content": ASK}], max_tokens=8).text
+
+
+BAD = [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "earlier items in input"),
+    ({"conversation": "conv_1"}, "conversation", "keeps no responses"),
+    ({"background": True}, "background", "background"),
+    ({"top_logprobs": 2}, "top_logprobs", "/v1/chat/completions"),
+    ({"include": ["message.output_text.logprobs"]}, "include", "logprobs"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input.0.content.0.type", "only text"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input.0.content.0", "text part"),
+    ({"input": [{"role": "user", "content": 3}]}, "input.0.content", "string or a list"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "'user', 'system'"),
+    ({"input": [{"content": "x"}]}, "input.0.role", "without a role"),
+    ({"input": ["x"]}, "input", None),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
+     "input.0.output.0.type", "input[0].output[0] is of type 'input_image'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type", "keeps no items"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input.0.type", "'web_search_call' is not supported"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id", "call_id"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id", "call_id"),
+    ({"input": []}, "input", "at least one item"),
+    ({"input": None}, "input", None),
+    ({"tools": [{"type": "function", "parameters": {}}]}, "tools.0.name", "needs a name"),
+    ({"tool_choice": {"type": "web_search"}}, "tool_choice", "tool_choice must be"),
+    ({"tool_choice": "required"}, "tool_choice", "no tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "not among"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format", None),
+    ({"text": {"format": "json"}}, "text.format", "text.format must be an object"),
+    ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format", "cannot be combined"),
+    ({"max_output_tokens": 0}, "max_output_tokens", None),
+    ({"max_output_tokens": 5000}, "input", "lower max_output_tokens"),
+    ({"temperature": -1}, "temperature", None),
+    ({"model": "gpt-4o"}, "model", "does not exist"),
+]
+
+
+@pytest.mark.parametrize("fields,param,words", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
+def test_what_cannot_be_served_is_a_400_naming_the_field(server, fields, param, words):
+    body = {"input": ASK, "max_output_tokens": 4, **fields}
+    r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=30)
+    want = 404 if param == "model" else 400
+    assert r.status_code == want, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert words is None or words in err["message"], err
+    assert "Traceback" not in r.text
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_generation(server, client):
+    before = server.metric("specllm_requests_cancelled_total", stage="running")
+    generated = server.metric("specllm_cancelled_generated_tokens_total")
+    with httpx.stream("POST", f"{server.url}/v1/responses", timeout=30,
+                      json={"input": ASK, "max_output_tokens": 1500, "stream": True}) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 6:
+                break  # leaving the block closes the connection
+    assert server.wait_metric("specllm_requests_cancelled_total", before + 1, stage="running") == before + 1
+    assert 0 < server.metric("specllm_cancelled_generated_tokens_total") - generated < 500
+    assert client.responses.create(model="tiny-tools", input=ASK, max_output_tokens=4).status == "incomplete"
+
+
+def test_a_generation_error_midway_is_an_error_event_and_a_failed_response(tools_model, make_llm):
+    from test_server_app import failing_stream
+
+    from specllm.server import create_app
+
+    llm = make_llm(tools_model)
+    with TestClient(create_app(llm)) as c:
+        restore = failing_stream(llm, after=2)
+        r = c.post("/v1/responses", json={"input": ASK, "max_output_tokens": 20})
+        assert r.status_code == 500 and "llama_decode failed" in r.json()["error"]["message"]
+        with c.stream("POST", "/v1/responses", json={"input": ASK, "max_output_tokens": 20, "stream": True}) as s:
+            data = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+        restore()
+        assert [d["type"] for d in data[-2:]] == ["error", "response.failed"]
+        assert "llama_decode failed" in data[-2]["message"] and data[-1]["response"]["status"] == "failed"
+        assert c.post("/v1/responses", json={"input": ASK, "max_output_tokens": 4}).status_code == 200
