@@ -36,6 +36,16 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tools(tmp_path_factory):
+    """The slow tiny model's shape (~135 tokens/s, so that a generation lasts long enough to leave in the middle
+    of) with a Hermes-style chat template that offers tools (models/tiny.py "tools"), named tiny-tools."""
+    from models.tiny import STANDARD_SET, write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tools") / "tiny-tools.gguf",
+                            **dict(STANDARD_SET["slow"], chat_template="tools", name="tiny-tools"))
+
+
+@pytest.fixture(scope="session")
 def make_llm():
     """make_llm(model, draft=None, **kw): a tiny-model LLM with one thread and no cost profiling by default
     (two threads on a model this small mostly spin, the more so on a busy machine); a draft model drafts alone unless

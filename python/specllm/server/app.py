@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import errors, infill, responses, routes
+from . import errors, infill, messages, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .worker import Worker
@@ -107,8 +107,8 @@ class BodyLimit:
         await self.app(scope, counting_receive, replacing_send)
 
 
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/infill", "/v1/models", "/health",
-               "/metrics"}
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+               "/infill", "/v1/models", "/health", "/metrics"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
@@ -140,8 +140,10 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
             return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "") if not given else ""
+        if not token or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                            "invalid_request_error", None, "invalid_api_key")
 
     app = FastAPI(title="specllm", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -150,6 +152,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     app.include_router(routes.router, dependencies=[Depends(check_key)])
     app.include_router(infill.router, dependencies=[Depends(check_key)])
     app.include_router(responses.router, dependencies=[Depends(check_key)])
+    app.include_router(messages.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])

@@ -26,8 +26,23 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict:
+        """The error in the shape of Anthropic's API (/v1/messages), whose clients read error.type by status."""
+        return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"),
+                                           "message": self.message, "param": self.param}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
+        return JSONResponse(self.anthropic_body() if anthropic else self.body(), status_code=self.status,
+                            headers=self.headers)
+
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error"}
+
+
+def _anthropic(request: Request) -> bool:
+    return request.url.path.startswith("/v1/messages")
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
@@ -50,16 +65,16 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers that turn every failure into the OpenAI error shape."""
+    """Register the handlers that turn every failure into the OpenAI error shape (Anthropic's on /v1/messages)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
-        return exc.response()
+        return exc.response(_anthropic(request))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         err = _validation_error(exc)
-        return err.response()
+        return err.response(_anthropic(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -68,10 +83,11 @@ def install(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "invalid request"
         if exc.status_code == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
-        return APIError(exc.status_code, message, type_, None, code, getattr(exc, "headers", None)).response()
+        return APIError(exc.status_code, message, type_, None, code,
+                        getattr(exc, "headers", None)).response(_anthropic(request))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
         return APIError(500, f"internal error ({type(exc).__name__}); the server goes on serving", "server_error",
-                        None, "internal_error").response()
+                        None, "internal_error").response(_anthropic(request))

@@ -297,10 +297,7 @@ async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
         return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": next(numbers), **fields},
                                                   ensure_ascii=False)}
 
-    held = (tool_calls.ToolStream(tool_calls.names_of(prepared.tools), strict=bool(prepared.forced))
-            if prepared.tools else None)
-    if prepared.forced:
-        held.feed(prepared.forced)  # held from the start: the reply is a call
+    held = tool_calls.reply_stream(prepared.tools, prepared.forced)
     texts: List[str] = []
     where = {"output_index": 0, "item_id": answer.message_id}
     try:
@@ -316,12 +313,7 @@ async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
                 break
             if kind == "end":
                 break
-            text, calls = value.text, []
-            if held is not None:
-                text = held.feed(text)
-                if value.finish_reason is not None:
-                    rest, calls = held.finish()
-                    text += rest
+            text, calls = held.pass_on(value.text, value.finish_reason is not None) if held else (value.text, [])
             if text and (texts or not calls or text.strip()):
                 if not texts:
                     state.metrics.ttft_seconds.observe(time.monotonic() - t0)

@@ -157,7 +157,8 @@ def _speculative(stats, job: Job, draft_length) -> p.Speculative:
                          acceptance_rate=round(stats.acceptance_rate, 4),
                          mean_accepted_per_step=round(stats.mean_accepted_per_step, 4), steps=stats.n_steps,
                          tokens_per_second=round(stats.tokens_per_second, 2),
-                         speedup=round(stats.speedup, 3) if stats.speedup else None, prompt_tokens_cached=stats.n_cached,
+                         speedup=round(stats.speedup, 3) if stats.speedup else None,
+                         prompt_tokens_cached=stats.n_cached,
                          queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
 
 
@@ -194,8 +195,9 @@ def _generation_error(e: BaseException) -> APIError:
                     "generation_failed")
 
 
-async def _collect(request: Request, job: Job):
-    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away."""
+async def _collect(request: Request, job: Job, tokens: Optional[list] = None):
+    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
+    to `tokens` when it is given."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     texts, last, logprobs = [], None, []
     try:
@@ -204,6 +206,8 @@ async def _collect(request: Request, job: Job):
             if kind == "chunk":
                 texts.append(value.text)
                 logprobs.extend(value.logprobs or [])
+                if tokens is not None:
+                    tokens.extend(value.tokens)
                 last = value
             elif kind == "error":
                 raise _generation_error(value)
@@ -306,9 +310,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     job = _submit(request, chat.tokens, chat.opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
-        held = tool_calls.ToolStream(tool_calls.names_of(tools), strict=bool(forced)) if tools else None
-        if forced:
-            held.feed(forced)  # held from the start: the reply is a call
+        held = tool_calls.reply_stream(tools, forced)
 
         def make_chunk(text, finish_reason, logprobs=None):
             calls = None

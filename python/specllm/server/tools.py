@@ -163,6 +163,16 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
     return rest, calls
 
 
+def reply_stream(tools: Optional[list], forced: str) -> Optional["ToolStream"]:
+    """The ToolStream a streamed reply passes through (None without tools), fed the forced opening of a call."""
+    if not tools:
+        return None
+    held = ToolStream(names_of(tools), strict=bool(forced))
+    if forced:
+        held.feed(forced)  # held from the start: the reply is a call
+    return held
+
+
 class ToolStream:
     """Feed it a streamed reply's pieces; it gives back the text to pass on now, and at the end the rest: (text,
     calls)."""
@@ -200,6 +210,14 @@ class ToolStream:
         self.held = text[len(text) - keep:]
         self.started = self.started or len(text) > keep
         return text[:len(text) - keep]
+
+    def pass_on(self, piece: str, finished: bool) -> Tuple[str, List[dict]]:
+        """(the text to pass on now, and the calls once the reply has ended) of a streamed piece."""
+        text = self.feed(piece)
+        if not finished:
+            return text, []
+        rest, calls = self.finish()
+        return text + rest, calls
 
     def finish(self) -> Tuple[str, List[dict]]:
         """(text still to pass on, the calls) once the reply has ended."""
