@@ -63,6 +63,8 @@ def test_a_reply_is_the_chat_reply_of_the_same_conversation(client, local):
                                                            {"type": "message", "role": "user", "content": ASK}],
                                  max_output_tokens=24)
     assert r2.output_text == want.text and r2.usage.input_tokens == want.stats.n_prompt
+    count = client.responses.input_tokens.count(model="tiny-tools", instructions="You are terse.", input=ASK)
+    assert count.object == "response.input_tokens" and count.input_tokens == want.stats.n_prompt
 
 
 def test_a_streamed_reply_gives_the_events_in_order_and_the_same_text(client, local):

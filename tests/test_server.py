@@ -59,6 +59,9 @@ def check_healthy(server):
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{id}
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     assert httpx.get(f"{server.url}/health", timeout=10).json() == {"status": "ok"}
 
 

@@ -146,6 +146,25 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
         deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
         assert deltas.strip() and events[-1].type in ("response.completed", "response.incomplete")
         assert events[-1].response.output[0].content[0].text == deltas
+
+        # Anthropic's Messages API: the same call as a tool_use block, its result sent back as a tool_result block
+        import anthropic
+
+        claude = anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0, timeout=300)
+        tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+                "input_schema": WEATHER["function"]["parameters"]}
+        m = claude.messages.create(model="qwen2.5-coder-1.5b", max_tokens=64, tools=[tool],
+                                   messages=[{"role": "user", "content": q}])
+        assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"], m.content
+        assert m.content[0].name == "get_weather" and m.content[0].input["city"] == "Paris"
+        turn = [{"role": "user", "content": q}, {"role": "assistant", "content": [m.content[0].model_dump()]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[0].id,
+                                              "content": '{"temperature_c": 17, "sky": "rain"}'}]}]
+        with claude.messages.stream(model="qwen2.5-coder-1.5b", max_tokens=24, tools=[tool],
+                                    tool_choice={"type": "none"}, messages=turn) as stream:
+            said = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert said.strip() and final.content[0].text == said and final.stop_reason in ("end_turn", "max_tokens")
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
 

@@ -107,8 +107,8 @@ class BodyLimit:
         await self.app(scope, counting_receive, replacing_send)
 
 
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-               "/infill", "/v1/models", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens", "/v1/messages",
+               "/v1/messages/count_tokens", "/infill", "/v1/models", "/health", "/metrics"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,

@@ -6,7 +6,7 @@ response_format, `max_output_tokens` max_tokens — and runs as /v1/chat/complet
 and verified like any prompt. The answer is a Response: a `message` item with the reply's text and a
 `function_call` item per tool call, plus specllm's `speculative` object; streamed as the Responses events
 (response.created ... response.output_text.delta ... response.completed, or response.incomplete when
-max_output_tokens cut the reply).
+max_output_tokens cut the reply). POST /v1/responses/input_tokens counts a request's prompt tokens.
 
 specllm keeps no responses: `previous_response_id`, `conversation` and `item_reference` items are a 400 that says to
 send the earlier items in `input` (what clients do with `store: false`). Hosted tools (web_search, file_search...)
@@ -210,9 +210,14 @@ def chat_request(req: ResponsesRequest) -> p.ChatRequest:
         raise _bad(f"the input cannot be read as a conversation: {e.errors()[0].get('msg')}", "input") from None
 
 
-def _prepare(state, chat: p.ChatRequest) -> routes.Chat:
+def _prepare(request: Request, req: ResponsesRequest):
+    """(state, start time, the chat request, its prompt and options) of a request, or a 400 that names its field."""
+    chat = chat_request(req)
+    state, t0 = routes._begin(request, chat)
+    if isinstance(req.input, list) and not req.input:
+        raise _bad("input must hold at least one item", "input")
     try:
-        return routes.prepare_chat(state, chat)
+        return state, t0, chat, routes.prepare_chat(state, chat)
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -266,13 +271,15 @@ class Answer:
                 "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
 
 
+@router.post("/v1/responses/input_tokens")
+async def input_tokens(request: Request, req: ResponsesRequest):
+    """The prompt tokens a request would take (client.responses.input_tokens.count)."""
+    return {"object": "response.input_tokens", "input_tokens": len(_prepare(request, req)[3].tokens)}
+
+
 @router.post("/v1/responses")
 async def responses(request: Request, req: ResponsesRequest):
-    chat = chat_request(req)
-    state, t0 = routes._begin(request, chat)
-    if isinstance(req.input, list) and not req.input:
-        raise _bad("input must hold at least one item", "input")
-    prepared = _prepare(state, chat)
+    state, t0, chat, prepared = _prepare(request, req)
     job = routes._submit(request, prepared.tokens, prepared.opts)
     answer = Answer(state, req, chat)
     if req.stream:

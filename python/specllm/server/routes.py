@@ -395,6 +395,13 @@ async def models(request: Request):
     return p.ModelList(data=[p.ModelCard(id=state.model_id, created=state.created)])
 
 
+@router.get("/v1/models/{model:path}", response_model=p.ModelCard)
+async def model(request: Request, model: str):
+    state = _state(request)
+    _check_model_name(state, model or "(none)")
+    return p.ModelCard(id=state.model_id, created=state.created)
+
+
 @public.get("/health")
 async def health(request: Request):
     worker = _state(request).worker
