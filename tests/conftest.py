@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import signal
 import sys
 
 import pytest
@@ -43,6 +44,27 @@ def tiny_tools(tmp_path_factory):
 
     return write_tiny_model(tmp_path_factory.mktemp("tools") / "tiny-tools.gguf",
                             **dict(STANDARD_SET["slow"], chat_template="tools", name="tiny-tools"))
+
+
+@pytest.fixture(scope="module")
+def tools_server(tiny_tools, tiny, tmp_path_factory):
+    """`specllm-cli serve` of tiny_tools with the tiny draft (hybrid drafting, "auto") for the API modules
+    (test_responses, test_messages, test_ollama). Exact mode: the greedy reply to a prompt decoded afresh equals
+    plain decoding's (their references); in fast mode, the default (tested in test_server.py and, through those
+    endpoints, test_server_real.py), a near-tie of the random tiny model can flip a token."""
+    from serving import Server
+
+    s = Server("--model", tiny_tools, "--draft", tiny["draft"], "--threads", "1", "--ctx", "2048", "--exact",
+               log_path=tmp_path_factory.mktemp("server") / "server.log").wait_healthy()
+    yield s
+    assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+@pytest.fixture(scope="session")
+def tools_local(tiny_tools):
+    """tiny_tools in-process, plain decoding: the reference for greedy outputs."""
+    import specllm
+    return specllm.LLM(tiny_tools, None, n_threads=1, n_ctx=2048, profile_costs=False)
 
 
 @pytest.fixture(scope="session")

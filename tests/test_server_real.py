@@ -165,6 +165,15 @@ def test_tool_calls_through_the_openai_client(real_models, tmp_path):
             said = "".join(stream.text_stream)
             final = stream.get_final_message()
         assert said.strip() and final.content[0].text == said and final.stop_reason in ("end_turn", "max_tokens")
+
+        # Ollama's API: the call as the message's tool_calls, its arguments an object
+        import ollama
+
+        o = ollama.Client(host=s.url, timeout=300).chat(model="qwen2.5-coder-1.5b", tools=[WEATHER],
+                                                         messages=[{"role": "user", "content": q}],
+                                                         options={"temperature": 0, "num_predict": 64})
+        assert [(c.function.name, c.function.arguments["city"]) for c in o.message.tool_calls] == [
+            ("get_weather", "Paris")], o.message
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
 

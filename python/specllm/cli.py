@@ -156,8 +156,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve the model over the OpenAI HTTP API",
                        description="Serve the model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
-                                   "/v1/responses, /v1/models, /health, /metrics), Anthropic's /v1/messages and "
-                                   "llama-server's /infill for editor plugins, until Ctrl-C or SIGTERM.")
+                                   "/v1/responses, /v1/models, /health, /metrics), Anthropic's /v1/messages, Ollama's "
+                                   "/api/chat and /api/generate, and llama-server's /infill for editor plugins, until "
+                                   "Ctrl-C or SIGTERM.")
     _load_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")

@@ -1,8 +1,11 @@
 """specllm's OpenAI-compatible HTTP server: `specllm-cli serve`, or create_app(llm) / serve(llm) from Python.
 
 protocol.py holds the request and response bodies, worker.py the thread that owns the LLM and its bounded queue,
-routes.py turns requests into worker jobs, app.py assembles the FastAPI app (errors, auth, CORS, body cap),
-metrics.py the Prometheus metrics. Needs the `server` extra: pip install "specllm[server]".
+jobs.py what every endpoint does with a request's job (queue it, follow it, cancel it, its errors), routes.py the
+OpenAI chat and completions endpoints, responses.py OpenAI's Responses API, messages.py Anthropic's Messages API,
+ollama.py Ollama's API, infill.py llama-server's /infill, tools.py the tool calls in replies, app.py assembles the
+FastAPI app (errors, auth, CORS, body cap), metrics.py the Prometheus metrics.
+Needs the `server` extra: pip install "specllm[server]".
 """
 from .app import DEFAULT_MAX_BODY, create_app, serve
 

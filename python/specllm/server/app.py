@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import errors, infill, messages, responses, routes
+from . import errors, infill, messages, ollama, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .worker import Worker
@@ -107,8 +107,9 @@ class BodyLimit:
         await self.app(scope, counting_receive, replacing_send)
 
 
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens", "/v1/messages",
-               "/v1/messages/count_tokens", "/infill", "/v1/models", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
+               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/v1/models", "/health", "/metrics",
+               "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
@@ -153,6 +154,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     app.include_router(infill.router, dependencies=[Depends(check_key)])
     app.include_router(responses.router, dependencies=[Depends(check_key)])
     app.include_router(messages.router, dependencies=[Depends(check_key)])
+    app.include_router(ollama.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])

@@ -31,9 +31,10 @@ class APIError(Exception):
         return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(self.status, "api_error"),
                                            "message": self.message, "param": self.param}}
 
-    def response(self, anthropic: bool = False) -> JSONResponse:
-        return JSONResponse(self.anthropic_body() if anthropic else self.body(), status_code=self.status,
-                            headers=self.headers)
+    def response(self, shape: str = "openai") -> JSONResponse:
+        """shape: "openai", "anthropic" (/v1/messages) or "ollama" (/api/...: {"error": message})."""
+        body = {"anthropic": self.anthropic_body, "ollama": lambda: {"error": self.message}}.get(shape, self.body)()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -41,8 +42,10 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    503: "overloaded_error"}
 
 
-def _anthropic(request: Request) -> bool:
-    return request.url.path.startswith("/v1/messages")
+def _shape(request: Request) -> str:
+    """The error shape of the API a path belongs to."""
+    path = request.url.path
+    return "anthropic" if path.startswith("/v1/messages") else "ollama" if path.startswith("/api/") else "openai"
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
@@ -65,16 +68,17 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers that turn every failure into the OpenAI error shape (Anthropic's on /v1/messages)."""
+    """Register the handlers that turn every failure into the OpenAI error shape (Anthropic's on /v1/messages,
+    Ollama's on /api/)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
-        return exc.response(_anthropic(request))
+        return exc.response(_shape(request))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         err = _validation_error(exc)
-        return err.response(_anthropic(request))
+        return err.response(_shape(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -84,10 +88,10 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
         return APIError(exc.status_code, message, type_, None, code,
-                        getattr(exc, "headers", None)).response(_anthropic(request))
+                        getattr(exc, "headers", None)).response(_shape(request))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
         return APIError(500, f"internal error ({type(exc).__name__}); the server goes on serving", "server_error",
-                        None, "internal_error").response(_anthropic(request))
+                        None, "internal_error").response(_shape(request))

@@ -16,7 +16,7 @@ from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
 from ..errors import InvalidOptionError
-from . import routes
+from . import jobs
 from .errors import APIError
 from .protocol import _Request
 
@@ -181,16 +181,16 @@ def _final(state, req: InfillRequest, settings: dict, content: str, stats, stop_
             "predicted_per_token_ms": round(gen_ms / stats.n_generated, 3) if stats.n_generated else 0.0,
             "predicted_per_second": round(stats.tokens_per_second, 3),
         },
-        "speculative": routes._speculative(stats, job, req.draft_length).model_dump(),
+        "speculative": jobs.speculative(stats, job, req.draft_length).model_dump(),
     }
 
 
 @router.post("/infill")
 async def infill(request: Request, req: InfillRequest):
-    state = routes._state(request)
+    state = jobs.server_state(request)
     t0 = time.monotonic()
     state.require_ready()
-    routes._check_model_name(state, req.model)
+    jobs.check_model_name(state, req.model)
     refused = _refused(req)
     if refused:
         raise APIError(400, f"{refused} is not supported by specllm's /infill; leave it out", "invalid_request_error",
@@ -220,10 +220,10 @@ async def infill(request: Request, req: InfillRequest):
     try:
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
-        raise routes._bad_option(e) from None
+        raise jobs.bad_option(e) from None
     settings = {k: v for k, v in opts.items() if k != "max_tokens"}
     settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms)
-    job = routes._submit(request, tokens, opts)
+    job = jobs.submit(request, tokens, opts)
     limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
     events = _run(request, job, limits, warm)
     stops = [req.stop] if isinstance(req.stop, str) else req.stop
@@ -268,13 +268,13 @@ async def infill(request: Request, req: InfillRequest):
 async def _run(request: Request, job, limits: Limits, warm: bool):
     """("text", text, None, tokens so far) as the limits pass it on, then ("end", None, last chunk, generated tokens); a
     generation error raises its APIError. Leaving early (the client went away) cancels the job."""
-    watcher = asyncio.create_task(routes._watch_disconnect(request, job))
+    watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
     last, generated = None, []
     try:
         while True:
             kind, value = await job.events.get()
             if kind == "error":
-                raise routes._generation_error(value)
+                raise jobs.generation_error(value)
             if kind == "end":
                 break
             generated.extend(value.tokens)

@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
-from . import routes
+from . import jobs, routes
 from . import tools as tool_calls
 from .errors import APIError
 from .protocol import _Request
@@ -188,7 +188,7 @@ def chat_request(req: MessagesRequest) -> p.ChatRequest:
 
 def _prepare(request: Request, req: MessagesRequest):
     chat = chat_request(req)
-    state, t0 = routes._begin(request, chat)
+    state, t0 = jobs.begin(request, chat)
     try:
         return state, t0, chat, routes.prepare_chat(state, chat)
     except APIError as e:  # named as the Anthropic request names it
@@ -236,21 +236,21 @@ def _blocks(text: str, calls: list) -> List[dict]:
 @router.post("/v1/messages")
 async def messages(request: Request, req: MessagesRequest):
     state, t0, chat, prepared = _prepare(request, req)
-    job = routes._submit(request, prepared.tokens, prepared.opts)
+    job = jobs.submit(request, prepared.tokens, prepared.opts)
     mid = f"msg_{uuid.uuid4().hex}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_id}
     names = tool_calls.names_of(prepared.tools) if prepared.tools else None
     if req.stream:
         return EventSourceResponse(_events(request, job, head, prepared, req), ping=15, sep="\n")
     tokens = []
-    said, last, _ = await routes._collect(request, job, tokens)
+    said, last, _ = await jobs.collect(request, job, tokens)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     text = prepared.forced + said
     content, calls = tool_calls.parse(text, names, bool(prepared.forced)) if prepared.tools else (text, [])
     reason, sequence = _stop(state, last.finish_reason, calls, tokens, req.stop_sequences)
     return JSONResponse(dict(head, content=_blocks(content, calls), stop_reason=reason, stop_sequence=sequence,
                              usage=_usage(last.stats),
-                             speculative=routes._speculative(last.stats, job, req.draft_length).model_dump()))
+                             speculative=jobs.speculative(last.stats, job, req.draft_length).model_dump()))
 
 
 async def _events(request: Request, job, head: dict, prepared: routes.Chat, req: MessagesRequest):
@@ -268,7 +268,7 @@ async def _events(request: Request, job, head: dict, prepared: routes.Chat, req:
         while True:
             kind, value = await job.events.get()
             if kind == "error":
-                err = routes._generation_error(value)
+                err = jobs.generation_error(value)
                 yield event("error", error=err.anthropic_body()["error"])
                 break
             if kind == "end":
@@ -297,7 +297,7 @@ async def _events(request: Request, job, head: dict, prepared: routes.Chat, req:
             reason, sequence = _stop(state, value.finish_reason, calls, tokens, req.stop_sequences)
             yield event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                         usage=_usage(value.stats),
-                        speculative=routes._speculative(value.stats, job, req.draft_length).model_dump())
+                        speculative=jobs.speculative(value.stats, job, req.draft_length).model_dump())
             yield event("message_stop")
     finally:
         job.cancel()

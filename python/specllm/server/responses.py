@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
-from . import routes
+from . import jobs, routes
 from . import tools as tool_calls
 from .errors import APIError
 from .protocol import _Request
@@ -213,7 +213,7 @@ def chat_request(req: ResponsesRequest) -> p.ChatRequest:
 def _prepare(request: Request, req: ResponsesRequest):
     """(state, start time, the chat request, its prompt and options) of a request, or a 400 that names its field."""
     chat = chat_request(req)
-    state, t0 = routes._begin(request, chat)
+    state, t0 = jobs.begin(request, chat)
     if isinstance(req.input, list) and not req.input:
         raise _bad("input must hold at least one item", "input")
     try:
@@ -254,7 +254,7 @@ class Answer:
         if status in ("completed", "incomplete"):
             body["completed_at"] = int(time.time())
         if stats is not None and job is not None:
-            body["speculative"] = routes._speculative(stats, job, req.draft_length).model_dump()
+            body["speculative"] = jobs.speculative(stats, job, req.draft_length).model_dump()
         return body
 
     def message(self, text: str, status: str) -> dict:
@@ -280,11 +280,11 @@ async def input_tokens(request: Request, req: ResponsesRequest):
 @router.post("/v1/responses")
 async def responses(request: Request, req: ResponsesRequest):
     state, t0, chat, prepared = _prepare(request, req)
-    job = routes._submit(request, prepared.tokens, prepared.opts)
+    job = jobs.submit(request, prepared.tokens, prepared.opts)
     answer = Answer(state, req, chat)
     if req.stream:
         return EventSourceResponse(_events(request, job, answer, prepared), ping=15, sep="\n")
-    text, last, _ = await routes._collect(request, job)
+    text, last, _ = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     text = prepared.forced + text
     names = tool_calls.names_of(prepared.tools) if prepared.tools else None
@@ -313,7 +313,7 @@ async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
         while True:
             kind, value = await job.events.get()
             if kind == "error":
-                err = routes._generation_error(value)
+                err = jobs.generation_error(value)
                 yield event("error", code=err.code, message=err.message, param=err.param)
                 output = [answer.message("".join(texts), "incomplete")] if texts else []
                 yield event("response.failed", response=answer.body("failed", output, error=err))

@@ -1,9 +1,9 @@
-"""The endpoints: each request is checked, turned into prompt tokens and options, queued as a worker job, and
-answered from the job's events, as one JSON body or as server-sent events. A client that goes away cancels its
-job, whether it is queued or running."""
+"""OpenAI's chat and completions endpoints (and /v1/models, /health): each request is checked, turned into prompt
+tokens and options, queued as a worker job (jobs.py), and answered from the job's events, as one JSON body or as
+server-sent events. A client that goes away cancels its job, whether it is queued or running. prepare_chat is the
+chat request's prompt and options, which /v1/responses and /v1/messages serve their requests as."""
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -14,44 +14,17 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from .. import grammar
-from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
+from ..errors import InvalidOptionError
+from . import jobs
 from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
 from .errors import APIError
-from .worker import Job, QueueFull, ServerStopping
+from .worker import Job
 
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
-DISCONNECT_POLL_S = 0.1
 GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "draft_length", "acceptance")
-
-
-def _state(request: Request):
-    return request.app.state.specllm
-
-
-def _begin(request: Request, req: p.SamplingFields):
-    """(state, start time) of a generation request whose model and fields were checked."""
-    state = _state(request)
-    t0 = time.monotonic()
-    state.require_ready()
-    _check_model(state, req)
-    return state, t0
-
-
-def _check_model_name(state, model) -> None:
-    """A 404 unless the request names no model or this server's (every generation endpoint, /infill too)."""
-    if model and model != state.model_id:
-        raise APIError(404, f"the model '{model}' does not exist here; this server serves '{state.model_id}' "
-                            "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
-
-
-def _check_model(state, req: p.SamplingFields) -> None:
-    _check_model_name(state, req.model)
-    bad = p.unsupported(req)
-    if bad:
-        raise APIError(400, bad[1], "invalid_request_error", bad[0], "unsupported_parameter")
 
 
 def _text_of(message: p.Message, i: int) -> str:
@@ -81,8 +54,8 @@ def _message(m: p.Message, i: int) -> dict:
     return out
 
 
-def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int], logprobs: Optional[int],
-             call_rules: Optional[str] = None) -> dict:
+def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int],
+                    logprobs: Optional[int], call_rules: Optional[str] = None) -> dict:
     """The generation options of a request (a 400 for a bad one). call_rules: a forced tool call's grammar."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
@@ -100,7 +73,7 @@ def _options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[i
     try:  # checked now, so that a bad value is a 400 before the request is queued
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
-        raise _bad_option(e) from None
+        raise jobs.bad_option(e) from None
     rules, param = _grammar(req)  # with tools, a response_format or grammar is a 400 here
     if call_rules is not None:
         rules, param = call_rules, "tools"
@@ -133,17 +106,11 @@ def _grammar(req: p.SamplingFields) -> tuple:
     return (rules if rules is not None else req.grammar), param
 
 
-def _bad_option(e: Exception) -> APIError:
-    word = str(e).split(" ", 1)[0]
-    param = word if word in p.ChatRequest.model_fields or word in p.CompletionRequest.model_fields else None
-    return APIError(400, str(e), "invalid_request_error", param, "invalid_value")
-
-
 def _tokens(state, prompt) -> list:
     try:
         return state.llm.prompt_tokens(prompt)
     except (InvalidOptionError, TypeError) as e:
-        raise _bad_option(e) from None
+        raise jobs.bad_option(e) from None
 
 
 def _usage(stats) -> p.Usage:
@@ -152,78 +119,10 @@ def _usage(stats) -> p.Usage:
                    prompt_tokens_details=p.PromptTokensDetails(cached_tokens=stats.n_cached))
 
 
-def _speculative(stats, job: Job, draft_length) -> p.Speculative:
-    return p.Speculative(drafted_tokens=stats.n_drafted, accepted_tokens=stats.n_accepted,
-                         acceptance_rate=round(stats.acceptance_rate, 4),
-                         mean_accepted_per_step=round(stats.mean_accepted_per_step, 4), steps=stats.n_steps,
-                         tokens_per_second=round(stats.tokens_per_second, 2),
-                         speedup=round(stats.speedup, 3) if stats.speedup else None,
-                         prompt_tokens_cached=stats.n_cached,
-                         queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
-
-
-def _submit(request: Request, tokens, opts) -> Job:
-    state = _state(request)  # ready: _begin checked it
-    job = Job(tokens, opts, asyncio.get_running_loop(), state.metrics)
-    try:
-        state.worker.submit(job)
-    except QueueFull:
-        raise APIError(429, f"the server is busy: {state.max_queue} requests are already waiting; retry later",
-                       "rate_limit_error", None, "queue_full", headers={"Retry-After": "2"}) from None
-    except ServerStopping as e:
-        raise _generation_error(e) from None
-    return job
-
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    while not job.cancelled:
-        if await request.is_disconnected():
-            job.cancel()
-            return
-        await asyncio.sleep(DISCONNECT_POLL_S)
-
-
-def _generation_error(e: BaseException) -> APIError:
-    if isinstance(e, ServerStopping):
-        return APIError(503, str(e), "server_error", None, "server_shutting_down")
-    if isinstance(e, ContextOverflowError):
-        return APIError(400, str(e), "invalid_request_error", None, "context_length_exceeded")
-    if isinstance(e, (InvalidOptionError, TypeError)):
-        return _bad_option(e)
-    what = str(e) if isinstance(e, SpecLLMError) else type(e).__name__
-    return APIError(500, f"the generation failed: {what}; the server goes on serving", "server_error", None,
-                    "generation_failed")
-
-
-async def _collect(request: Request, job: Job, tokens: Optional[list] = None):
-    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
-    to `tokens` when it is given."""
-    watcher = asyncio.create_task(_watch_disconnect(request, job))
-    texts, last, logprobs = [], None, []
-    try:
-        while True:
-            kind, value = await job.events.get()
-            if kind == "chunk":
-                texts.append(value.text)
-                logprobs.extend(value.logprobs or [])
-                if tokens is not None:
-                    tokens.extend(value.tokens)
-                last = value
-            elif kind == "error":
-                raise _generation_error(value)
-            else:
-                break
-    finally:
-        if last is None or last.finish_reason is None:  # an error, or this handler was cancelled
-            job.cancel()
-        watcher.cancel()
-    return "".join(texts), last, logprobs
-
-
 async def _events(request: Request, job: Job, make_chunk, first, include_usage: bool,
                   draft_length) -> AsyncIterator[str]:
     """The SSE data lines of a streaming job; leaving early (the client went away) cancels the job."""
-    state = _state(request)
+    state = jobs.server_state(request)
     t0 = time.monotonic()
     first_text = True
     released = lp.Released(state.llm.token_bytes)  # logprobs go out with their text (a stop string's never)
@@ -234,7 +133,7 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
         while True:
             kind, value = await job.events.get()
             if kind == "error":
-                err = _generation_error(value)
+                err = jobs.generation_error(value)
                 yield json.dumps(err.body())
                 break
             if kind == "end":
@@ -252,7 +151,7 @@ async def _events(request: Request, job: Job, make_chunk, first, include_usage: 
                 last = make_chunk(None, None)
                 last.choices = []
                 last.usage = _usage(value.stats)
-                last.speculative = _speculative(value.stats, job, draft_length)
+                last.speculative = jobs.speculative(value.stats, job, draft_length)
                 yield last.model_dump_json(exclude_none=True)
         yield "[DONE]"
     finally:
@@ -298,16 +197,17 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
     tokens = _tokens(state, prompt)
     n_logprobs = lp.chat_request(req)
-    opts = _options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs, call_rules)
+    opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,
+                           call_rules)
     return Chat(tokens, opts, tools, forced, n_logprobs)
 
 
 @router.post("/v1/chat/completions", response_model=p.ChatCompletion)
 async def chat_completions(request: Request, req: p.ChatRequest):
-    state, t0 = _begin(request, req)
+    state, t0 = jobs.begin(request, req)
     chat = prepare_chat(state, req)
     tools, forced, n_logprobs = chat.tools, chat.forced, chat.n_logprobs
-    job = _submit(request, chat.tokens, chat.opts)
+    job = jobs.submit(request, chat.tokens, chat.opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         held = tool_calls.reply_stream(tools, forced)
@@ -331,7 +231,7 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
                                       choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
         return _respond_stream(request, job, make_chunk, first, req)
-    text, last, logprobs = await _collect(request, job)
+    text, last, logprobs = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
     text = forced + text
@@ -341,12 +241,12 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,
                             choices=[p.ChatChoice(message=message, finish_reason=finish, logprobs=lp.chat(
                                 logprobs, state.llm.token_bytes) if n_logprobs is not None else None)],
-                            usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
+                            usage=_usage(last.stats), speculative=jobs.speculative(last.stats, job, req.draft_length))
 
 
 @router.post("/v1/completions", response_model=p.TextCompletion)
 async def completions(request: Request, req: p.CompletionRequest):
-    state, t0 = _begin(request, req)
+    state, t0 = jobs.begin(request, req)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -366,8 +266,8 @@ async def completions(request: Request, req: p.CompletionRequest):
     else:
         tokens = _tokens(state, prompt)
     n_logprobs = lp.completion_request(req)
-    opts = _options(state, req, len(tokens), req.max_tokens or 16, n_logprobs)
-    job = _submit(request, tokens, opts)
+    opts = request_options(state, req, len(tokens), req.max_tokens or 16, n_logprobs)
+    job = jobs.submit(request, tokens, opts)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         offset = [0]  # text_offset of the next token
@@ -380,31 +280,31 @@ async def completions(request: Request, req: p.CompletionRequest):
             return p.TextCompletion(id=rid, created=created, model=state.model_id,
                                     choices=[p.TextChoice(text=text or "", finish_reason=finish_reason, logprobs=body)])
         return _respond_stream(request, job, make_chunk, None, req)
-    text, last, logprobs = await _collect(request, job)
+    text, last, logprobs = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
     body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
     return p.TextCompletion(id=rid, created=created, model=state.model_id,
                             choices=[p.TextChoice(text=text, finish_reason=last.finish_reason, logprobs=body)],
-                            usage=_usage(last.stats), speculative=_speculative(last.stats, job, req.draft_length))
+                            usage=_usage(last.stats), speculative=jobs.speculative(last.stats, job, req.draft_length))
 
 
 @router.get("/v1/models", response_model=p.ModelList)
 async def models(request: Request):
-    state = _state(request)
+    state = jobs.server_state(request)
     return p.ModelList(data=[p.ModelCard(id=state.model_id, created=state.created)])
 
 
 @router.get("/v1/models/{model:path}", response_model=p.ModelCard)
 async def model(request: Request, model: str):
-    state = _state(request)
-    _check_model_name(state, model or "(none)")
+    state = jobs.server_state(request)
+    jobs.check_model_name(state, model or "(none)")
     return p.ModelCard(id=state.model_id, created=state.created)
 
 
 @public.get("/health")
 async def health(request: Request):
-    worker = _state(request).worker
+    worker = jobs.server_state(request).worker
     if worker.load_error is not None:
         return JSONResponse({"status": "error", "error": str(worker.load_error)}, status_code=503)
     if not worker.ready:

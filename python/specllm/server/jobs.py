@@ -1,0 +1,119 @@
+"""What every generation endpoint does with its request (chat, completions, responses, messages, infill): check
+that the server is ready and the model is this one, queue the job on the worker, follow its events (cancelling it
+when the client goes away), and turn a failed generation into the API's error."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Optional
+
+from fastapi import Request
+
+from ..errors import ContextOverflowError, InvalidOptionError, SpecLLMError
+from . import protocol as p
+from .errors import APIError
+from .worker import Job, QueueFull, ServerStopping
+
+DISCONNECT_POLL_S = 0.1
+
+
+def server_state(request: Request):
+    """The app's State (app.py): the worker, the metrics, the model's id."""
+    return request.app.state.specllm
+
+
+def begin(request: Request, req: p.SamplingFields):
+    """(state, start time) of a generation request whose model and fields were checked."""
+    state = server_state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    check_model(state, req)
+    return state, t0
+
+
+def check_model_name(state, model) -> None:
+    """A 404 unless the request names no model or this server's (every generation endpoint, /infill too)."""
+    if model and model != state.model_id:
+        raise APIError(404, f"the model '{model}' does not exist here; this server serves '{state.model_id}' "
+                            "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
+
+
+def check_model(state, req: p.SamplingFields) -> None:
+    check_model_name(state, req.model)
+    bad = p.unsupported(req)
+    if bad:
+        raise APIError(400, bad[1], "invalid_request_error", bad[0], "unsupported_parameter")
+
+
+def bad_option(e: Exception) -> APIError:
+    word = str(e).split(" ", 1)[0]
+    param = word if word in p.ChatRequest.model_fields or word in p.CompletionRequest.model_fields else None
+    return APIError(400, str(e), "invalid_request_error", param, "invalid_value")
+
+
+def speculative(stats, job: Job, draft_length) -> p.Speculative:
+    return p.Speculative(drafted_tokens=stats.n_drafted, accepted_tokens=stats.n_accepted,
+                         acceptance_rate=round(stats.acceptance_rate, 4),
+                         mean_accepted_per_step=round(stats.mean_accepted_per_step, 4), steps=stats.n_steps,
+                         tokens_per_second=round(stats.tokens_per_second, 2),
+                         speedup=round(stats.speedup, 3) if stats.speedup else None,
+                         prompt_tokens_cached=stats.n_cached,
+                         queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
+
+
+def submit(request: Request, tokens, opts) -> Job:
+    state = server_state(request)  # ready: begin checked it
+    job = Job(tokens, opts, asyncio.get_running_loop(), state.metrics)
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the server is busy: {state.max_queue} requests are already waiting; retry later",
+                       "rate_limit_error", None, "queue_full", headers={"Retry-After": "2"}) from None
+    except ServerStopping as e:
+        raise generation_error(e) from None
+    return job
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    while not job.cancelled:
+        if await request.is_disconnected():
+            job.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def generation_error(e: BaseException) -> APIError:
+    if isinstance(e, ServerStopping):
+        return APIError(503, str(e), "server_error", None, "server_shutting_down")
+    if isinstance(e, ContextOverflowError):
+        return APIError(400, str(e), "invalid_request_error", None, "context_length_exceeded")
+    if isinstance(e, (InvalidOptionError, TypeError)):
+        return bad_option(e)
+    what = str(e) if isinstance(e, SpecLLMError) else type(e).__name__
+    return APIError(500, f"the generation failed: {what}; the server goes on serving", "server_error", None,
+                    "generation_failed")
+
+
+async def collect(request: Request, job: Job, tokens: Optional[list] = None):
+    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
+    to `tokens` when it is given."""
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    texts, last, logprobs = [], None, []
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "chunk":
+                texts.append(value.text)
+                logprobs.extend(value.logprobs or [])
+                if tokens is not None:
+                    tokens.extend(value.tokens)
+                last = value
+            elif kind == "error":
+                raise generation_error(value)
+            else:
+                break
+    finally:
+        if last is None or last.finish_reason is None:  # an error, or this handler was cancelled
+            job.cancel()
+        watcher.cancel()
+    return "".join(texts), last, logprobs
