@@ -134,14 +134,66 @@ def test_a_call_and_its_output_in_input_are_the_chats_tool_calls_and_tool_messag
     assert r.usage.input_tokens == len(local.prompt_tokens(prompt)) and r.output[0].type == "message"
 
 
+def test_previous_response_id_goes_on_from_a_kept_response(client, local):
+    r1 = client.responses.create(model="tiny-tools", instructions="Be brief.", input=ASK, max_output_tokens=8)
+    assert r1.store is True and client.responses.retrieve(r1.id).output_text == r1.output_text
+    r2 = client.responses.create(model="tiny-tools", previous_response_id=r1.id, input="And in Oslo?",
+                                 max_output_tokens=8)
+    conversation = [{"role": "user", "content": ASK}, {"role": "assistant", "content": r1.output_text},
+                    {"role": "user", "content": "And in Oslo?"}]  # the instructions are not carried over
+    assert r2.previous_response_id == r1.id
+    assert r2.usage.input_tokens == len(local.prompt_tokens(local.apply_chat_template(conversation)))
+    assert r2.usage.input_tokens_details.cached_tokens > 0  # the KV cache of r1's prompt
+    # a forced call, then its output sent with the call's response as the previous one
+    r3 = client.responses.create(model="tiny-tools", input=ASK, tools=[WEATHER], tool_choice="required",
+                                 max_output_tokens=40)
+    call = r3.output[0]
+    r4 = client.responses.create(model="tiny-tools", previous_response_id=r3.id, tools=[WEATHER],
+                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
+                                 max_output_tokens=8)
+    calls = [{"id": call.call_id, "type": "function", "function": {"name": call.name,
+                                                                    "arguments": json.loads(call.arguments)}}]
+    prompt = local.apply_chat_template([{"role": "user", "content": ASK},
+                                        {"role": "assistant", "content": None, "tool_calls": calls},
+                                        {"role": "tool", "content": "rain"}], tools=[CHAT_WEATHER])
+    assert r4.usage.input_tokens == len(local.prompt_tokens(prompt))
+    # store: false keeps nothing; DELETE drops a kept one
+    r5 = client.responses.create(model="tiny-tools", input=ASK, max_output_tokens=2, store=False)
+    assert r5.store is False
+    for rid in (r5.id, "resp_nothing"):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+    assert client.responses.delete(r1.id) is None
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="tiny-tools", previous_response_id=r1.id, input="x", max_output_tokens=2)
+    assert e.value.body["param"] == "previous_response_id" and "earlier items in input" in e.value.body["message"]
+    # streamed responses are kept too
+    events = list(client.responses.create(model="tiny-tools", input=ASK, max_output_tokens=4, stream=True))
+    kept = client.responses.retrieve(events[-1].response.id)
+    assert kept.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+def test_the_store_keeps_the_newest():
+    from specllm.server.response_store import ResponseStore
+
+    store = ResponseStore(max_responses=2)
+    for i in range(3):
+        store.put(f"r{i}", [{"role": "user", "content": str(i)}], {"id": f"r{i}"})
+    assert store.conversation("r0") is None and store.body("r2") == {"id": "r2"} and len(store) == 2
+    store.conversation("r1")[0]["content"] = "changed"  # a copy: the kept one stays
+    assert store.conversation("r1") == [{"role": "user", "content": "1"}]
+    store.put("r3", [], {})  # r2 is now the least recently used (r1 was read)
+    assert store.body("r2") is None and store.body("r1") is not None
+
+
 def test_hosted_tools_are_not_offered_and_not_echoed(client, local):
     r = client.responses.create(model="tiny-tools", input=ASK, tools=[{"type": "web_search"}], max_output_tokens=8)
     assert r.tools == [] and r.output_text == local.chat([{"role": "user", "content": ASK}], max_tokens=8).text
 
 
 BAD = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "earlier items in input"),
-    ({"conversation": "conv_1"}, "conversation", "keeps no responses"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "earlier items in input"),  # a 404
+    ({"conversation": "conv_1"}, "conversation", "keeps no conversations"),
     ({"background": True}, "background", "background"),
     ({"top_logprobs": 2}, "top_logprobs", "/v1/chat/completions"),
     ({"include": ["message.output_text.logprobs"]}, "include", "logprobs"),
@@ -178,7 +230,7 @@ BAD = [
 def test_what_cannot_be_served_is_a_400_naming_the_field(server, fields, param, words):
     body = {"input": ASK, "max_output_tokens": 4, **fields}
     r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=30)
-    want = 404 if param == "model" else 400
+    want = 404 if param in ("model", "previous_response_id") else 400
     assert r.status_code == want, r.text
     err = r.json()["error"]
     assert err["param"] == param, err

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
 from . import errors, infill, messages, ollama, responses, routes
+from .response_store import ResponseStore
 from .errors import APIError
 from .metrics import Metrics
 from .worker import Worker
@@ -149,6 +150,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
 
     app = FastAPI(title="specllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specllm = state
+    app.state.responses = ResponseStore()  # what /v1/responses keeps for previous_response_id
     errors.install(app)
     app.include_router(routes.router, dependencies=[Depends(check_key)])
     app.include_router(infill.router, dependencies=[Depends(check_key)])

@@ -8,9 +8,12 @@ and verified like any prompt. The answer is a Response: a `message` item with th
 (response.created ... response.output_text.delta ... response.completed, or response.incomplete when
 max_output_tokens cut the reply). POST /v1/responses/input_tokens counts a request's prompt tokens.
 
-specllm keeps no responses: `previous_response_id`, `conversation` and `item_reference` items are a 400 that says to
-send the earlier items in `input` (what clients do with `store: false`). Hosted tools (web_search, file_search...)
-are not offered to the model and not echoed back, as llama-server skips them; images and files are a 400."""
+A response is kept in memory (response_store.py: the last 256, unless `store: false`), so that the next request can
+go on from it with `previous_response_id` (its conversation and reply come before the new input; the instructions
+are the new request's), and GET / DELETE /v1/responses/{id} read or drop it. `conversation` objects and
+`item_reference` items are a 400 that says to send the earlier items in `input`. Hosted tools (web_search,
+file_search...) are not offered to the model and not echoed back, as llama-server skips them; images and files are
+a 400."""
 from __future__ import annotations
 
 import itertools
@@ -31,6 +34,7 @@ from . import jobs, routes
 from . import tools as tool_calls
 from .errors import APIError
 from .protocol import _Request
+from .response_store import ResponseStore
 
 router = APIRouter()
 log = logging.getLogger("specllm.server")
@@ -52,8 +56,9 @@ class ResponsesRequest(_Request):
     parallel_tool_calls: Optional[bool] = None
     metadata: Optional[Dict[str, Any]] = None
     truncation: Optional[str] = None
-    # refused: specllm keeps no responses, runs no background jobs, gives no logprobs here
+    store: Optional[bool] = None  # True by default, as OpenAI's: the response is kept (response_store.py)
     previous_response_id: Optional[str] = None
+    # refused: specllm keeps no conversations, runs no background jobs, gives no logprobs here
     conversation: Optional[Any] = None
     background: Optional[bool] = None
     prompt: Optional[Any] = None
@@ -74,10 +79,9 @@ def _bad(message: str, param: Optional[str], code: str = "invalid_value") -> API
 
 
 def _refuse(req: ResponsesRequest) -> None:
-    keep = ("specllm keeps no responses: send the conversation's earlier items in input (as clients do with "
-            "store: false)")
+    keep = ("specllm keeps no conversations: send the earlier items in input, or the id of the last response as "
+            "previous_response_id")
     checks = [
-        ("previous_response_id", req.previous_response_id, f"previous_response_id cannot be followed; {keep}"),
         ("conversation", req.conversation, f"conversation cannot be followed; {keep}"),
         ("background", req.background, "background responses are not supported: leave out background"),
         ("prompt", req.prompt, "stored prompt templates are not supported: send the instructions and input"),
@@ -117,9 +121,9 @@ def _text(content, where: str, types=("input_text", "output_text")) -> str:
     return "".join(texts)
 
 
-def _messages(req: ResponsesRequest) -> List[dict]:
-    """The chat messages of a request's instructions and input."""
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+def _messages(req: ResponsesRequest, prior: List[dict]) -> List[dict]:
+    """The conversation of a request: the previous response's (prior), then the input's messages."""
+    messages = prior
     if isinstance(req.input, str):
         return messages + [{"role": "user", "content": req.input}]
     for i, item in enumerate(req.input):
@@ -198,26 +202,43 @@ def _format(text: Optional[dict]):
     return fmt  # json_object, or what grammar.response_format names as wrong
 
 
-def chat_request(req: ResponsesRequest) -> p.ChatRequest:
-    """The chat request a Responses request asks for (a 400 for what cannot be served)."""
+def chat_request(req: ResponsesRequest, conversation: List[dict]) -> p.ChatRequest:
+    """The chat request a Responses request asks for (a 400 for what cannot be served): the instructions, then the
+    conversation (_messages)."""
     _refuse(req)
     fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                            "draft_length", "acceptance", "n_cache_reuse")}
     try:
-        return p.ChatRequest(messages=_messages(req), max_tokens=req.max_output_tokens, tools=_tools(req) or None,
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        return p.ChatRequest(messages=system + conversation, max_tokens=req.max_output_tokens,
+                             tools=_tools(req) or None,
                              tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.text), **fields)
     except ValidationError as e:  # what the checks above let through (they should not)
         raise _bad(f"the input cannot be read as a conversation: {e.errors()[0].get('msg')}", "input") from None
 
 
+def _store(request: Request) -> ResponseStore:
+    return request.app.state.responses
+
+
 def _prepare(request: Request, req: ResponsesRequest):
-    """(state, start time, the chat request, its prompt and options) of a request, or a 400 that names its field."""
-    chat = chat_request(req)
-    state, t0 = jobs.begin(request, chat)
+    """(state, start time, the chat request, its prompt and options, the conversation) of a request, or a 400 that
+    names its field."""
+    prior = []
+    if req.previous_response_id is not None:
+        prior = _store(request).conversation(req.previous_response_id)
+        if prior is None:
+            raise APIError(404, f"the response '{req.previous_response_id}' is not kept here: specllm keeps the "
+                                f"last {_store(request).max_responses} responses of requests without store: false, "
+                                "until it stops; send the earlier items in input instead", "invalid_request_error",
+                           "previous_response_id", "not_found")
     if isinstance(req.input, list) and not req.input:
         raise _bad("input must hold at least one item", "input")
+    conversation = _messages(req, prior)
+    chat = chat_request(req, conversation)
+    state, t0 = jobs.begin(request, chat)
     try:
-        return state, t0, chat, routes.prepare_chat(state, chat)
+        return state, t0, chat, routes.prepare_chat(state, chat), conversation
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -247,7 +268,8 @@ class Answer:
                 "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
                 "model": self.state.model_id, "output": output,
                 "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-                "previous_response_id": None, "store": False, "temperature": req.temperature, "top_p": req.top_p,
+                "previous_response_id": req.previous_response_id, "store": req.store is not False,
+                "temperature": req.temperature, "top_p": req.top_p,
                 "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
                 "tool_choice": req.tool_choice or "auto", "tools": self.tools,
                 "truncation": req.truncation or "disabled", "metadata": req.metadata or {}, "usage": usage}
@@ -265,6 +287,15 @@ class Answer:
     def part(text: str) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
+    def keep(self, store: ResponseStore, conversation: List[dict], content: str, calls: list, body: dict) -> None:
+        """Keep a finished response (unless store: false): its conversation and its reply, and its body."""
+        if self.req.store is False:
+            return
+        reply = {"role": "assistant", "content": content or None if calls else content}
+        if calls:
+            reply["tool_calls"] = calls
+        store.put(self.id, conversation + [reply], body)
+
     @staticmethod
     def call(call: dict, status: str = "completed") -> dict:
         return {"type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}", "call_id": call["id"],
@@ -277,13 +308,30 @@ async def input_tokens(request: Request, req: ResponsesRequest):
     return {"object": "response.input_tokens", "input_tokens": len(_prepare(request, req)[3].tokens)}
 
 
+@router.get("/v1/responses/{rid}")
+async def get_response(request: Request, rid: str):
+    body = _store(request).body(rid)
+    if body is None:
+        raise APIError(404, f"the response '{rid}' is not kept here (see previous_response_id)",
+                       "invalid_request_error", "response_id", "not_found")
+    return body
+
+
+@router.delete("/v1/responses/{rid}")
+async def delete_response(request: Request, rid: str):
+    if not _store(request).delete(rid):
+        raise APIError(404, f"the response '{rid}' is not kept here", "invalid_request_error", "response_id",
+                       "not_found")
+    return {"id": rid, "object": "response", "deleted": True}
+
+
 @router.post("/v1/responses")
 async def responses(request: Request, req: ResponsesRequest):
-    state, t0, chat, prepared = _prepare(request, req)
+    state, t0, chat, prepared, conversation = _prepare(request, req)
     job = jobs.submit(request, prepared.tokens, prepared.opts)
     answer = Answer(state, req, chat)
     if req.stream:
-        return EventSourceResponse(_events(request, job, answer, prepared), ping=15, sep="\n")
+        return EventSourceResponse(_events(request, job, answer, prepared, conversation), ping=15, sep="\n")
     text, last, _ = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     text = prepared.forced + text
@@ -292,10 +340,12 @@ async def responses(request: Request, req: ResponsesRequest):
     status = "incomplete" if last.finish_reason == "length" else "completed"
     output = [answer.message(content, status)] if content or not calls else []
     output += [answer.call(c) for c in calls]
-    return JSONResponse(answer.body(status, output, last, job))
+    body = answer.body(status, output, last, job)
+    answer.keep(_store(request), conversation, content, calls, body)
+    return JSONResponse(body)
 
 
-async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
+async def _events(request: Request, job, answer: Answer, prepared: routes.Chat, conversation: List[dict]):
     """The Responses events of a streamed reply; leaving early (the client went away) cancels the job."""
     state, t0 = answer.state, time.monotonic()
     numbers = itertools.count()
@@ -354,7 +404,9 @@ async def _events(request: Request, job, answer: Answer, prepared: routes.Chat):
                 yield event("response.output_item.done", output_index=index, item=item)
                 output.append(item)
             kind = "response.completed" if status == "completed" else "response.incomplete"
-            yield event(kind, response=answer.body(status, output, value, job))
+            body = answer.body(status, output, value, job)
+            answer.keep(_store(request), conversation, "".join(texts), calls, body)
+            yield event(kind, response=body)
     finally:
         job.cancel()
         state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
