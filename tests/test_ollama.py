@@ -31,6 +31,10 @@ def local(tools_local):
     return tools_local
 
 
+def test_the_server_says_where_the_apis_are(server):
+    assert "ready: serving 'tiny-tools' (draft: " in server.log() and "/api (Ollama)" in server.log()
+
+
 def test_the_model_is_listed_and_shown(client):
     (card,) = client.list().models
     assert card.model == f"{MODEL}:latest" and card.details.format == "gguf" and card.details.family == "llama"

@@ -20,9 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
 from . import errors, infill, messages, ollama, responses, routes
-from .response_store import ResponseStore
 from .errors import APIError
 from .metrics import Metrics
+from .response_store import ResponseStore
 from .worker import Worker
 
 log = logging.getLogger("specllm.server")
@@ -236,6 +236,15 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
     worker = server.worker = app.state.specllm.worker
     worker.on_load_error = lambda e: setattr(server, "should_exit", True)
+
+    def ready(loaded: LLM) -> None:
+        log.info("ready: serving '%s' (draft: %s); endpoints: /v1 (OpenAI: chat, completions, responses), "
+                 "/v1/messages (Anthropic), /api (Ollama), /infill (llama-server), /health, /metrics",
+                 app.state.specllm.model_id, loaded.draft or "none")
+    if worker.llm is not None:
+        ready(worker.llm)
+    else:
+        worker.on_ready = ready
     server.run()
     if worker.load_error is not None:
         raise worker.load_error

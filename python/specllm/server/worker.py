@@ -110,6 +110,7 @@ class Worker:
         self._factory = None if isinstance(llm, LLM) else llm
         self.load_error: Optional[BaseException] = None
         self.on_load_error: Optional[Callable[[BaseException], None]] = None
+        self.on_ready: Optional[Callable[[LLM], None]] = None  # called on the worker thread once it is loaded
         self.metrics = metrics
         self.max_queue = max_queue
         self._waiting: collections.deque = collections.deque()  # Jobs, and None to stop the thread
@@ -176,6 +177,8 @@ class Worker:
                     self.on_load_error(e)
             finally:
                 self._ready.set()
+            if self.llm is not None and self.on_ready is not None:
+                self.on_ready(self.llm)
         while True:
             with self._cond:
                 while not self._waiting:
