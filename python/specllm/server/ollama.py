@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from .. import __version__
 from ..errors import InvalidOptionError
@@ -96,8 +96,9 @@ def _sampling(req: _Common) -> dict:
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < -2):
         raise _bad(f"options.num_predict must be an int (-1: until the end), got {n!r}", "options.num_predict")
     out["max_tokens"] = n if isinstance(n, int) and n > 0 else None
-    if out.get("seed") is not None and out["seed"] < 0:
-        del out["seed"]  # Ollama's -1: a fresh seed
+    seed = out.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed < 0:
+        del out["seed"]  # Ollama's -1: a fresh seed (another type is the chat request's 400)
     if req.draft_length is not None:
         out["draft_length"] = req.draft_length
     return out
@@ -137,15 +138,19 @@ def _messages(items: List[dict]) -> List[dict]:
     return out
 
 
-def _chat(state, req: ChatRequest) -> p.ChatRequest:
-    sampling = _sampling(req)
+def _checked(model, **fields):
+    """model(**fields), a 400 naming the field for a value it refuses (a role, a value out of range)."""
     try:
-        return p.ChatRequest(messages=_messages(req.messages), tools=req.tools or None,
-                             response_format=_format(req.format), **sampling)
-    except ValueError as e:  # pydantic's ValidationError: a role or a value out of range
-        err = e.errors()[0] if hasattr(e, "errors") else {}
+        return model(**fields)
+    except ValidationError as e:
+        err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ()))
-        raise _bad(f"{where}: {err.get('msg', e)}", where or None) from None
+        raise _bad(f"{where}: {err.get('msg', 'invalid value')}", where or None) from None
+
+
+def _chat(state, req: ChatRequest) -> p.ChatRequest:
+    return _checked(p.ChatRequest, messages=_messages(req.messages), tools=req.tools or None,
+                    response_format=_format(req.format), **_sampling(req))
 
 
 def _now() -> str:
@@ -254,7 +259,7 @@ async def generate(request: Request, req: GenerateRequest):
             tokens = state.llm.prompt_tokens(state.llm.apply_chat_template(messages))
         except (InvalidOptionError, TypeError) as e:
             raise _bad(str(e), "prompt") from None
-    fields = p.CompletionRequest(prompt="x", response_format=_format(req.format), **sampling)
+    fields = _checked(p.CompletionRequest, prompt="x", response_format=_format(req.format), **sampling)
     opts = routes.request_options(state, fields, len(tokens), max_tokens, None)
     job = jobs.submit(request, tokens, opts)
     prepared = routes.Chat(tokens, opts, None, "", None)
