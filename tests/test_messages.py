@@ -135,6 +135,7 @@ BAD = [
     ({"messages": []}, "messages", "at least one"),
     ({"system": [{"type": "image"}]}, "system.0", "only text"),
     ({"tool_choice": {"type": "sometimes"}}, "tool_choice", "tool_choice must be"),
+    ({"tool_choice": {"type": ["auto"]}}, "tool_choice", "tool_choice must be"),
     ({"tool_choice": {"type": "any"}}, "tool_choice", "no tools"),
     ({"tools": [{"description": "no name"}]}, "tools.0.name", "needs a name"),
     ({"output_config": {"format": {"type": "xml"}}}, "output_config.format", "json_schema"),

@@ -1,6 +1,7 @@
 """create_app in-process (starlette's TestClient runs the ASGI app and its lifespan): what a subprocess cannot
 easily provoke — a decode error in the middle of a generation, a model still loading, a body without a length."""
 
+import json
 import threading
 
 import pytest
@@ -68,6 +69,11 @@ def test_health_is_503_while_the_model_loads(tiny, make_llm):
         assert r.status_code == 503 and r.json()["status"] == "loading" and r.headers["retry-after"]
         r = c.post("/v1/chat/completions", json={"messages": MESSAGES})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
+        for path, body in (("/v1/responses", {"input": "hi"}), ("/v1/messages", {"messages": MESSAGES}),
+                           ("/api/chat", {"model": "target", "messages": MESSAGES})):  # each in its API's shape
+            r = c.post(path, json=body)
+            assert r.status_code == 503 and "loading" in json.dumps(r.json()), (path, r.text)
+        assert r.json() == {"error": r.json()["error"]} and isinstance(r.json()["error"], str)  # Ollama's
         go.set()
         for _ in range(300):
             if c.get("/health").status_code == 200:

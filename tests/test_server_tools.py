@@ -60,6 +60,15 @@ def test_a_streamed_reply_gives_the_same_text_and_calls_in_pieces_of_any_size(si
     assert "<tool_call>" not in "".join(out)
 
 
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_whitespace_before_a_call_that_opens_the_reply_is_not_passed_on(size):
+    reply = "\n\n" + CALL
+    s = tools.ToolStream(names={"get_weather"})
+    out = [s.pass_on(reply[i:i + size], i + size >= len(reply)) for i in range(0, len(reply), size)]
+    assert "".join(text for text, _ in out) == "" and tools.parse(reply)[0] == ""
+    assert [c["function"]["name"] for c in out[-1][1]] == ["get_weather"]
+
+
 def test_a_streamed_reply_without_calls_is_passed_on_whole():
     reply = "x < y and <tool is not a call; <tool_call"  # the held tail comes out at the end
     text, out, calls = stream(list(reply))

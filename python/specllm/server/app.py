@@ -76,7 +76,7 @@ class BodyLimit:
         endpoint = path if path in KNOWN_PATHS else "other"
         status = {}
         too_big = APIError(413, f"the request body is larger than {self.max_body} bytes", "invalid_request_error",
-                           None, "request_too_large").response()
+                           None, "request_too_large").response(errors.shape_of(path))
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
@@ -164,8 +164,9 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
+                                          "anthropic-beta", "anthropic-dangerous-direct-browser-access"])
     app.add_middleware(BodyLimit, max_body=max_body, metrics=metrics)
     return app
 

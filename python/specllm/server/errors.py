@@ -42,10 +42,13 @@ ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 40
                    503: "overloaded_error"}
 
 
-def _shape(request: Request) -> str:
+def shape_of(path: str) -> str:
     """The error shape of the API a path belongs to."""
-    path = request.url.path
     return "anthropic" if path.startswith("/v1/messages") else "ollama" if path.startswith("/api/") else "openai"
+
+
+def _shape(request: Request) -> str:
+    return shape_of(request.url.path)
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

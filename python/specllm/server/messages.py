@@ -149,7 +149,7 @@ def _tool_choice(choice: Optional[dict]):
     if choice is None:
         return None
     kind = choice.get("type")
-    if kind in CHOICES:
+    if isinstance(kind, str) and kind in CHOICES:
         return CHOICES[kind]
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}

@@ -212,8 +212,8 @@ async def _answer(request: Request, state, t0, job, req: _Common, prepared, piec
 def _begin(request: Request, model: str):
     """(state, start time) of a request for this server's model, once it is ready."""
     state = jobs.server_state(request)
+    state.require_ready()  # first: while the model loads, its name is not known yet
     _check_model(state, model)
-    state.require_ready()
     return state, time.monotonic()
 
 

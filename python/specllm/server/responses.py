@@ -291,6 +291,7 @@ class Answer:
         """Keep a finished response (unless store: false): its conversation and its reply, and its body."""
         if self.req.store is False:
             return
+        content = content.strip() if calls else content  # as parse() leaves the text around calls
         reply = {"role": "assistant", "content": content or None if calls else content}
         if calls:
             reply["tool_calls"] = calls

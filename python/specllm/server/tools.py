@@ -199,17 +199,24 @@ class ToolStream:
                 return ""
         at = text.find(OPEN)
         if at >= 0:
+            before = text[:at]
+            if not self.started and not before.strip():
+                before = ""  # whitespace before a call that opens the reply is not text (parse strips it too)
             self.in_call, self.held = True, text[at:]
-            self.started = self.started or at > 0
-            return text[:at]
+            self.started = self.started or bool(before)
+            return before
         keep = 0  # the longest tail of text that is a proper prefix of OPEN
         for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
             if OPEN.startswith(text[-n:]):
                 keep = n
                 break
+        out = text[:len(text) - keep]
+        if keep and not self.started and not out.strip():  # whitespace, then what may open a call: held whole
+            self.held = text
+            return ""
         self.held = text[len(text) - keep:]
         self.started = self.started or len(text) > keep
-        return text[:len(text) - keep]
+        return out
 
     def pass_on(self, piece: str, finished: bool) -> Tuple[str, List[dict]]:
         """(the text to pass on now, and the calls once the reply has ended) of a streamed piece."""
