@@ -2,9 +2,10 @@
 
 protocol.py holds the request and response bodies, worker.py the thread that owns the LLM and its bounded queue,
 jobs.py what every endpoint does with a request's job (queue it, follow it, cancel it, its errors), routes.py the
-OpenAI chat and completions endpoints, responses.py OpenAI's Responses API, messages.py Anthropic's Messages API,
-ollama.py Ollama's API, infill.py llama-server's /infill, tools.py the tool calls in replies, app.py assembles the
-FastAPI app (errors, auth, CORS, body cap), metrics.py the Prometheus metrics.
+OpenAI chat and completions endpoints, responses.py OpenAI's Responses API (responses_request.py its requests,
+response_store.py the responses it keeps), messages.py Anthropic's Messages API, ollama.py Ollama's API, infill.py
+llama-server's /infill, tools.py the tool calls in replies, app.py assembles the FastAPI app (errors, auth, CORS,
+body cap), metrics.py the Prometheus metrics.
 Needs the `server` extra: pip install "specllm[server]".
 """
 from .app import DEFAULT_MAX_BODY, create_app, serve

@@ -1,220 +1,36 @@
 """POST /v1/responses: OpenAI's Responses API, which agents call (the OpenAI Agents SDK, Codex CLI; llama-server,
-LM Studio and Ollama serve it too). A request becomes a chat request — `instructions` the system message, the
-`input` items messages (a `function_call` item joins the assistant's message as a tool call, a
-`function_call_output` item is the tool's message), function `tools` the chat's tools, `text.format` the chat's
-response_format, `max_output_tokens` max_tokens — and runs as /v1/chat/completions runs (routes.prepare_chat), drafted
-and verified like any prompt. The answer is a Response: a `message` item with the reply's text and a
-`function_call` item per tool call, plus specllm's `speculative` object; streamed as the Responses events
-(response.created ... response.output_text.delta ... response.completed, or response.incomplete when
-max_output_tokens cut the reply). POST /v1/responses/input_tokens counts a request's prompt tokens.
+LM Studio and Ollama serve it too). A request becomes the chat request it amounts to (responses_request.py) and runs
+as /v1/chat/completions runs (routes.prepare_chat), drafted and verified like any prompt. The answer is a Response:
+a `message` item with the reply's text and a `function_call` item per tool call, plus specllm's `speculative`
+object; streamed as the Responses events (response.created ... response.output_text.delta ... response.completed,
+or response.incomplete when max_output_tokens cut the reply). POST /v1/responses/input_tokens counts a request's
+prompt tokens.
 
 A response is kept in memory (response_store.py: the last 256, unless `store: false`), so that the next request can
 go on from it with `previous_response_id` (its conversation and reply come before the new input; the instructions
-are the new request's), and GET / DELETE /v1/responses/{id} read or drop it. `conversation` objects and
-`item_reference` items are a 400 that says to send the earlier items in `input`. Hosted tools (web_search,
-file_search...) are not offered to the model and not echoed back, as llama-server skips them; images and files are
-a 400."""
+are the new request's), and GET / DELETE /v1/responses/{id} read or drop it."""
 from __future__ import annotations
 
 import itertools
 import json
-import logging
-import re
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import List, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
 from . import jobs, routes
 from . import tools as tool_calls
 from .errors import APIError
-from .protocol import _Request
 from .response_store import ResponseStore
+from .responses_request import ResponsesRequest, bad, chat_request, conversation_of
 
 router = APIRouter()
-log = logging.getLogger("specllm.server")
 # a chat request's parameter, as the Responses request names it (in the 400s prepare_chat raises)
 PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
-
-
-class ResponsesRequest(_Request):
-    model: Optional[str] = None
-    input: Union[str, List[Dict[str, Any]]]
-    instructions: Optional[str] = None
-    max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0)
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    stream: bool = False
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Any] = None
-    text: Optional[Dict[str, Any]] = None
-    parallel_tool_calls: Optional[bool] = None
-    metadata: Optional[Dict[str, Any]] = None
-    truncation: Optional[str] = None
-    store: Optional[bool] = None  # True by default, as OpenAI's: the response is kept (response_store.py)
-    previous_response_id: Optional[str] = None
-    # refused: specllm keeps no conversations, runs no background jobs, gives no logprobs here
-    conversation: Optional[Any] = None
-    background: Optional[bool] = None
-    prompt: Optional[Any] = None
-    top_logprobs: Optional[int] = None
-    include: Optional[List[str]] = None
-    # specllm's own, as on /v1/chat/completions
-    top_k: Optional[int] = Field(None, ge=0)
-    min_p: Optional[float] = Field(None, ge=0, le=1)
-    seed: Optional[int] = None
-    stop: Union[str, List[str], None] = None
-    draft_length: Union[int, str, None] = None
-    acceptance: Optional[str] = None
-    n_cache_reuse: Optional[int] = Field(None, ge=0)
-
-
-def _bad(message: str, param: Optional[str], code: str = "invalid_value") -> APIError:
-    return APIError(400, message, "invalid_request_error", param, code)
-
-
-def _refuse(req: ResponsesRequest) -> None:
-    keep = ("specllm keeps no conversations: send the earlier items in input, or the id of the last response as "
-            "previous_response_id")
-    checks = [
-        ("conversation", req.conversation, f"conversation cannot be followed; {keep}"),
-        ("background", req.background, "background responses are not supported: leave out background"),
-        ("prompt", req.prompt, "stored prompt templates are not supported: send the instructions and input"),
-        ("top_logprobs", req.top_logprobs, "logprobs are not given on /v1/responses; /v1/chat/completions gives them"),
-        ("include", "message.output_text.logprobs" in (req.include or []),
-         "logprobs are not given on /v1/responses; /v1/chat/completions gives them"),
-    ]
-    for param, bad, message in checks:
-        if bad:
-            raise _bad(message, param, "unsupported_parameter")
-
-
-def _name(where: str) -> str:
-    """A parameter's path as the messages write it: input.0.content -> input[0].content."""
-    return re.sub(r"\.(\d+)", r"[\1]", where)
-
-
-def _text(content, where: str, types=("input_text", "output_text")) -> str:
-    """The text of an item's content: a string, or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _bad(f"{_name(where)} must be a string or a list of content parts", where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind in types and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise _bad(f"only text is supported: {_name(where)}[{j}] is of type '{kind}'", f"{where}.{j}.type",
-                       "unsupported_content")
-        else:
-            raise _bad(f"{_name(where)}[{j}] must be a text part ({{'type': 'input_text', 'text': ...}}), got "
-                       f"{part!r:.80}", f"{where}.{j}")
-    return "".join(texts)
-
-
-def _messages(req: ResponsesRequest, prior: List[dict]) -> List[dict]:
-    """The conversation of a request: the previous response's (prior), then the input's messages."""
-    messages = prior
-    if isinstance(req.input, str):
-        return messages + [{"role": "user", "content": req.input}]
-    for i, item in enumerate(req.input):
-        kind, role, where = item.get("type"), item.get("role"), f"input.{i}"
-        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
-        if kind in (None, "message") and role is None:
-            raise _bad(f"input[{i}] is a message without a role: give role 'user', 'system', 'developer' or "
-                       "'assistant'", f"{where}.role")
-        if kind in (None, "message"):
-            if role not in ("user", "system", "developer", "assistant"):
-                raise _bad(f"input[{i}].role must be 'user', 'system', 'developer' or 'assistant', got {role!r}",
-                           f"{where}.role")
-            text = _text(item.get("content"), f"{where}.content")
-            if last is not None and role == "assistant":  # the assistant's message goes on
-                last["content"] = (last["content"] or "") + text
-            else:
-                messages.append({"role": role, "content": text})
-        elif kind == "function_call":
-            for key in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(key), str):
-                    raise _bad(f"input[{i}] (a function_call) needs {key} as a string", f"{where}.{key}")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
-            if last is None:
-                last = {"role": "assistant", "content": None}
-                messages.append(last)
-            last.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise _bad(f"input[{i}] (a function_call_output) needs call_id as a string", f"{where}.call_id")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": _text(item.get("output"), f"{where}.output")})
-        elif kind == "reasoning":  # a reasoning model's thoughts, sent back by agents: not part of the prompt
-            continue
-        elif kind == "item_reference":
-            raise _bad("item_reference cannot be followed: specllm keeps no items; send the item itself",
-                       f"{where}.type", "unsupported_parameter")
-        else:
-            raise _bad(f"input[{i}] of type {kind!r} is not supported: give messages ({{'role': ..., 'content': "
-                       "...}), function_call and function_call_output items", f"{where}.type", "unsupported_content")
-    return messages
-
-
-def _tools(req: ResponsesRequest) -> List[dict]:
-    """The request's function tools, as the chat's tools. Hosted tools are skipped (logged), as llama-server does."""
-    out = []
-    for i, t in enumerate(req.tools or []):
-        if t.get("type") != "function":
-            log.warning("/v1/responses: tools[%d] of type %r is not offered to the model (function tools only)",
-                        i, t.get("type"))
-            continue
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise _bad(f"tools[{i}] needs a name (a function tool: {{'type': 'function', 'name': ..., "
-                       "'parameters': {...}}})", f"tools.{i}.name")
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice):
-    if choice is None or choice in ("auto", "none", "required"):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise _bad(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}, got "
-               f"{choice!r:.80}", "tool_choice")
-
-
-def _format(text: Optional[dict]):
-    """text.format as the chat's response_format."""
-    fmt = (text or {}).get("format")
-    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return None
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
-    return fmt  # json_object, or what grammar.response_format names as wrong
-
-
-def chat_request(req: ResponsesRequest, conversation: List[dict]) -> p.ChatRequest:
-    """The chat request a Responses request asks for (a 400 for what cannot be served): the instructions, then the
-    conversation (_messages)."""
-    _refuse(req)
-    fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                           "draft_length", "acceptance", "n_cache_reuse")}
-    try:
-        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-        return p.ChatRequest(messages=system + conversation, max_tokens=req.max_output_tokens,
-                             tools=_tools(req) or None,
-                             tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.text), **fields)
-    except ValidationError as e:  # what the checks above let through (they should not)
-        raise _bad(f"the input cannot be read as a conversation: {e.errors()[0].get('msg')}", "input") from None
 
 
 def _store(request: Request) -> ResponseStore:
@@ -233,8 +49,8 @@ def _prepare(request: Request, req: ResponsesRequest):
                                 "until it stops; send the earlier items in input instead", "invalid_request_error",
                            "previous_response_id", "not_found")
     if isinstance(req.input, list) and not req.input:
-        raise _bad("input must hold at least one item", "input")
-    conversation = _messages(req, prior)
+        raise bad("input must hold at least one item", "input")
+    conversation = conversation_of(req, prior)
     chat = chat_request(req, conversation)
     state, t0 = jobs.begin(request, chat)
     try:
