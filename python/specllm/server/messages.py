@@ -239,14 +239,12 @@ async def messages(request: Request, req: MessagesRequest):
     job = jobs.submit(request, prepared.tokens, prepared.opts)
     mid = f"msg_{uuid.uuid4().hex}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_id}
-    names = tool_calls.names_of(prepared.tools) if prepared.tools else None
     if req.stream:
         return EventSourceResponse(_events(request, job, head, prepared, req), ping=15, sep="\n")
     tokens = []
     said, last, _ = await jobs.collect(request, job, tokens)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    text = prepared.forced + said
-    content, calls = tool_calls.parse(text, names, bool(prepared.forced)) if prepared.tools else (text, [])
+    content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, said)
     reason, sequence = _stop(state, last.finish_reason, calls, tokens, req.stop_sequences)
     return JSONResponse(dict(head, content=_blocks(content, calls), stop_reason=reason, stop_sequence=sequence,
                              usage=_usage(last.stats),

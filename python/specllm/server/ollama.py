@@ -178,9 +178,7 @@ async def _answer(request: Request, state, t0, job, req: _Common, prepared, piec
     held = tool_calls.reply_stream(prepared.tools, prepared.forced)
     if not req.stream:
         text, last, _ = await jobs.collect(request, job)
-        text = prepared.forced + text
-        names = tool_calls.names_of(prepared.tools) if prepared.tools else None
-        content, calls = tool_calls.parse(text, names, bool(prepared.forced)) if prepared.tools else (text, [])
+        content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, text)
         state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
         return JSONResponse(dict(_final(state, model, last, job, t0, draft_length), **piece(content, calls)))
 

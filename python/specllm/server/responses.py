@@ -151,9 +151,7 @@ async def responses(request: Request, req: ResponsesRequest):
         return EventSourceResponse(_events(request, job, answer, prepared, conversation), ping=15, sep="\n")
     text, last, _ = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    text = prepared.forced + text
-    names = tool_calls.names_of(prepared.tools) if prepared.tools else None
-    content, calls = tool_calls.parse(text, names, bool(prepared.forced)) if prepared.tools else (text, [])
+    content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, text)
     status = "incomplete" if last.finish_reason == "length" else "completed"
     output = [answer.message(content, status)] if content or not calls else []
     output += [answer.call(c) for c in calls]

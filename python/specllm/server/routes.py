@@ -234,10 +234,9 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     text, last, logprobs = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-    text = forced + text
-    content, calls = tool_calls.parse(text, tool_calls.names_of(tools), bool(forced)) if tools else (text, [])
+    content, calls = tool_calls.reply_parts(tools, forced, text)  # content is the whole text when there are no calls
     finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
-    message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=text)
+    message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=content)
     return p.ChatCompletion(id=rid, created=created, model=state.model_id,
                             choices=[p.ChatChoice(message=message, finish_reason=finish, logprobs=lp.chat(
                                 logprobs, state.llm.token_bytes) if n_logprobs is not None else None)],

@@ -163,6 +163,13 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
     return rest, calls
 
 
+def reply_parts(tools: Optional[list], forced: str, text: str) -> Tuple[str, List[dict]]:
+    """(text, calls) of a whole reply that began with `forced` (a forced call's opening, or ""): parse() with the
+    request's tool names, strict for a forced call; (text, []) without tools."""
+    text = forced + text
+    return parse(text, names_of(tools), bool(forced)) if tools else (text, [])
+
+
 def reply_stream(tools: Optional[list], forced: str) -> Optional["ToolStream"]:
     """The ToolStream a streamed reply passes through (None without tools), fed the forced opening of a call."""
     if not tools:
