@@ -177,7 +177,8 @@ def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
     of the tools whose arguments follow that tool's schema, with or without drafting."""
     tool_list = [FORECAST] if choice == "required-one" else [WEATHER, FORECAST]
     tool_choice = {"type": "function", "function": {"name": "get_forecast"}} if choice == "named" else "required"
-    opening, rules = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
+    opening, (rules, triggers) = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
+    assert triggers == []  # the grammar holds from the forced opening on
     names = tools.names_of(tool_list)
     for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
         free = llm.generate("Hello world" + opening, max_tokens=60)
@@ -198,7 +199,42 @@ def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
 
 def test_a_tool_schema_the_converter_cannot_express_lets_its_arguments_be_any_object(tiny, make_llm):
     odd = {"type": "function", "function": {"name": "odd", "parameters": {"$ref": "#/nowhere"}}}
-    rules = tools.call_grammar("required", [odd])
+    rules, _ = tools.call_grammar("required", [odd])
     assert "arguments-0-any" in rules
     make_llm(tiny["target"]).check_options(grammar=rules)  # it parses
-    assert tools.call_grammar("auto", [odd]) is tools.call_grammar("none", [odd]) is None
+    rules, triggers = tools.call_grammar("auto", [odd])
+    assert "arguments-0-any" in rules and triggers == [tools.OPEN]
+    make_llm(tiny["target"]).check_options(grammar=rules, grammar_triggers=triggers)
+    assert tools.call_grammar("none", [odd]) == tools.call_grammar("auto", []) == (None, [])
+
+
+def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_call_follows_the_schemas(
+        tiny, make_llm):
+    """tool_choice "auto": a lazy grammar (as llama-server's) from "<tool_call>" on. The random tiny model never
+    writes that word, so the word is swapped for one it writes early in its reply to "Hello world" (":T", after
+    "aron"); from there it writes calls of the request's tools whose arguments follow their schemas, greedy and
+    sampled, with or without drafting."""
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}}
+    rules, triggers = tools.call_grammar("auto", [clock, FORECAST])
+    assert triggers == [tools.OPEN] and rules.count('"<tool_call>"') == 1
+    rules = rules.replace('"<tool_call>"', '":T"')
+    names = tools.names_of([clock, FORECAST])
+    for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
+        free = llm.generate("Hello world", max_tokens=60)
+        at = free.text.index(":T")
+        for seed in range(4):
+            c = llm.generate("Hello world", max_tokens=200, grammar=rules, grammar_triggers=[":T"],
+                             temperature=0.0 if seed == 0 else 1.0, seed=seed)
+            if seed == 0:
+                assert c.text[:at] == free.text[:at]  # free text until the word
+            before, *blocks = c.text.split(":T")
+            assert blocks or seed > 0, c.text  # a sample may never write the word: free text throughout
+            if c.finish_reason == "length" and blocks:  # the grammar allows call after call: the last one was cut
+                blocks = blocks[:-1]
+            for block in blocks:
+                text, calls = tools.parse(tools.OPEN + block, names, strict=True)
+                assert text == "" and len(calls) == 1, c.text
+                args = json.loads(calls[0]["function"]["arguments"])
+                assert follows_forecast(calls[0]) or args in ({"tz": "UTC"}, {"tz": "CET"}), calls

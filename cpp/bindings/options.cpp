@@ -47,7 +47,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("draft_p_min", &GenerateOptions::draft_p_min)
         .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos)
         .def_readwrite("logprobs", &GenerateOptions::logprobs)
-        .def_readwrite("grammar", &GenerateOptions::grammar);
+        .def_readwrite("grammar", &GenerateOptions::grammar)
+        .def_readwrite("grammar_triggers", &GenerateOptions::grammar_triggers);
 
     py::class_<NgramOptions>(m, "NgramOptions")
         .def(py::init<>())

@@ -139,7 +139,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     }
     grammar_ = std::move(grammar);
     grammar_text_.clear();
-    auto_.set_row_read_cost(grammar_ ? mask_cost_.per_row_read(opts.sampling) : 0.0);
+    auto_.set_row_read_cost(grammar_ && grammar_->constrains() ? mask_cost_.per_row_read(opts.sampling) : 0.0);
     rng_.seed(opts.sampling.seed);
     text_.reset(opts.stop);
     stats_ = Stats();
@@ -331,7 +331,7 @@ StepResult Engine::step_locked() {
     if (constrained) {
         constrained->advance(v.n_accepted, v.next, target_->is_eog(v.next));
         mask_cost_.observe(*constrained);
-        auto_.set_row_read_cost(mask_cost_.per_row_read(gen_.sampling));
+        auto_.set_row_read_cost(grammar_->constrains() ? mask_cost_.per_row_read(gen_.sampling) : 0.0);
     }
     const std::vector<TokenLogprob> emitted_lp =
         gen_.logprobs < 0 ? std::vector<TokenLogprob>() : logprobs_.emitted(draft_.tokens, v.n_accepted, v.next);

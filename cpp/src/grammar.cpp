@@ -20,13 +20,26 @@ namespace {
 // error message instead of printing it. Returns the parser's first line, without the function name. The capture
 // holds the process's stderr for the parse (a line another thread writes then is lost), so a grammar that parsed
 // once is parsed again without it: a server checks and starts the same JSON grammar request after request.
-llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf, std::string & parse_error) {
+// a grammar sampler, lazy when there are trigger patterns
+llama_sampler * init(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & patterns) {
+    if (patterns.empty()) {
+        return llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
+    }
+    std::vector<const char *> p;
+    for (const std::string & s : patterns) {
+        p.push_back(s.c_str());
+    }
+    return llama_sampler_init_grammar_lazy_patterns(vocab, gbnf.c_str(), "root", p.data(), p.size(), nullptr, 0);
+}
+
+llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf,
+                             const std::vector<std::string> & patterns, std::string & parse_error) {
     static std::mutex m;
     static std::unordered_set<std::string> parsed;
     std::lock_guard<std::mutex> lock(m);
     const std::string key = std::to_string(llama_vocab_n_tokens(vocab)) + "|" + gbnf; // tokens may be named
     if (parsed.count(key) != 0) {
-        return llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
+        return init(vocab, gbnf, patterns);
     }
     std::fflush(stderr);
     FILE * tmp = std::tmpfile();
@@ -34,7 +47,7 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     if (saved >= 0) {
         dup2(fileno(tmp), 2);
     }
-    llama_sampler * s = llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
+    llama_sampler * s = init(vocab, gbnf, patterns);
     if (saved >= 0) {
         std::fflush(stderr);
         dup2(saved, 2);
@@ -65,16 +78,43 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     return s;
 }
 
+// a trigger word as the regex llama.cpp's lazy grammar searches the output for (llama-server's regex_escape)
+std::string escaped(const std::string & word) {
+    static const std::string special = ".^$|()*+?[]{}\\";
+    std::string out;
+    for (char c : word) {
+        if (special.find(c) != std::string::npos) {
+            out += '\\';
+        }
+        out += c;
+    }
+    return out;
+}
+
+std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the grammar reads it (special tokens' text)
+    char buf[256];
+    const int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, true);
+    return n > 0 ? std::string(buf, (size_t) n) : std::string();
+}
+
 } // namespace
 
-Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf) : vocab_(vocab), smpl_(nullptr) {
+Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers)
+    : vocab_(vocab), smpl_(nullptr), triggers_(triggers), awaiting_(!triggers.empty()) {
     if (gbnf.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw InvalidArgument("the grammar is empty; pass GBNF rules with a 'root' rule (e.g. root ::= \"yes\" | "
                               "\"no\"), or no grammar");
     }
+    std::vector<std::string> patterns;
+    for (const std::string & word : triggers) {
+        if (word.empty()) {
+            throw InvalidArgument("a grammar trigger is empty; pass the words after which the grammar holds");
+        }
+        patterns.push_back(escaped(word));
+    }
     log_take_errors(); // only this parse's errors below
     std::string why;
-    smpl_ = init_quietly(vocab, gbnf, why);
+    smpl_ = init_quietly(vocab, gbnf, patterns, why);
     if (smpl_ == nullptr) {
         if (why.empty()) {
             why = log_take_errors(); // a missing root rule, left recursion: logged through llama.cpp's log
@@ -82,9 +122,28 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf) : vocab_(v
         throw InvalidArgument("the grammar could not be parsed as GBNF with a 'root' rule" +
                               (why.empty() ? std::string() : ": " + why));
     }
+    for (const std::string & word : triggers) { // the grammar must read each word as its beginning
+        std::vector<llama_token> tokens(word.size() + 8);
+        const int n = llama_tokenize(vocab, word.c_str(), (int32_t) word.size(), tokens.data(),
+                                     (int32_t) tokens.size(), false, true);
+        Grammar g(*this);
+        bool ok = n > 0;
+        for (int i = 0; ok && i < n; ++i) {
+            ok = g.allows(tokens[(size_t) i]);
+            if (ok) {
+                g.accept(tokens[(size_t) i]);
+            }
+        }
+        if (!ok || g.awaiting_) {
+            throw InvalidArgument("the grammar does not begin with its trigger '" + word + "': a lazy grammar holds "
+                                  "from the trigger on, so its root must start with each trigger's text");
+        }
+    }
 }
 
-Grammar::Grammar(const Grammar & other) : vocab_(other.vocab_), smpl_(llama_sampler_clone(other.smpl_)) {}
+Grammar::Grammar(const Grammar & other)
+    : vocab_(other.vocab_), smpl_(llama_sampler_clone(other.smpl_)), triggers_(other.triggers_),
+      awaiting_(other.awaiting_), text_(other.text_) {}
 
 Grammar::~Grammar() {
     if (smpl_ != nullptr) {
@@ -92,15 +151,57 @@ Grammar::~Grammar() {
     }
 }
 
+void Grammar::swap_state(Grammar & other) {
+    std::swap(smpl_, other.smpl_);
+    std::swap(awaiting_, other.awaiting_);
+    std::swap(text_, other.text_);
+}
+
 bool Grammar::allows(llama_token t) {
+    if (awaiting_) {
+        return true; // a word that would start what the grammar cannot read does not trigger it (accept)
+    }
     llama_token_data one{t, 0.0f, 0.0f};
     llama_token_data_array arr{&one, 1, -1, false};
     llama_sampler_apply(smpl_, &arr);
     return one.logit > -INFINITY;
 }
 
+bool Grammar::may_trigger(llama_token t) const {
+    const std::string piece = piece_of(vocab_, t);
+    for (const std::string & word : triggers_) {
+        const size_t keep = std::min(text_.size(), word.size() - 1);
+        if ((text_.substr(text_.size() - keep) + piece).find(word) != std::string::npos) {
+            return true;
+        }
+    }
+    return false;
+}
+
 void Grammar::accept(llama_token t) {
-    llama_sampler_accept(smpl_, t);
+    if (!awaiting_) {
+        llama_sampler_accept(smpl_, t);
+        return;
+    }
+    if (!may_trigger(t)) {
+        llama_sampler_accept(smpl_, t); // llama.cpp keeps the text and searches it for the words
+        text_ += piece_of(vocab_, t);
+        if (text_.size() > 4096) {
+            text_.erase(0, text_.size() - 1024); // only the tail can be the start of a word
+        }
+        return;
+    }
+    llama_sampler * before = llama_sampler_clone(smpl_);
+    try {
+        llama_sampler_accept(smpl_, t); // triggered: the text from the word on is read by the grammar
+    } catch (const std::exception &) {  // ... which cannot read it: still waiting, as before this token
+        llama_sampler_free(smpl_);
+        smpl_ = before;
+        return;
+    }
+    llama_sampler_free(before);
+    awaiting_ = false;
+    text_.clear();
 }
 
 int Grammar::legal_prefix(const std::vector<llama_token> & tokens) const {
@@ -120,6 +221,10 @@ int Grammar::legal_prefix(const std::vector<llama_token> & tokens) const {
 }
 
 void Grammar::mask(const float * logits, int n_vocab, std::vector<float> & out) {
+    if (awaiting_) {
+        out.assign(logits, logits + n_vocab);
+        return;
+    }
     cand_.resize((size_t) n_vocab);
     for (int i = 0; i < n_vocab; ++i) {
         cand_[(size_t) i] = llama_token_data{i, logits[i], 0.0f};
@@ -148,6 +253,9 @@ const float * ConstrainedRows::read(int i) {
         work_.accept(draft_[(size_t) at_++]);
     }
     const float * logits = row_(i);
+    if (!work_.constrains()) { // a lazy grammar still waiting for its trigger allows every token
+        return logits;
+    }
     if (full_mask_) {
     } else if (sampling_.temperature <= 0.0f) {
         if (work_.allows(argmax(logits, n_vocab_))) {
@@ -269,7 +377,7 @@ void ConstrainedRows::advance(int n_accepted, llama_token next, bool end) {
     if (!end) {
         work_.accept(next);
     }
-    std::swap(committed_.smpl_, work_.smpl_); // the committed state becomes the work's; the old one is freed
+    committed_.swap_state(work_); // the committed state becomes the work's; the old one is freed
 }
 
 void MaskCost::observe(const ConstrainedRows & rows) {
@@ -281,13 +389,16 @@ void MaskCost::observe(const ConstrainedRows & rows) {
 
 std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts) {
     if (opts.grammar.empty()) {
+        if (!opts.grammar_triggers.empty()) {
+            throw InvalidArgument("grammar_triggers need a grammar: they say where it begins to hold");
+        }
         return nullptr;
     }
     if (opts.ignore_eos) {
         throw InvalidArgument("a grammar ends the output where its text is complete: it cannot be combined with "
                               "ignore_eos");
     }
-    return std::make_unique<Grammar>(vocab, opts.grammar);
+    return std::make_unique<Grammar>(vocab, opts.grammar, opts.grammar_triggers);
 }
 
 } // namespace specllm

@@ -87,6 +87,9 @@ std::string habit(const std::string & text, char prev, char next, bool & known) 
 } // namespace
 
 std::string Grammar::forced_text(const std::string & reply, size_t max_chars, bool * joins) const {
+    if (awaiting_) {
+        return ""; // a lazy grammar forces nothing before its trigger
+    }
     const CharTokens & table = char_tokens(vocab_);
     const llama_token eos = llama_vocab_eos(vocab_);
     std::vector<llama_token_data> cand; // the single-character tokens (and the end), asked at every character

@@ -374,7 +374,8 @@ class LLM:
         min_p, seed, stop, draft_length ("auto", "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
         token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
         rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),
-        suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
+        grammar_triggers (words: a lazy grammar, free text until the output holds one of them and the grammar from
+        it on, its root beginning with the word, as llama-server constrains tool calls), suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
         the model writes what goes between; a code model trained for it, see infill_prompt), cache_reuse (0; n:
         llama-server's --cache-reuse, runs of n+ tokens the KV cache holds later than the prompt does are moved to
         their place instead of decoded again, as when an editor's ring of other files' chunks drops its oldest; the
@@ -435,7 +436,8 @@ class LLM:
     def _options(self, options: dict):
         opts = make_options(**self._with_seed(options))
         if opts.grammar:
-            self._engine.target.check_grammar(opts.grammar)  # the parser's message now, not at the first step
+            # the parser's message now, not at the first step
+            self._engine.target.check_grammar(opts.grammar, list(opts.grammar_triggers))
         return opts
 
     def _with_seed(self, options: dict) -> dict:

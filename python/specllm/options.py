@@ -72,6 +72,7 @@ def make_options(
     acceptance: str = "coupled",
     logprobs: Optional[int] = None,
     grammar: Optional[str] = None,
+    grammar_triggers: Optional[Sequence[str]] = None,
     cache_reuse: int = 0,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
@@ -121,12 +122,20 @@ def make_options(
         if o.ignore_eos:
             raise InvalidOptionError("grammar cannot be combined with ignore_eos: a grammar ends the output where "
                                      "its text is complete")
+    if grammar_triggers is not None:  # a lazy grammar: free text until one of these words, the grammar from it on
+        words = [grammar_triggers] if isinstance(grammar_triggers, str) else grammar_triggers
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w for w in words):
+            raise InvalidOptionError(f"grammar_triggers must be a list of non-empty strings (the words from which "
+                                     f"on the grammar holds), got {grammar_triggers!r}")
+        if words and o.grammar == "":
+            raise InvalidOptionError("grammar_triggers need a grammar: they say where it begins to hold")
+        o.grammar_triggers = list(words)
     return o
 
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "grammar", "cache_reuse"])
+     "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "cache_reuse"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

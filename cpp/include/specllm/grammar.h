@@ -22,8 +22,12 @@ class Model;
 
 class Grammar {
   public:
-    // throws InvalidArgument with llama.cpp's parse error when gbnf is empty or not a grammar with a "root" rule
-    Grammar(const llama_vocab * vocab, const std::string & gbnf);
+    // throws InvalidArgument with llama.cpp's parse error when gbnf is empty or not a grammar with a "root" rule.
+    // triggers: a lazy grammar (llama.cpp's, as llama-server's for tool calls): every token is allowed until the
+    // text accepted so far holds one of these words; from then on the grammar holds, read from the word on (its
+    // root must begin with each word: InvalidArgument if not). A token that completes a word but takes the text
+    // after it where the grammar cannot go leaves the grammar waiting (the word did not start what it describes).
+    Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers = {});
     Grammar(const Grammar & other); // a copy of the state (llama_sampler_clone)
     Grammar & operator=(const Grammar &) = delete;
     ~Grammar();
@@ -31,6 +35,7 @@ class Grammar {
     bool allows(llama_token t);         // whether t may come next
     void accept(llama_token t);         // t (allowed, not an end-of-generation token) comes next
     int legal_prefix(const std::vector<llama_token> & tokens) const; // how many leading tokens it allows in turn
+    bool constrains() const { return !awaiting_; } // false while a lazy grammar waits for its trigger
 
     // logits with every token the grammar forbids at -inf, into out; when it allows nothing (a dead end), the
     // end-of-generation token stays, so the generation stops there
@@ -42,9 +47,16 @@ class Grammar {
 
   private:
     friend class ConstrainedRows; // hands the advanced state over
+    void swap_state(Grammar & other);
+    bool may_trigger(llama_token t) const; // t's piece completes a trigger word after the text so far
+
     const llama_vocab * vocab_;
     llama_sampler * smpl_;
     std::vector<llama_token_data> cand_;
+    // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words and the text so far
+    std::vector<std::string> triggers_;
+    bool awaiting_ = false;
+    std::string text_;
 };
 
 // Reads one step's verify rows under the grammar (see above); after the verdict, advance() moves the grammar past
@@ -105,7 +117,8 @@ class MaskCost {
 std::vector<llama_token> forced_draft(const Grammar & grammar, const Model & target, const std::string & reply,
                                       int max_tokens);
 
-// the generation's grammar (nullptr without one); InvalidArgument for a bad one or one with ignore_eos
+// the generation's grammar (nullptr without one; lazy with grammar_triggers); InvalidArgument for a bad one, one
+// with ignore_eos, or triggers without a grammar
 std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts);
 
 } // namespace specllm

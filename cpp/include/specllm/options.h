@@ -56,6 +56,8 @@ struct GenerateOptions {
     int logprobs = -1;                  // -1: none; n >= 0: each emitted token's log-probability and the n most
                                         // likely tokens at its position (logprobs.h), up to max_top_logprobs
     std::string grammar;                // GBNF rules (a "root" rule) the output must follow; empty: none (grammar.h)
+    std::vector<std::string> grammar_triggers; // a lazy grammar: the output is free until one of these words, and
+                                        // the grammar holds from the word on (its root begins with it)
 };
 
 struct NgramOptions {

@@ -55,8 +55,9 @@ def _message(m: p.Message, i: int) -> dict:
 
 
 def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int],
-                    logprobs: Optional[int], call_rules: Optional[str] = None) -> dict:
-    """The generation options of a request (a 400 for a bad one). call_rules: a forced tool call's grammar."""
+                    logprobs: Optional[int], call_rules: tuple = (None, [])) -> dict:
+    """The generation options of a request (a 400 for a bad one). call_rules: the tool calls' grammar and its
+    triggers (tools.call_grammar)."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
@@ -75,14 +76,17 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
     rules, param = _grammar(req)  # with tools, a response_format or grammar is a 400 here
-    if call_rules is not None:
-        rules, param = call_rules, "tools"
+    triggers = []
+    if call_rules[0] is not None:
+        (rules, triggers), param = call_rules, "tools"
     if rules is not None:
+        lazy = {"grammar_triggers": triggers} if triggers else {}
         try:  # parsed now: a grammar that is not one is the caller's 400
-            state.llm.check_options(**opts, grammar=rules)
+            state.llm.check_options(**opts, grammar=rules, **lazy)
         except (InvalidOptionError, TypeError) as e:
             raise APIError(400, str(e), "invalid_request_error", param, "invalid_value") from None
         opts["grammar"] = rules
+        opts.update(lazy)
     return opts
 
 
@@ -188,7 +192,7 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
                        "unsupported_parameter")
     try:  # the reply begins with the opening, and its grammar makes the rest a call with valid arguments
         forced = tool_calls.forced_opening(req.tool_choice, tools)
-        call_rules = tool_calls.call_grammar(req.tool_choice, tools) if forced else None
+        call_rules = tool_calls.call_grammar(req.tool_choice, tools)  # "auto": lazy, from "<tool_call>" on
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
     try:

@@ -97,14 +97,17 @@ def forced_opening(tool_choice, tools: Optional[list]) -> str:
     return OPEN + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
 
 
-def call_grammar(tool_choice, tools: Optional[list]) -> Optional[str]:
-    """GBNF for the rest of a forced call, after forced_opening(tool_choice, tools): the arguments follow the
-    called tool's `parameters` schema ("required" with several tools: the name is one of theirs, then its
-    arguments), then "}" and the block's end. None for "auto" or "none". A schema the converter cannot express
-    lets that tool's arguments be any JSON object (the call is still JSON)."""
+def call_grammar(tool_choice, tools: Optional[list]) -> Tuple[Optional[str], List[str]]:
+    """(GBNF, its trigger words) for the calls a reply makes. A forced call (after forced_opening(tool_choice,
+    tools)): the rest of it, the arguments following the called tool's `parameters` schema ("required" with several
+    tools: the name is one of theirs, then its arguments), then "}" and the block's end; no triggers. "auto": a lazy
+    grammar, as llama-server's: the reply is free until it writes "<tool_call>", and from there it is one or more
+    blocks calling the request's tools with arguments that follow their schemas (a reply that is only a bare JSON
+    call is not constrained, and is still read as a call by parse). (None, []) for "none" or no tools. A schema the
+    converter cannot express lets that tool's arguments be any JSON object (the call is still JSON)."""
+    if not tools or tool_choice == "none":
+        return None, []
     opening = forced_opening(tool_choice, tools)
-    if not opening:
-        return None
     from llama_cpp import llama_grammar  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
 
     conv = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
@@ -123,15 +126,24 @@ def call_grammar(tool_choice, tools: Optional[list]) -> Optional[str]:
         except Exception:  # what the converter cannot express (it raises what it meets)
             return conv.visit({"type": "object"}, f"arguments-{i}-any")
 
+    def named_call() -> str:  # after '{"name": "': one of the tools' names, then its arguments
+        return "( " + " | ".join(
+            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": ') + " " +
+            arguments(i, fn) for i, (name, fn) in enumerate(fns.items())) + " )"
+
+    end = ' "}" ( "\\n"? "' + CLOSE + '" )?'
+    if not opening:  # "auto": blocks from the trigger on
+        conv._add_rule("tool-call", conv._format_literal(OPEN) + ' "\\n"? ' +
+                       conv._format_literal('{"name": "') + " " + named_call() + end)
+        conv._add_rule("root", 'tool-call ( [ \\t\\n]* tool-call )* [ \\t\\n]*')
+        return conv.format_grammar(), [OPEN]
     if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
         name = json.loads(opening[len(OPEN):] + "0}")["name"]
         call = arguments(0, fns[name])
     else:  # the model names one of the tools
-        call = "( " + " | ".join(
-            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": ') + " " +
-            arguments(i, fn) for i, (name, fn) in enumerate(fns.items())) + " )"
-    conv._add_rule("root", call + ' "}" ( "\\n"? "' + CLOSE + '" )?')
-    return conv.format_grammar()
+        call = named_call()
+    conv._add_rule("root", call + end)
+    return conv.format_grammar(), []
 
 
 def _closed(text: str) -> str:
