@@ -140,3 +140,34 @@ def test_bad_triggers_are_typed_errors(tiny, make_llm):
     with pytest.raises(InvalidOptionError, match="need a grammar"):
         llm.generate("Hello", max_tokens=4, grammar_triggers=[TRIGGER])
     assert llm.generate("Hello", max_tokens=4).text  # the LLM goes on
+
+
+def test_a_trigger_thousands_of_characters_into_the_reply(tiny, make_llm):
+    """The wait is tracked beside llama.cpp's own (which keeps the whole text): a word first written after 4,200
+    characters still starts the grammar where it is, and not before."""
+    llm = make_llm(tiny["target"], n_ctx=8192)
+    free = llm.generate("Hello world", max_tokens=4000)
+    pieces = [llm.token_bytes(t).decode("ascii", "replace") for t in free.tokens]
+    pos, word = 0, None
+    for a, b in zip(pieces, pieces[1:]):
+        w = a + b
+        if pos > 4200 and len(w) >= 3 and w.isprintable() and '"' not in w and free.text.find(w) == pos:
+            word = w
+            break
+        pos += len(a)
+    assert word is not None
+    grammar = 'root ::= "' + word.replace("\\", "\\\\") + '" (" " word){2}\nword ::= "the" | "in" | "an"'
+    out = llm.generate("Hello world", max_tokens=4000, grammar=grammar, grammar_triggers=[word])
+    assert out.text[:pos] == free.text[:pos] and out.finish_reason == "stop"
+    assert re.fullmatch(re.escape(word) + r"( (the|in|an)){2}", out.text[pos:]), out.text[pos - 20:]
+
+
+def test_bad_trigger_texts_are_typed_errors(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    with pytest.raises(InvalidOptionError, match="not valid Unicode"):
+        llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=["\ud800"])
+    with pytest.raises(InvalidOptionError, match="at most 256 characters, got one of 6000"):
+        llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=[":T" * 3000])
+    with pytest.raises(InvalidOptionError, match=r"does not begin with its trigger ':T:T:T.*\.\.\.'"):
+        llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=[":T" * 128])
+    assert llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=(TRIGGER,)).text

@@ -135,7 +135,8 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
             }
         }
         if (!ok || g.awaiting_) {
-            throw InvalidArgument("the grammar does not begin with its trigger '" + word + "': a lazy grammar holds "
+            const std::string shown = word.size() > 60 ? word.substr(0, 57) + "..." : word;
+            throw InvalidArgument("the grammar does not begin with its trigger '" + shown + "': a lazy grammar holds "
                                   "from the trigger on, so its root must start with each trigger's text");
         }
     }
@@ -186,8 +187,12 @@ void Grammar::accept(llama_token t) {
     if (!may_trigger(t)) {
         llama_sampler_accept(smpl_, t); // llama.cpp keeps the text and searches it for the words
         text_ += piece_of(vocab_, t);
-        if (text_.size() > 4096) {
-            text_.erase(0, text_.size() - 1024); // only the tail can be the start of a word
+        size_t longest = 0;
+        for (const std::string & word : triggers_) {
+            longest = std::max(longest, word.size());
+        }
+        if (text_.size() > 4 * longest + 4096) {
+            text_.erase(0, text_.size() - longest - 1024); // only the tail can hold the start of a word
         }
         return;
     }

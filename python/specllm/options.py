@@ -129,7 +129,10 @@ def make_options(
                                      f"on the grammar holds), got {grammar_triggers!r}")
         if words and o.grammar == "":
             raise InvalidOptionError("grammar_triggers need a grammar: they say where it begins to hold")
-        o.grammar_triggers = list(words)
+        o.grammar_triggers = [text("grammar_triggers", w) for w in words]
+        if any(len(w) > 256 for w in words):  # llama.cpp searches the output for each after every token
+            raise InvalidOptionError("a grammar trigger is a word or a tag of at most 256 characters, got one of "
+                                     f"{max(len(w) for w in words)}")
     return o
 
 
