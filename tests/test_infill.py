@@ -11,7 +11,7 @@ import pytest
 import specllm
 from helpers import check_kv, write_perturbed_copy
 from serving import Server
-from specllm.server.infill import Limits
+from specllm.server.native import Limits
 
 PREFIX = "def add(a, b):\n    the cat "
 SUFFIX = "\n\nprint(add(1, 2))  # the cat sat on the mat\n"
@@ -155,7 +155,7 @@ def test_other_files_go_before_the_prefix_in_the_repo_level_form(fim, make_llm):
 
 
 def test_llama_servers_limits_on_the_middle():
-    from specllm.server.infill import Limits
+    from specllm.server.native import Limits
 
     # n_indent: the first line after the first indented less ends the middle, cut where its text starts; a line's
     # indentation is held back until its text shows which it is, so what was passed on stands

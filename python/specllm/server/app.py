@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import errors, infill, messages, ollama, responses, routes
+from . import completion, errors, infill, messages, ollama, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .response_store import ResponseStore
@@ -109,7 +109,7 @@ class BodyLimit:
 
 
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
-               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/v1/models", "/health", "/metrics",
+               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/completion", "/completions", "/v1/models", "/health", "/metrics",
                "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version"}
 
 
@@ -154,6 +154,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     errors.install(app)
     app.include_router(routes.router, dependencies=[Depends(check_key)])
     app.include_router(infill.router, dependencies=[Depends(check_key)])
+    app.include_router(completion.router, dependencies=[Depends(check_key)])
     app.include_router(responses.router, dependencies=[Depends(check_key)])
     app.include_router(messages.router, dependencies=[Depends(check_key)])
     app.include_router(ollama.router, dependencies=[Depends(check_key)])
@@ -240,7 +241,7 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
 
     def ready(loaded: LLM) -> None:
         log.info("ready: serving '%s' (draft: %s); endpoints: /v1 (OpenAI: chat, completions, responses), "
-                 "/v1/messages (Anthropic), /api (Ollama), /infill (llama-server), /health, /metrics",
+                 "/v1/messages (Anthropic), /api (Ollama), /completion and /infill (llama-server), /health, /metrics",
                  app.state.specllm.model_id, loaded.draft or "none")
     if worker.llm is not None:
         ready(worker.llm)

@@ -1,0 +1,97 @@
+"""POST /completion (and /completions): llama-server's native text completion, which front ends and scripts
+written for llama.cpp call (SillyTavern's llama.cpp backend, llama.cpp's own examples): `prompt` as text, token ids,
+or both mixed, completed as given (no chat template), with llama-server's sampling defaults, n_predict, stop,
+`grammar` (GBNF) or `json_schema`, `ignore_eos`, `return_tokens`. The answer is llama-server's own form (native.py:
+content, stop_type, timings...) with the prompt's text; `cache_prompt` is always on (the KV prefix is reused)."""
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Union
+
+from fastapi import APIRouter, Request
+
+from .. import grammar as grammars
+from ..errors import InvalidOptionError
+from . import jobs, native
+from .errors import APIError
+
+router = APIRouter()
+
+
+class CompletionRequest(native.NativeFields):
+    prompt: Union[str, List[Union[str, int, List[Union[str, int]]]]]
+    grammar: Optional[str] = None
+    json_schema: Optional[dict] = None
+    ignore_eos: bool = False
+    return_tokens: bool = False
+    cache_prompt: bool = True  # always: the KV prefix is reused
+    id_slot: int = -1          # one slot
+    n_keep: int = 0            # nothing is dropped from the context: a prompt that does not fit is a 400
+
+
+def _bad_prompt(message: str) -> APIError:
+    return APIError(400, message, "invalid_request_error", "prompt", "invalid_value")
+
+
+def prompt_tokens(llm, prompt) -> List[int]:
+    """The tokens of llama-server's prompt forms: text (BOS added as the model wants), token ids, or a list mixing
+    text and ids (the text's special tokens parsed, BOS only before a first text); a list holding one such prompt
+    is that prompt. Several prompts in one request are a 400."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and any(isinstance(x, list) for x in prompt) or (
+            isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(x, str) for x in prompt)):
+        raise APIError(400, "one prompt per request: a list of several prompts is not supported; send them one by "
+                            "one", "invalid_request_error", "prompt", "unsupported_parameter")
+    if prompt == "":
+        raise _bad_prompt("prompt is empty; give some text or token ids")
+    try:
+        if isinstance(prompt, str) or all(isinstance(x, int) for x in prompt):
+            tokens = llm.prompt_tokens(prompt)
+        else:  # mixed
+            tokens = []
+            for i, part in enumerate(prompt):
+                tokens += (llm.prompt_tokens(part) if i == 0 else llm.tokenize(part, False)) \
+                    if isinstance(part, str) else llm.prompt_tokens([part])
+    except (InvalidOptionError, TypeError) as e:
+        raise _bad_prompt(f"prompt: {e}") from None
+    if not tokens:
+        raise _bad_prompt("prompt is empty; give some text or token ids")
+    return tokens
+
+
+def _grammar(state, req: CompletionRequest) -> dict:
+    if req.grammar is not None and req.json_schema is not None:
+        raise APIError(400, "grammar and json_schema cannot be combined: give one of them", "invalid_request_error",
+                       "grammar", "invalid_value")
+    param = "grammar" if req.grammar is not None else "json_schema" if req.json_schema is not None else None
+    if param is None:
+        return {}
+    try:
+        rules = req.grammar if param == "grammar" else grammars.json(req.json_schema)
+        state.llm.check_options(grammar=rules)
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, str(e), "invalid_request_error", param, "invalid_value") from None
+    if req.ignore_eos:
+        raise APIError(400, f"{param} cannot be combined with ignore_eos: a grammar ends the output where its text "
+                            "is complete", "invalid_request_error", "ignore_eos", "invalid_value")
+    return {"grammar": rules}
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(request: Request, req: CompletionRequest):
+    state = jobs.server_state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    jobs.check_model_name(state, req.model)
+    native.check_refused(req, request.url.path)
+    tokens = prompt_tokens(state.llm, req.prompt)
+    extra = _grammar(state, req)
+    if req.ignore_eos:
+        extra["ignore_eos"] = True
+    text = state.llm.detokenize(tokens)
+    return await native.answer(request, state, req, tokens, request.url.path, "prompt", extra=extra,
+                               settings_extra={"ignore_eos": req.ignore_eos, "grammar": extra.get("grammar", "")},
+                               body_extra=lambda generated: {"prompt": text}, return_tokens=req.return_tokens,
+                               t0=t0)

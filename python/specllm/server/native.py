@@ -1,0 +1,286 @@
+"""What llama-server's native endpoints (/completion and /infill) share: its sampling defaults and `samplers`
+list, the parameters specllm refuses unless they are at their no-op value, its two limits on the generated text
+(n_indent, t_max_predict_ms), and its answer (content, stop_type, timings...; not OpenAI's form), whole or streamed
+as one `data:` event per step and a last one with "stop": true. n_predict 0 evaluates the prompt into the cache and
+generates nothing (editor plugins send one when their ring of chunks changes, so that the next request finds it)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Callable, List, Optional, Union
+
+from fastapi import Request
+from pydantic import Field
+from sse_starlette.sse import EventSourceResponse
+
+from ..errors import InvalidOptionError
+from . import jobs
+from .errors import APIError
+from .protocol import _Request
+
+# llama-server's sampling defaults, and each sampler's value when `samplers` leaves it out (it is not applied: a
+# list without "temperature" samples at temperature 1, as llama.cpp's chain then ends in its dist sampler)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+SAMPLER_NAMES = {"temperature": "temperature", "temp": "temperature", "t": "temperature", "top_k": "top_k",
+                 "top-k": "top_k", "k": "top_k", "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p", "p": "top_p",
+                 "min_p": "min_p", "min-p": "min_p", "m": "min_p"}
+# llama.cpp's other samplers: a no-op at their defaults, which is all specllm takes (below); "infill" (i), which
+# merges candidates sharing a prefix, is not applied
+IGNORED_SAMPLERS = {"dry", "d", "typ_p", "typical_p", "typical", "y", "xtc", "x", "penalties", "e", "infill", "i",
+                    "top_n_sigma", "s", "adaptive_p", "a"}
+
+
+REFUSED = {"lora": None, "n_probs": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+           "dry_multiplier": 0.0, "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "logit_bias": None}
+
+
+class NativeFields(_Request):
+    """The request fields both endpoints take."""
+    model: Optional[str] = None
+    n_predict: Optional[int] = Field(None, ge=-1)  # -1: until the end (of the middle) or of the context
+    max_tokens: Optional[int] = Field(None, ge=-1)  # llama-server's alias
+    temperature: Optional[float] = Field(None, ge=0)
+    top_k: Optional[int] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    samplers: Union[List[str], str, None] = None
+    seed: Optional[int] = None  # -1: random, as llama-server's
+    stop: Union[str, List[str], None] = None
+    n_indent: int = Field(0, ge=0)
+    n_cache_reuse: Optional[int] = Field(None, ge=0)  # the server's --cache-reuse unless given
+    t_max_predict_ms: int = 0
+    stream: bool = False
+    draft_length: Union[int, str, None] = None
+    acceptance: Optional[str] = None
+    # what would change the output in a way specllm does not do: refused unless left at its no-op value
+    lora: Optional[list] = None
+    n_probs: int = 0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    xtc_probability: float = 0.0
+    typical_p: float = 1.0
+    mirostat: int = 0
+    logit_bias: Optional[Union[list, dict]] = None
+
+
+def check_refused(req, endpoint: str, defaults: dict = REFUSED) -> None:
+    """A 400 naming the first field set to what specllm does not do."""
+    for name, off in defaults.items():
+        value = getattr(req, name)
+        if value != off and not (off is None and not value):
+            raise APIError(400, f"{name} is not supported by specllm's {endpoint}; leave it out",
+                           "invalid_request_error", name, "unsupported_parameter")
+
+
+def n_predict_of(req: NativeFields) -> int:
+    return req.n_predict if req.n_predict is not None else req.max_tokens if req.max_tokens is not None else -1
+
+
+def sampling(req: NativeFields) -> dict:
+    """temperature, top_k, top_p, min_p as llama-server would sample this request."""
+    opts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in DEFAULTS}
+    if req.samplers is None:
+        return opts
+    names = list(req.samplers) if isinstance(req.samplers, str) else req.samplers
+    used = set()
+    for name in names:
+        key = name.strip().lower()
+        if key in SAMPLER_NAMES:
+            used.add(SAMPLER_NAMES[key])
+        elif key not in IGNORED_SAMPLERS:
+            raise APIError(400, f"samplers: unknown sampler {name!r}; specllm applies temperature, top_k, top_p and "
+                                "min_p (the others llama.cpp knows are no-ops here)", "invalid_request_error",
+                           "samplers", "invalid_value")
+    return {k: v if k in used else OFF[k] for k, v in opts.items()}
+
+
+class Limits:
+    """llama-server's FIM limits on the generated text, as it arrives: n_indent > 0 ends the middle at the first
+    line after the first that is indented less (cut where that line's text starts), t_max_predict_ms > 0 at a
+    newline once generating has taken that long. feed() returns the text to pass on now: with n_indent, a line's
+    indentation is held until its text shows whether it ends the middle, so a streamed middle is never taken back."""
+
+    def __init__(self, n_indent: int, t_max_ms: int, clock=time.monotonic):
+        self.n_indent, self.t_max_ms, self.clock = n_indent, t_max_ms, clock
+        self.text = ""
+        self.sent = 0      # characters passed on
+        self.checked = 0   # the lines starting after the newlines before this index are decided
+        self.stopped = False
+        self.t0: Optional[float] = None
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if self.t0 is None:
+            self.t0 = self.clock()
+        self.text += text
+        end = self._indented() if self.n_indent > 0 else len(self.text)
+        if (not self.stopped and self.t_max_ms > 0 and "\n" in text
+                and 1000.0 * (self.clock() - self.t0) > self.t_max_ms):
+            self.stopped = True
+        if self.stopped:
+            end = len(self.text)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def rest(self) -> str:
+        """What is still held when the generation ends."""
+        out, self.sent = self.text[self.sent:], len(self.text)
+        return out
+
+    def _indented(self) -> int:
+        """How much of the text is decided; cuts it and stops at a line indented less than n_indent."""
+        while True:
+            nl = self.text.find("\n", self.checked)
+            if nl < 0:
+                return len(self.text)
+            start = pos = nl + 1
+            while pos < len(self.text) and self.text[pos] in " \t":
+                pos += 1
+            if pos == len(self.text):
+                return start  # the line's text has not come yet
+            if pos - start < self.n_indent:
+                self.text, self.stopped = self.text[:pos], True
+                return pos
+            self.checked = start
+
+
+def stop_type(state, reason: str, limited: bool, tokens: List[int], stops) -> str:
+    if limited or reason == "length":
+        return "limit"
+    if reason == "stop":
+        return "eos" if tokens and state.llm._engine.target.is_eog(tokens[-1]) or not stops else "word"
+    return "none"
+
+
+def final(state, req: NativeFields, settings: dict, content: str, stats, stop_type: str, job, truncated: bool):
+    prefill_ms, gen_ms = stats.prefill_ms, stats.generate_ms
+    n_eval = stats.n_prompt - stats.n_cached
+    return {
+        "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": state.model_id,
+        "tokens_predicted": stats.n_generated, "tokens_evaluated": stats.n_prompt,
+        "generation_settings": settings, "has_new_line": "\n" in content,
+        "truncated": truncated,
+        "stop_type": stop_type, "stopping_word": "", "tokens_cached": stats.n_prompt + stats.n_generated,
+        "timings": {
+            "cache_n": stats.n_cached, "prompt_n": n_eval, "prompt_ms": round(prefill_ms, 3),
+            "prompt_per_token_ms": round(prefill_ms / n_eval, 3) if n_eval else 0.0,
+            "prompt_per_second": round(1000.0 * n_eval / prefill_ms, 3) if prefill_ms > 0 else 0.0,
+            "predicted_n": stats.n_generated, "predicted_ms": round(gen_ms, 3),
+            "predicted_per_token_ms": round(gen_ms / stats.n_generated, 3) if stats.n_generated else 0.0,
+            "predicted_per_second": round(stats.tokens_per_second, 3),
+        },
+        "speculative": jobs.speculative(stats, job, req.draft_length).model_dump(),
+    }
+
+
+async def run(request: Request, job, limits: Limits, warm: bool):
+    """("text", text, None, tokens so far) as the limits pass it on, then ("end", None, last chunk, generated tokens); a
+    generation error raises its APIError. Leaving early (the client went away) cancels the job."""
+    watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
+    last, generated = None, []
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "error":
+                raise jobs.generation_error(value)
+            if kind == "end":
+                break
+            generated.extend(value.tokens)
+            if value.finish_reason is not None:
+                last = value
+            if not warm and not limits.stopped:
+                out = limits.feed(value.text)
+                if limits.stopped:
+                    job.stop()
+                if value.finish_reason is not None:
+                    out += limits.rest()
+                if out:
+                    yield "text", out, None, generated
+        if last is not None:
+            yield "end", None, last, generated
+    finally:
+        if last is None:
+            job.cancel()
+        watcher.cancel()
+
+
+async def answer(request: Request, state, req: NativeFields, tokens: list, endpoint: str, prompt_param: str,
+                 extra: Optional[dict] = None, settings_extra: Optional[dict] = None,
+                 body_extra: Optional[Callable] = None, return_tokens: bool = False, t0: Optional[float] = None):
+    """Generates from a checked prompt and answers in llama-server's form, whole or streamed. extra: options
+    beyond the sampling fields (a grammar); body_extra(generated tokens) -> fields for the final answer (the
+    prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came."""
+    t0 = time.monotonic() if t0 is None else t0
+    n_predict = n_predict_of(req)
+    warm = n_predict == 0  # the prompt into the cache, nothing generated (one token is, and dropped)
+    opts = sampling(req)
+    for key in ("stop", "draft_length", "acceptance"):
+        if getattr(req, key) is not None:
+            opts[key] = getattr(req, key)
+    if req.seed is not None and req.seed >= 0:
+        opts["seed"] = req.seed % 2**64
+    opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
+    n_ctx = state.llm.n_ctx
+    opts["max_tokens"] = 1 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
+    if opts["max_tokens"] < 1 or len(tokens) + opts["max_tokens"] > n_ctx:
+        wanted = f" + n_predict {n_predict}" if n_predict > 0 else ""
+        raise APIError(400, f"the prompt ({len(tokens)} tokens){wanted} does not fit the context of {n_ctx} tokens; "
+                            "shorten it or lower n_predict", "invalid_request_error", prompt_param,
+                       "context_length_exceeded")
+    try:
+        state.llm.check_options(**opts)
+    except (InvalidOptionError, TypeError) as e:
+        raise jobs.bad_option(e) from None
+    settings = {k: v for k, v in opts.items() if k != "max_tokens"}
+    settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
+                    **(settings_extra or {}))
+    opts.update(extra or {})
+    job = jobs.submit(request, tokens, opts)
+    limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
+    events = run(request, job, limits, warm)
+    stops = [req.stop] if isinstance(req.stop, str) else req.stop
+
+    def last_body(content, last, generated):
+        kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
+        truncated = last.finish_reason == "length" and n_predict < 0  # the context is full
+        body = final(state, req, settings, content, last.stats, kind, job, truncated)
+        if return_tokens:
+            body["tokens"] = [] if warm else list(generated)
+        body.update(body_extra(generated) if body_extra else {})
+        return body
+
+    if req.stream:
+        async def sse():
+            try:
+                text, sent = [], 0
+                async for kind, value, last, generated in events:
+                    if kind == "text":
+                        text.append(value)
+                        ids = list(generated[sent:]) if return_tokens else []
+                        sent = len(generated)
+                        yield json.dumps({"index": 0, "content": value, "tokens": ids, "stop": False, "id_slot": 0,
+                                          "tokens_predicted": len(generated), "tokens_evaluated": len(tokens)})
+                    else:
+                        body = last_body("".join(text), last, generated)
+                        body["content"], body["tokens"] = "", []
+                        yield json.dumps(body)
+            except APIError as e:
+                yield json.dumps(e.body())
+            finally:
+                job.cancel()
+                state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
+        return EventSourceResponse(sse(), ping=15, sep="\n")
+    text = []
+    async for kind, value, last, generated in events:
+        if kind == "text":
+            text.append(value)
+        else:
+            state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
+            return last_body("".join(text), last, generated)
+    raise APIError(503, "the generation ended without a result (the server is stopping); retry", "server_error",
+                   None, "generation_ended")

@@ -1,0 +1,139 @@
+"""POST /completion (and /completions): llama-server's native text completion, answered in its form and checked
+against in-process generation of the same prompt (greedy, sampled with llama-server's defaults and a seed, streamed,
+under a grammar or a JSON schema), its prompt forms (text, token ids, mixed), and the bad requests."""
+
+import json
+import signal
+
+import httpx
+import pytest
+
+from serving import Server
+
+PROMPT = "the cat sat on the mat and the cat "
+GRAMMAR = 'root ::= word (" " word){3}\nword ::= "the" | "in" | "an"'
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["n", "ok"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    s = Server("--model", tiny["target"], "--draft", "ngram", "--threads", "1", "--ctx", "512", "--exact",
+               log_path=tmp_path_factory.mktemp("completion") / "server.log").wait_healthy()
+    yield s
+    assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def local(tiny, make_llm):
+    return make_llm(tiny["target"])
+
+
+def post(url, path="/completion", **body):
+    r = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"Content-Type": "application/json"},
+                   timeout=60)  # json.dumps escapes a lone surrogate, as a client in another language may send it
+    return r.status_code, r.json()
+
+
+def stream(url, **body):
+    events = []
+    with httpx.stream("POST", f"{url}/completion", json=dict(body, stream=True), timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def test_a_text_prompt_is_completed_as_in_process_generation(server, local):
+    want = local.generate(PROMPT, max_tokens=24)
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, temperature=0, return_tokens=True, cache_prompt=True)
+    assert status == 200, r
+    assert r["content"] == want.text and r["tokens"] == want.tokens and r["stop"] is True
+    assert r["tokens_predicted"] == want.stats.n_generated and r["tokens_evaluated"] == len(local.prompt_tokens(PROMPT))
+    assert r["prompt"] == local.detokenize(local.prompt_tokens(PROMPT)) and PROMPT in r["prompt"]
+    assert r["stop_type"] == ("limit" if want.finish_reason == "length" else "eos")
+    assert r["timings"]["predicted_n"] == want.stats.n_generated and r["speculative"]["drafted_tokens"] >= 0
+    # the same prompt as token ids, as a one-prompt list, and mixed (text, then ids), through /completions too
+    ids = local.prompt_tokens(PROMPT)
+    head, tail = "the cat sat on the mat", local.tokenize(" and the cat ", False)
+    for prompt, path in ((ids, "/completion"), ([PROMPT], "/completions"), ([ids], "/completion")):
+        status, r = post(server.url, path, prompt=prompt, n_predict=24, temperature=0)
+        assert status == 200 and r["content"] == want.text, (prompt, r)
+    mixed = local.prompt_tokens(head) + tail
+    status, r = post(server.url, prompt=[head] + tail, n_predict=24, temperature=0, return_tokens=True)
+    assert status == 200 and r["tokens"] == local.generate(mixed, max_tokens=24).tokens
+    assert r["tokens_evaluated"] == len(mixed) and r["timings"]["cache_n"] > 0  # the earlier prompts' prefix
+
+
+def test_sampling_follows_llama_servers_defaults_and_the_seed(server, local):
+    want = local.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=7)
+    assert status == 200 and r["content"] == want.text
+    assert r["generation_settings"]["temperature"] == 0.8 and r["generation_settings"]["top_k"] == 40
+    other = local.generate(PROMPT, max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0)
+    assert status == 200 and r["content"] == other.text and other.text != want.text
+
+
+def test_streamed_as_llama_server_streams(server, local):
+    want = local.generate(PROMPT, max_tokens=24)
+    events = stream(server.url, prompt=PROMPT, n_predict=24, temperature=0, return_tokens=True)
+    assert "".join(e["content"] for e in events) == want.text
+    assert [t for e in events[:-1] for t in e["tokens"]] == want.tokens
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1]["timings"]["predicted_n"] == want.stats.n_generated and events[-1]["prompt"]
+
+
+def test_a_grammar_or_a_json_schema_constrains_the_completion(server, local):
+    want = local.generate(PROMPT, max_tokens=40, grammar=GRAMMAR)
+    status, r = post(server.url, prompt=PROMPT, n_predict=40, temperature=0, grammar=GRAMMAR)
+    assert status == 200 and r["content"] == want.text and len(r["content"].split(" ")) == 4, r
+    assert r["stop_type"] == "eos"
+    status, r = post(server.url, prompt=PROMPT, n_predict=60, temperature=0, json_schema=SCHEMA)
+    assert status == 200, r
+    obj = json.loads(r["content"])
+    assert set(obj) == {"n", "ok"} and type(obj["n"]) is int and type(obj["ok"]) is bool
+
+
+def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, local):
+    prompt = "in an the in an the " * 6
+    status, r = post(server.url, prompt=prompt, n_predict=0)
+    assert status == 200 and r["content"] == "" and r["tokens_predicted"] <= 1 and r["stop_type"] == "limit"
+    status, r = post(server.url, prompt=prompt + "the", n_predict=4, temperature=0)
+    assert status == 200 and r["timings"]["cache_n"] >= len(local.prompt_tokens(prompt)) - 1, r
+    status, r = post(server.url, prompt=PROMPT, n_predict=48, temperature=0, ignore_eos=True)
+    assert status == 200 and r["tokens_predicted"] == 48 and r["stop_type"] == "limit"
+
+
+@pytest.mark.parametrize("body, param, code", [
+    (dict(prompt=["a", "b"]), "prompt", "unsupported_parameter"),
+    (dict(prompt=[[1, 2], [3]]), "prompt", "unsupported_parameter"),
+    (dict(prompt=""), "prompt", "invalid_value"),
+    (dict(prompt=[]), "prompt", "invalid_value"),
+    (dict(prompt=[1, 10**9]), "prompt", "invalid_value"),
+    (dict(prompt="a\ud800"), "prompt", "invalid_value"),
+    (dict(prompt={"text": "a"}), "prompt", None),
+    (dict(prompt="the " * 600), "prompt", "context_length_exceeded"),
+    (dict(prompt="the", n_predict=600), "prompt", "context_length_exceeded"),
+    (dict(prompt="the", grammar="root ::= ("), "grammar", "invalid_value"),
+    (dict(prompt="the", json_schema={"type": "object", "properties": 3}), "json_schema", "invalid_value"),
+    (dict(prompt="the", grammar=GRAMMAR, json_schema=SCHEMA), "grammar", "invalid_value"),
+    (dict(prompt="the", grammar=GRAMMAR, ignore_eos=True), "ignore_eos", "invalid_value"),
+    (dict(prompt="the", n_probs=3), "n_probs", "unsupported_parameter"),
+    (dict(prompt="the", repeat_penalty=1.3), "repeat_penalty", "unsupported_parameter"),
+    (dict(prompt="the", samplers=["top_k", "nonsense"]), "samplers", "invalid_value"),
+    (dict(prompt="the", n_predict=-2), "n_predict", None),
+    (dict(prompt="the", top_p=0), "top_p", None),
+])
+def test_bad_requests_are_400s_that_name_the_field(server, body, param, code):
+    status, r = post(server.url, **body)
+    assert status == 400 and r["error"]["param"].split(".")[0] == param, (body, r)
+    assert code is None or r["error"]["code"] == code, r
+
+
+def test_another_models_name_is_a_404_and_the_server_goes_on(server):
+    status, r = post(server.url, prompt="the", n_predict=2, model="another")
+    assert status == 404, r
+    status, r = post(server.url, prompt="the", n_predict=2)
+    assert status == 200 and r["tokens_predicted"] == 2
