@@ -1,5 +1,6 @@
 """A real `specllm-cli serve` in a subprocess on a free 127.0.0.1 port, for the server tests. Every wait is bounded."""
 
+import json
 import os
 import re
 import signal
@@ -77,3 +78,22 @@ class Server:
             if v >= at_least or time.monotonic() > deadline:
                 return v
             time.sleep(0.05)
+
+
+def post_json(url: str, path: str, **body):
+    """(status, JSON answer) of a POST; json.dumps escapes a lone surrogate, as a client in another language may
+    send it."""
+    r = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"Content-Type": "application/json"},
+                   timeout=60)
+    return r.status_code, r.json()
+
+
+def data_events(url: str, path: str, **body) -> list:
+    """The JSON of each `data:` event of a streamed POST (llama-server's native endpoints)."""
+    events = []
+    with httpx.stream("POST", f"{url}{path}", json=dict(body, stream=True), timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events

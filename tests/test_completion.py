@@ -5,10 +5,9 @@ under a grammar or a JSON schema), its prompt forms (text, token ids, mixed), an
 import json
 import signal
 
-import httpx
 import pytest
 
-from serving import Server
+from serving import Server, data_events, post_json
 
 PROMPT = "the cat sat on the mat and the cat "
 GRAMMAR = 'root ::= word (" " word){3}\nword ::= "the" | "in" | "an"'
@@ -30,19 +29,11 @@ def local(tiny, make_llm):
 
 
 def post(url, path="/completion", **body):
-    r = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"Content-Type": "application/json"},
-                   timeout=60)  # json.dumps escapes a lone surrogate, as a client in another language may send it
-    return r.status_code, r.json()
+    return post_json(url, path, **body)
 
 
 def stream(url, **body):
-    events = []
-    with httpx.stream("POST", f"{url}/completion", json=dict(body, stream=True), timeout=60) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-    return events
+    return data_events(url, "/completion", **body)
 
 
 def test_a_text_prompt_is_completed_as_in_process_generation(server, local):

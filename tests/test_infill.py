@@ -2,7 +2,6 @@
 prompt (<FIM_PRE> prefix <FIM_SUF> suffix <FIM_MID>) from its own special tokens, cut to fit beside max_tokens,
 and draft and verify it like any prompt. Tiny models with Qwen2.5-Coder's FIM tokens (models/tiny.py "byte-fim")."""
 
-import json
 import signal
 
 import openai
@@ -10,7 +9,7 @@ import pytest
 
 import specllm
 from helpers import check_kv, write_perturbed_copy
-from serving import Server
+from serving import Server, data_events, post_json
 from specllm.server.native import Limits
 
 PREFIX = "def add(a, b):\n    the cat "
@@ -179,23 +178,11 @@ def test_llama_servers_limits_on_the_middle():
 
 
 def _infill(url, **body):
-    import httpx
-
-    r = httpx.post(f"{url}/infill", content=json.dumps(body), headers={"Content-Type": "application/json"},
-                   timeout=60)  # json.dumps escapes a lone surrogate, as a client in another language may send it
-    return r.status_code, r.json()
+    return post_json(url, "/infill", **body)
 
 
 def _infill_stream(url, **body):
-    import httpx
-
-    events = []
-    with httpx.stream("POST", f"{url}/infill", json=dict(body, stream=True), timeout=60) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-    return events
+    return data_events(url, "/infill", **body)
 
 
 def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_path):

@@ -5,14 +5,13 @@ or both mixed, completed as given (no chat template), with llama-server's sampli
 content, stop_type, timings...) with the prompt's text; `cache_prompt` is always on (the KV prefix is reused)."""
 from __future__ import annotations
 
-import time
 from typing import List, Optional, Union
 
 from fastapi import APIRouter, Request
 
 from .. import grammar as grammars
 from ..errors import InvalidOptionError
-from . import jobs, native
+from . import native
 from .errors import APIError
 
 router = APIRouter()
@@ -81,11 +80,7 @@ def _grammar(state, req: CompletionRequest) -> dict:
 @router.post("/completion")
 @router.post("/completions")
 async def completion(request: Request, req: CompletionRequest):
-    state = jobs.server_state(request)
-    t0 = time.monotonic()
-    state.require_ready()
-    jobs.check_model_name(state, req.model)
-    native.check_refused(req, request.url.path)
+    state, t0 = native.begin(request, req)
     tokens = prompt_tokens(state.llm, req.prompt)
     extra = _grammar(state, req)
     if req.ignore_eos:

@@ -4,13 +4,12 @@ prompt (text the middle starts with), with llama-server's sampling defaults and 
 t_max_predict_ms. The answer is llama-server's own form (native.py: content, stop_type, timings...), not OpenAI's."""
 from __future__ import annotations
 
-import time
 from typing import List, Optional
 
 from fastapi import APIRouter, Request
 
 from ..errors import InvalidOptionError
-from . import jobs, native
+from . import native
 from .errors import APIError
 from .protocol import _Request
 
@@ -34,11 +33,7 @@ class InfillRequest(native.NativeFields):
 
 @router.post("/infill")
 async def infill(request: Request, req: InfillRequest):
-    state = jobs.server_state(request)
-    t0 = time.monotonic()
-    state.require_ready()
-    jobs.check_model_name(state, req.model)
-    native.check_refused(req, "/infill", dict(native.REFUSED, grammar=None, json_schema=None))
+    state, t0 = native.begin(request, req, dict(native.REFUSED, grammar=None, json_schema=None))
     n_predict = native.n_predict_of(req)
     try:
         tokens = state.llm.infill_prompt(req.input_prefix, req.input_suffix,

@@ -67,6 +67,17 @@ class NativeFields(_Request):
     logit_bias: Optional[Union[list, dict]] = None
 
 
+def begin(request: Request, req: NativeFields, refused: dict = REFUSED):
+    """(the server's state, when the request came) once the model is loaded and named, or an error: 503 while
+    loading, 404 for another model, 400 for a field set to what specllm does not do."""
+    state = jobs.server_state(request)
+    t0 = time.monotonic()
+    state.require_ready()
+    jobs.check_model_name(state, req.model)
+    check_refused(req, request.url.path, refused)
+    return state, t0
+
+
 def check_refused(req, endpoint: str, defaults: dict = REFUSED) -> None:
     """A 400 naming the first field set to what specllm does not do."""
     for name, off in defaults.items():
