@@ -76,6 +76,25 @@ def test_streamed_as_llama_server_streams(server, local):
     assert events[-1]["timings"]["predicted_n"] == want.stats.n_generated and events[-1]["prompt"]
 
 
+def test_n_probs_lists_each_tokens_logprob_and_the_most_likely_as_llama_server(server, local):
+    want = local.generate(PROMPT, max_tokens=16, logprobs=3)  # values within 0.02: the server verifies in batches
+    status, r = post(server.url, prompt=PROMPT, n_predict=16, temperature=0, n_probs=3)
+    assert status == 200, r
+    probs = r["completion_probabilities"]
+    assert [e["id"] for e in probs] == want.tokens
+    for e, w in zip(probs, want.logprobs):
+        assert e["logprob"] == pytest.approx(w.logprob, abs=0.02) and bytes(e["bytes"]) == local.token_bytes(w.token)
+        assert [t["id"] for t in e["top_logprobs"]] == [t for t, _ in w.top] and len(e["top_logprobs"]) == 3
+    events = stream(server.url, prompt=PROMPT, n_predict=16, temperature=0, n_probs=3)
+    assert [e["id"] for ev in events[:-1] for e in ev["completion_probabilities"]] == want.tokens
+    # a stop string's tokens, whose text is cut, are not listed
+    stop = want.text[6:9]
+    status, r = post(server.url, prompt=PROMPT, n_predict=16, temperature=0, n_probs=1, stop=[stop])
+    assert r["content"] == want.text[:want.text.index(stop)]
+    assert "".join(bytes(e["bytes"]).decode() for e in r["completion_probabilities"]).startswith(r["content"])
+    assert len(r["completion_probabilities"]) < len(want.tokens)
+
+
 def test_a_grammar_or_a_json_schema_constrains_the_completion(server, local):
     want = local.generate(PROMPT, max_tokens=40, grammar=GRAMMAR)
     status, r = post(server.url, prompt=PROMPT, n_predict=40, temperature=0, grammar=GRAMMAR)
@@ -111,7 +130,9 @@ def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, lo
     (dict(prompt="the", json_schema={"type": "object", "properties": 3}), "json_schema", "invalid_value"),
     (dict(prompt="the", grammar=GRAMMAR, json_schema=SCHEMA), "grammar", "invalid_value"),
     (dict(prompt="the", grammar=GRAMMAR, ignore_eos=True), "ignore_eos", "invalid_value"),
-    (dict(prompt="the", n_probs=3), "n_probs", "unsupported_parameter"),
+    (dict(prompt="the", n_probs=21), "n_probs", "invalid_value"),
+    (dict(prompt="the", n_probs=-1), "n_probs", None),
+    (dict(prompt="the", n_probs=2, post_sampling_probs=True), "post_sampling_probs", "unsupported_parameter"),
     (dict(prompt="the", repeat_penalty=1.3), "repeat_penalty", "unsupported_parameter"),
     (dict(prompt="the", samplers=["top_k", "nonsense"]), "samplers", "invalid_value"),
     (dict(prompt="the", n_predict=-2), "n_predict", None),

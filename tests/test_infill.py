@@ -222,7 +222,7 @@ def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_
         events = _infill_stream(s.url, **request, temperature=0, n_indent=2)
         assert "".join(e["content"] for e in events) == cut
         for body, param in ((dict(samplers=["top_k", "mirostat_v3"]), "samplers"), (dict(lora=[{"id": 0}]), "lora"),
-                            (dict(n_probs=3), "n_probs"), (dict(input_extra={"a": 1}), "input_extra"),
+                            (dict(n_probs=99), "n_probs"), (dict(input_extra={"a": 1}), "input_extra"),
                             (dict(input_extra=[{"filename": "a.py"}]), "input_extra"), (dict(n_predict=-2), "n_predict"),
                             (dict(input_suffix=None), "input_suffix"), (dict(n_predict=2048), "input_suffix"),
                             (dict(top_p=0), "top_p"), (dict(seed="x"), "seed"),

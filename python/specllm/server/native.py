@@ -14,8 +14,10 @@ from fastapi import Request
 from pydantic import Field
 from sse_starlette.sse import EventSourceResponse
 
+from .. import _core
 from ..errors import InvalidOptionError
 from . import jobs
+from . import logprobs as lp
 from .errors import APIError
 from .protocol import _Request
 
@@ -32,7 +34,7 @@ IGNORED_SAMPLERS = {"dry", "d", "typ_p", "typical_p", "typical", "y", "xtc", "x"
                     "top_n_sigma", "s", "adaptive_p", "a"}
 
 
-REFUSED = {"lora": None, "n_probs": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+REFUSED = {"lora": None, "post_sampling_probs": False, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
            "dry_multiplier": 0.0, "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "logit_bias": None}
 
 
@@ -55,8 +57,9 @@ class NativeFields(_Request):
     draft_length: Union[int, str, None] = None
     acceptance: Optional[str] = None
     # what would change the output in a way specllm does not do: refused unless left at its no-op value
+    n_probs: int = Field(0, ge=0)  # each token's logprob and the n most likely, in completion_probabilities
     lora: Optional[list] = None
-    n_probs: int = 0
+    post_sampling_probs: bool = False
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -190,10 +193,10 @@ def final(state, req: NativeFields, settings: dict, content: str, stats, stop_ty
 
 
 async def run(request: Request, job, limits: Limits, warm: bool):
-    """("text", text, None, tokens so far) as the limits pass it on, then ("end", None, last chunk, generated tokens); a
+    """("text", text, logprob entries since the last text, tokens so far) as the limits pass it on, then ("end", None, last chunk, generated tokens); a
     generation error raises its APIError. Leaving early (the client went away) cancels the job."""
     watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
-    last, generated = None, []
+    last, generated, logprobs = None, [], []
     try:
         while True:
             kind, value = await job.events.get()
@@ -210,8 +213,10 @@ async def run(request: Request, job, limits: Limits, warm: bool):
                     job.stop()
                 if value.finish_reason is not None:
                     out += limits.rest()
+                logprobs.extend(value.logprobs or [])
                 if out:
-                    yield "text", out, None, generated
+                    yield "text", out, logprobs, generated
+                    logprobs = []
         if last is not None:
             yield "end", None, last, generated
     finally:
@@ -236,6 +241,11 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
     if req.seed is not None and req.seed >= 0:
         opts["seed"] = req.seed % 2**64
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
+    if req.n_probs > 0:
+        if req.n_probs > _core.max_top_logprobs:
+            raise APIError(400, f"n_probs must be between 0 and {_core.max_top_logprobs}, got {req.n_probs}",
+                           "invalid_request_error", "n_probs", "invalid_value")
+        opts["logprobs"] = req.n_probs
     n_ctx = state.llm.n_ctx
     opts["max_tokens"] = 1 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
     if opts["max_tokens"] < 1 or len(tokens) + opts["max_tokens"] > n_ctx:
@@ -255,6 +265,12 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
     limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
     events = run(request, job, limits, warm)
     stops = [req.stop] if isinstance(req.stop, str) else req.stop
+    released = lp.Released(state.llm.token_bytes)  # a stop string's tokens, whose text is cut, are left out
+
+    def probs(entries, text) -> dict:
+        if req.n_probs <= 0:
+            return {}
+        return {"completion_probabilities": [probability(state.llm.token_bytes, e) for e in released.add(entries, text)]}
 
     def last_body(content, last, generated):
         kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
@@ -269,15 +285,16 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
         async def sse():
             try:
                 text, sent = [], 0
-                async for kind, value, last, generated in events:
+                async for kind, value, entries, generated in events:
                     if kind == "text":
                         text.append(value)
                         ids = list(generated[sent:]) if return_tokens else []
                         sent = len(generated)
                         yield json.dumps({"index": 0, "content": value, "tokens": ids, "stop": False, "id_slot": 0,
-                                          "tokens_predicted": len(generated), "tokens_evaluated": len(tokens)})
+                                          "tokens_predicted": len(generated), "tokens_evaluated": len(tokens),
+                                          **probs(entries, value)})
                     else:
-                        body = last_body("".join(text), last, generated)
+                        body = last_body("".join(text), entries, generated)
                         body["content"], body["tokens"] = "", []
                         yield json.dumps(body)
             except APIError as e:
@@ -286,12 +303,21 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
                 job.cancel()
                 state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
         return EventSourceResponse(sse(), ping=15, sep="\n")
-    text = []
-    async for kind, value, last, generated in events:
+    text, entries = [], []
+    async for kind, value, more, generated in events:
         if kind == "text":
             text.append(value)
+            entries.extend(more)
         else:
             state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
-            return last_body("".join(text), last, generated)
+            return dict(last_body("".join(text), more, generated), **probs(entries, "".join(text)))
     raise APIError(503, "the generation ended without a result (the server is stopping); retry", "server_error",
                    None, "generation_ended")
+
+
+def probability(token_bytes, e) -> dict:
+    """A token's entry in llama-server's completion_probabilities: id, text, bytes, logprob and the top ones."""
+    def one(token, logprob):
+        b = token_bytes(token)
+        return {"id": token, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": logprob}
+    return dict(one(e.token, e.logprob), top_logprobs=[one(t, v) for t, v in e.top])
