@@ -91,6 +91,7 @@ def test_n_probs_lists_each_tokens_logprob_and_the_most_likely_as_llama_server(s
     stop = want.text[6:9]
     status, r = post(server.url, prompt=PROMPT, n_predict=16, temperature=0, n_probs=1, stop=[stop])
     assert r["content"] == want.text[:want.text.index(stop)]
+    assert r["stop_type"] == "word" and r["stopping_word"] == stop
     assert "".join(bytes(e["bytes"]).decode() for e in r["completion_probabilities"]).startswith(r["content"])
     assert len(r["completion_probabilities"]) < len(want.tokens)
 

@@ -276,6 +276,9 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
         kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
         truncated = last.finish_reason == "length" and n_predict < 0  # the context is full
         body = final(state, req, settings, content, last.stats, kind, job, truncated)
+        if kind == "word":  # the stop string found where the content ends, in the text of every generated token
+            whole = state.llm.detokenize(generated)
+            body["stopping_word"] = next((s for s in stops if whole.startswith(s, len(content))), "")
         if return_tokens:
             body["tokens"] = [] if warm else list(generated)
         body.update(body_extra(generated) if body_extra else {})
