@@ -238,3 +238,38 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
                 assert text == "" and len(calls) == 1, c.text
                 args = json.loads(calls[0]["function"]["arguments"])
                 assert follows_forecast(calls[0]) or args in ({"tz": "UTC"}, {"tz": "CET"}), calls
+    # parallel_tool_calls false (Anthropic's disable_parallel_tool_use): one block, then the end
+    one, _ = tools.call_grammar("auto", [clock, FORECAST], parallel=False)
+    c = make_llm(tiny["target"]).generate("Hello world", max_tokens=200, grammar=one.replace('"<tool_call>"', '":T"'),
+                                          grammar_triggers=[":T"])
+    assert c.finish_reason == "stop" and c.text.count(":T") == 1, c.text
+    assert len(tools.parse(c.text.replace(":T", tools.OPEN), names, strict=True)[1]) == 1
+
+
+def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools_local):
+    """What the chat, Responses and Messages requests become: tool_choice "auto" gets the lazy grammar from
+    "<tool_call>" on; parallel_tool_calls false (Anthropic: disable_parallel_tool_use) allows one block."""
+    from types import SimpleNamespace
+
+    from specllm.server import messages, protocol, responses_request, routes
+
+    state = SimpleNamespace(llm=tools_local, cache_reuse=0)
+    msgs = [{"role": "user", "content": "Hi"}]
+    fn = {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}
+    tool = {"type": "function", "function": fn}
+    many, one = "tool-call ( [ \\t\\n]* tool-call )*", "root ::= tool-call [ \\t\\n]*"
+    cases = [
+        (protocol.ChatRequest(messages=msgs, tools=[tool]), many),
+        (protocol.ChatRequest(messages=msgs, tools=[tool], parallel_tool_calls=False), one),
+        (responses_request.chat_request(responses_request.ResponsesRequest(
+            input="Hi", tools=[dict(fn, type="function")], parallel_tool_calls=False), msgs), one),
+        (messages.chat_request(messages.MessagesRequest(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
+            tools=[{"name": "get_time", "input_schema": fn["parameters"]}],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True})), one),
+    ]
+    for req, root in cases:
+        opts = routes.prepare_chat(state, req).opts
+        assert opts["grammar_triggers"] == [tools.OPEN] and root in opts["grammar"], (req, opts["grammar"])
+    opts = routes.prepare_chat(state, protocol.ChatRequest(messages=msgs, tools=[tool], tool_choice="none")).opts
+    assert "grammar" not in opts and "grammar_triggers" not in opts

@@ -181,7 +181,8 @@ def chat_request(req: MessagesRequest) -> p.ChatRequest:
     try:
         return p.ChatRequest(messages=messages, stop=req.stop_sequences, tools=_tools(req) or None,
                              tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.output_config),
-                             **fields)
+                             parallel_tool_calls=False if (req.tool_choice or {}).get("disable_parallel_tool_use")
+                             is True else None, **fields)
     except ValidationError as e:  # what the checks above let through (they should not)
         raise _bad(f"the messages cannot be read as a conversation: {e.errors()[0].get('msg')}", "messages") from None
 

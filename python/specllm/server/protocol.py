@@ -65,6 +65,7 @@ class SamplingFields(_Request):
 class ChatRequest(SamplingFields):
     messages: List[Message]
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    parallel_tool_calls: Optional[bool] = None  # false: at most one call (tools.call_grammar)
 
 
 class CompletionRequest(SamplingFields):

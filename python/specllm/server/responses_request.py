@@ -187,7 +187,7 @@ def chat_request(req: ResponsesRequest, conversation: List[dict]) -> p.ChatReque
     try:
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         return p.ChatRequest(messages=system + conversation, max_tokens=req.max_output_tokens,
-                             tools=_tools(req) or None,
+                             tools=_tools(req) or None, parallel_tool_calls=req.parallel_tool_calls,
                              tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.text), **fields)
     except ValidationError as e:  # what the checks above let through (they should not)
         raise bad(f"the input cannot be read as a conversation: {e.errors()[0].get('msg')}", "input") from None

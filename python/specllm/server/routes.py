@@ -192,7 +192,8 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
                        "unsupported_parameter")
     try:  # the reply begins with the opening, and its grammar makes the rest a call with valid arguments
         forced = tool_calls.forced_opening(req.tool_choice, tools)
-        call_rules = tool_calls.call_grammar(req.tool_choice, tools)  # "auto": lazy, from "<tool_call>" on
+        call_rules = tool_calls.call_grammar(req.tool_choice, tools,  # "auto": lazy, from "<tool_call>" on
+                                             parallel=req.parallel_tool_calls is not False)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
     try:

@@ -97,13 +97,13 @@ def forced_opening(tool_choice, tools: Optional[list]) -> str:
     return OPEN + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
 
 
-def call_grammar(tool_choice, tools: Optional[list]) -> Tuple[Optional[str], List[str]]:
+def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> Tuple[Optional[str], List[str]]:
     """(GBNF, its trigger words) for the calls a reply makes. A forced call (after forced_opening(tool_choice,
     tools)): the rest of it, the arguments following the called tool's `parameters` schema ("required" with several
     tools: the name is one of theirs, then its arguments), then "}" and the block's end; no triggers. "auto": a lazy
     grammar, as llama-server's: the reply is free until it writes "<tool_call>", and from there it is one or more
-    blocks calling the request's tools with arguments that follow their schemas (a reply that is only a bare JSON
-    call is not constrained, and is still read as a call by parse). (None, []) for "none" or no tools. A schema the
+    blocks calling the request's tools with arguments that follow their schemas (one block unless parallel; a reply
+    that is only a bare JSON call is not constrained, and is still read as a call by parse). (None, []) for "none" or no tools. A schema the
     converter cannot express lets that tool's arguments be any JSON object (the call is still JSON)."""
     if not tools or tool_choice == "none":
         return None, []
@@ -135,7 +135,7 @@ def call_grammar(tool_choice, tools: Optional[list]) -> Tuple[Optional[str], Lis
     if not opening:  # "auto": blocks from the trigger on
         conv._add_rule("tool-call", conv._format_literal(OPEN) + ' "\\n"? ' +
                        conv._format_literal('{"name": "') + " " + named_call() + end)
-        conv._add_rule("root", 'tool-call ( [ \\t\\n]* tool-call )* [ \\t\\n]*')
+        conv._add_rule("root", ('tool-call ( [ \\t\\n]* tool-call )*' if parallel else "tool-call") + ' [ \\t\\n]*')
         return conv.format_grammar(), [OPEN]
     if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
         name = json.loads(opening[len(OPEN):] + "0}")["name"]
