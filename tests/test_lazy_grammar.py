@@ -171,3 +171,26 @@ def test_bad_trigger_texts_are_typed_errors(tiny, make_llm):
     with pytest.raises(InvalidOptionError, match=r"does not begin with its trigger ':T:T:T.*\.\.\.'"):
         llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=[":T" * 128])
     assert llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_triggers=(TRIGGER,)).text
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "near_draft"])
+def test_trigger_patterns_as_llama_cpps(tiny, make_llm, free, plain, draft):
+    """A pattern is searched in the output, or, written ^...$, matched against all of it; the grammar holds from
+    its first group on: here both give what the word ":T" gives, and an anchored pattern the output's start does not
+    match never fires."""
+    llm = make_llm(tiny["target"], draft if draft in (None, "ngram") else tiny[draft])
+    kw = dict(max_tokens=40, grammar=GRAMMAR, draft_length=4)
+    for pattern in (r"(:T)", r"^aron(:T)[\s\S]*$", r"^\w+(:T)"):
+        out = llm.generate(PROMPTS[0], grammar_trigger_patterns=[pattern], **kw)
+        assert (out.tokens, out.text) == (plain[PROMPTS[0]].tokens, plain[PROMPTS[0]].text), pattern
+    out = llm.generate(PROMPTS[0], grammar_trigger_patterns=[r"^(:T)[\s\S]*$"], **kw)
+    assert (out.tokens, out.text) == (free[PROMPTS[0]].tokens, free[PROMPTS[0]].text)
+
+
+def test_a_bad_pattern_is_a_typed_error(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    with pytest.raises(InvalidOptionError, match=r"'\(:T' is not a regular expression"):
+        llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_trigger_patterns=["(:T"])
+    with pytest.raises(InvalidOptionError, match="need a grammar"):
+        llm.generate("Hello", max_tokens=4, grammar_trigger_patterns=["x"])
+    assert llm.generate("Hello", max_tokens=4).text

@@ -1,6 +1,7 @@
 """Hermes-style tool calls (<tool_call>{...}</tool_call>, what Qwen2.5's template asks for) parsed into OpenAI
 tool_calls, whole and streamed in pieces that split the tags anywhere."""
 import json
+import re
 
 import pytest
 
@@ -177,8 +178,8 @@ def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
     of the tools whose arguments follow that tool's schema, with or without drafting."""
     tool_list = [FORECAST] if choice == "required-one" else [WEATHER, FORECAST]
     tool_choice = {"type": "function", "function": {"name": "get_forecast"}} if choice == "named" else "required"
-    opening, (rules, triggers) = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
-    assert triggers == []  # the grammar holds from the forced opening on
+    opening, (rules, lazy) = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
+    assert lazy == {}  # the grammar holds from the forced opening on
     names = tools.names_of(tool_list)
     for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
         free = llm.generate("Hello world" + opening, max_tokens=60)
@@ -202,10 +203,10 @@ def test_a_tool_schema_the_converter_cannot_express_lets_its_arguments_be_any_ob
     rules, _ = tools.call_grammar("required", [odd])
     assert "arguments-0-any" in rules
     make_llm(tiny["target"]).check_options(grammar=rules)  # it parses
-    rules, triggers = tools.call_grammar("auto", [odd])
-    assert "arguments-0-any" in rules and triggers == [tools.OPEN]
-    make_llm(tiny["target"]).check_options(grammar=rules, grammar_triggers=triggers)
-    assert tools.call_grammar("none", [odd]) == tools.call_grammar("auto", []) == (None, [])
+    rules, lazy = tools.call_grammar("auto", [odd])
+    assert "arguments-0-any" in rules and lazy["grammar_triggers"] == [tools.OPEN]
+    make_llm(tiny["target"]).check_options(grammar=rules, **lazy)
+    assert tools.call_grammar("none", [odd]) == tools.call_grammar("auto", []) == (None, {})
 
 
 def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_call_follows_the_schemas(
@@ -217,8 +218,8 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
     clock = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
         "additionalProperties": False}}}
-    rules, triggers = tools.call_grammar("auto", [clock, FORECAST])
-    assert triggers == [tools.OPEN] and rules.count('"<tool_call>"') == 1
+    rules, lazy = tools.call_grammar("auto", [clock, FORECAST])
+    assert lazy["grammar_triggers"] == [tools.OPEN] and rules.count('"<tool_call>"') == 1
     rules = rules.replace('"<tool_call>"', '":T"')
     names = tools.names_of([clock, FORECAST])
     for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
@@ -239,7 +240,7 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
                 args = json.loads(calls[0]["function"]["arguments"])
                 assert follows_forecast(calls[0]) or args in ({"tz": "UTC"}, {"tz": "CET"}), calls
     # parallel_tool_calls false (Anthropic's disable_parallel_tool_use): one block, then the end
-    one, _ = tools.call_grammar("auto", [clock, FORECAST], parallel=False)
+    one, _ = tools.call_grammar("auto", [clock, FORECAST], parallel=False)  # the tagged blocks' trigger alone
     c = make_llm(tiny["target"]).generate("Hello world", max_tokens=200, grammar=one.replace('"<tool_call>"', '":T"'),
                                           grammar_triggers=[":T"])
     assert c.finish_reason == "stop" and c.text.count(":T") == 1, c.text
@@ -257,7 +258,7 @@ def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools
     msgs = [{"role": "user", "content": "Hi"}]
     fn = {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}
     tool = {"type": "function", "function": fn}
-    many, one = "tool-call ( [ \\t\\n]* tool-call )*", "root ::= tool-call [ \\t\\n]*"
+    many, one = "( tool-call ( [ \\t\\n]* tool-call )* | json-call )", "root ::= ( tool-call | json-call )"
     cases = [
         (protocol.ChatRequest(messages=msgs, tools=[tool]), many),
         (protocol.ChatRequest(messages=msgs, tools=[tool], parallel_tool_calls=False), one),
@@ -273,3 +274,33 @@ def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools
         assert opts["grammar_triggers"] == [tools.OPEN] and root in opts["grammar"], (req, opts["grammar"])
     opts = routes.prepare_chat(state, protocol.ChatRequest(messages=msgs, tools=[tool], tool_choice="none")).opts
     assert "grammar" not in opts and "grammar_triggers" not in opts
+
+
+def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
+    """The other way "auto" constrains a call: a reply that opens with a bare or ```json-fenced object naming one of
+    the tools (Qwen2.5-Coder 1.5B's way) goes on under the json-call rule, whitespace free as in pretty-printing.
+    The random tiny model never opens so, so the rule is made the root here: whatever it lets the model write is a
+    call parse() reads, with arguments that follow the schema."""
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}}
+    rules, lazy = tools.call_grammar("auto", [clock, FORECAST])
+    (pattern,) = lazy["grammar_trigger_patterns"]
+    rules = re.sub(r"^root ::= .*$", "root ::= json-call", rules, flags=re.M)
+    names = tools.names_of([clock, FORECAST])
+    for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
+        for seed in range(4):
+            c = llm.generate("Hello world", max_tokens=200, grammar=rules, temperature=0.0 if seed == 0 else 1.0,
+                             seed=seed)
+            assert c.finish_reason == "stop", c.text
+            text, calls = tools.parse(c.text, names)
+            assert text == "" and len(calls) == 1, c.text
+            args = json.loads(calls[0]["function"]["arguments"])
+            assert follows_forecast(calls[0]) or args in ({"tz": "UTC"}, {"tz": "CET"}), calls
+            assert re.match(pattern, c.text)  # and such a reply's start is what fires the trigger
+    # the trigger: a reply opening with an object that names a tool, fenced or not; not other JSON, code or text
+    for text in ('{"name": "get_time", "arguments"', '```json\n{\n  "name": "get_forecast",', ' \n{"name":"get_time"'):
+        assert re.match(pattern, text), text
+    for text in ('{"name": "Alice", "age": 3}', '```python\nprint({"name": "get_time"})', 'Call {"name": "get_time"}',
+                 '{"city": "Paris", "name": "get_time"}'):
+        assert not re.match(pattern, text), text

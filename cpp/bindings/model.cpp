@@ -40,10 +40,10 @@ void register_model(py::module_ & m) {
         .def_property_readonly("memory_pos_min", &Model::memory_pos_min)
         .def_property_readonly("memory_pos_max", &Model::memory_pos_max)
         .def("check_grammar",
-             [](const Model & self, const std::string & gbnf, const std::vector<std::string> & triggers) {
-                 Grammar g(self.vocab(), gbnf, triggers);
-             },
+             [](const Model & self, const std::string & gbnf, const std::vector<std::string> & triggers,
+                const std::vector<std::string> & patterns) { Grammar g(self.vocab(), gbnf, triggers, patterns); },
              py::arg("gbnf"), py::arg("triggers") = std::vector<std::string>(),
+             py::arg("patterns") = std::vector<std::string>(),
              "InvalidArgument (ValueError) with the parser's message unless gbnf is a grammar (that begins with "
              "each trigger word, if any)")
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,

@@ -48,7 +48,8 @@ void register_options(py::module_ & m) {
         .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos)
         .def_readwrite("logprobs", &GenerateOptions::logprobs)
         .def_readwrite("grammar", &GenerateOptions::grammar)
-        .def_readwrite("grammar_triggers", &GenerateOptions::grammar_triggers);
+        .def_readwrite("grammar_triggers", &GenerateOptions::grammar_triggers)
+        .def_readwrite("grammar_trigger_patterns", &GenerateOptions::grammar_trigger_patterns);
 
     py::class_<NgramOptions>(m, "NgramOptions")
         .def(py::init<>())

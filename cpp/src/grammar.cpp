@@ -99,22 +99,34 @@ std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the gramm
 
 } // namespace
 
-Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers)
-    : vocab_(vocab), smpl_(nullptr), triggers_(triggers), awaiting_(!triggers.empty()) {
+Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers,
+                 const std::vector<std::string> & patterns)
+    : vocab_(vocab), smpl_(nullptr), triggers_(triggers), awaiting_(!triggers.empty() || !patterns.empty()) {
     if (gbnf.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw InvalidArgument("the grammar is empty; pass GBNF rules with a 'root' rule (e.g. root ::= \"yes\" | "
                               "\"no\"), or no grammar");
     }
-    std::vector<std::string> patterns;
+    std::vector<std::string> searched; // what llama.cpp searches the output for: the words as regexes, the patterns
     for (const std::string & word : triggers) {
         if (word.empty()) {
             throw InvalidArgument("a grammar trigger is empty; pass the words after which the grammar holds");
         }
-        patterns.push_back(escaped(word));
+        searched.push_back(escaped(word));
     }
+    auto compiled = std::make_shared<std::vector<std::pair<bool, std::regex>>>();
+    for (const std::string & p : patterns) {
+        try {
+            compiled->emplace_back(p.size() >= 2 && p.front() == '^' && p.back() == '$', std::regex(p));
+        } catch (const std::regex_error & e) {
+            throw InvalidArgument("the grammar trigger pattern '" + p + "' is not a regular expression (ECMAScript): " +
+                                  e.what());
+        }
+        searched.push_back(p);
+    }
+    patterns_ = compiled;
     log_take_errors(); // only this parse's errors below
     std::string why;
-    smpl_ = init_quietly(vocab, gbnf, patterns, why);
+    smpl_ = init_quietly(vocab, gbnf, searched, why);
     if (smpl_ == nullptr) {
         if (why.empty()) {
             why = log_take_errors(); // a missing root rule, left recursion: logged through llama.cpp's log
@@ -144,7 +156,7 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
 
 Grammar::Grammar(const Grammar & other)
     : vocab_(other.vocab_), smpl_(llama_sampler_clone(other.smpl_)), triggers_(other.triggers_),
-      awaiting_(other.awaiting_), text_(other.text_) {}
+      patterns_(other.patterns_), awaiting_(other.awaiting_), text_(other.text_) {}
 
 Grammar::~Grammar() {
     if (smpl_ != nullptr) {
@@ -176,6 +188,14 @@ bool Grammar::may_trigger(llama_token t) const {
             return true;
         }
     }
+    if (patterns_ && !patterns_->empty()) { // as llama.cpp's search: over the whole text, at every token
+        const std::string all = text_ + piece;
+        for (const auto & [anchored, re] : *patterns_) {
+            if (anchored ? std::regex_match(all, re) : std::regex_search(all, re)) {
+                return true;
+            }
+        }
+    }
     return false;
 }
 
@@ -191,7 +211,7 @@ void Grammar::accept(llama_token t) {
         for (const std::string & word : triggers_) {
             longest = std::max(longest, word.size());
         }
-        if (text_.size() > 4 * longest + 4096) {
+        if (patterns_->empty() && text_.size() > 4 * longest + 4096) {
             text_.erase(0, text_.size() - longest - 1024); // only the tail can hold the start of a word
         }
         return;
@@ -394,7 +414,7 @@ void MaskCost::observe(const ConstrainedRows & rows) {
 
 std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateOptions & opts) {
     if (opts.grammar.empty()) {
-        if (!opts.grammar_triggers.empty()) {
+        if (!opts.grammar_triggers.empty() || !opts.grammar_trigger_patterns.empty()) {
             throw InvalidArgument("grammar_triggers need a grammar: they say where it begins to hold");
         }
         return nullptr;
@@ -403,7 +423,7 @@ std::unique_ptr<Grammar> make_grammar(const llama_vocab * vocab, const GenerateO
         throw InvalidArgument("a grammar ends the output where its text is complete: it cannot be combined with "
                               "ignore_eos");
     }
-    return std::make_unique<Grammar>(vocab, opts.grammar, opts.grammar_triggers);
+    return std::make_unique<Grammar>(vocab, opts.grammar, opts.grammar_triggers, opts.grammar_trigger_patterns);
 }
 
 } // namespace specllm

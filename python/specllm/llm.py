@@ -437,7 +437,8 @@ class LLM:
         opts = make_options(**self._with_seed(options))
         if opts.grammar:
             # the parser's message now, not at the first step
-            self._engine.target.check_grammar(opts.grammar, list(opts.grammar_triggers))
+            self._engine.target.check_grammar(opts.grammar, list(opts.grammar_triggers),
+                                              list(opts.grammar_trigger_patterns))
         return opts
 
     def _with_seed(self, options: dict) -> dict:

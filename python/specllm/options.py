@@ -73,6 +73,7 @@ def make_options(
     logprobs: Optional[int] = None,
     grammar: Optional[str] = None,
     grammar_triggers: Optional[Sequence[str]] = None,
+    grammar_trigger_patterns: Optional[Sequence[str]] = None,
     cache_reuse: int = 0,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
@@ -122,23 +123,26 @@ def make_options(
         if o.ignore_eos:
             raise InvalidOptionError("grammar cannot be combined with ignore_eos: a grammar ends the output where "
                                      "its text is complete")
-    if grammar_triggers is not None:  # a lazy grammar: free text until one of these words, the grammar from it on
-        words = [grammar_triggers] if isinstance(grammar_triggers, str) else grammar_triggers
+    # a lazy grammar: free text until one of these words (or a match of one of the patterns), the grammar from it on
+    for name, given in (("grammar_triggers", grammar_triggers), ("grammar_trigger_patterns", grammar_trigger_patterns)):
+        if given is None:
+            continue
+        words = [given] if isinstance(given, str) else given
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w for w in words):
-            raise InvalidOptionError(f"grammar_triggers must be a list of non-empty strings (the words from which "
-                                     f"on the grammar holds), got {grammar_triggers!r}")
+            raise InvalidOptionError(f"{name} must be a list of non-empty strings (where the grammar begins to "
+                                     f"hold), got {given!r}")
         if words and o.grammar == "":
-            raise InvalidOptionError("grammar_triggers need a grammar: they say where it begins to hold")
-        o.grammar_triggers = [text("grammar_triggers", w) for w in words]
+            raise InvalidOptionError(f"{name} need a grammar: they say where it begins to hold")
         if any(len(w) > 256 for w in words):  # llama.cpp searches the output for each after every token
-            raise InvalidOptionError("a grammar trigger is a word or a tag of at most 256 characters, got one of "
-                                     f"{max(len(w) for w in words)}")
+            raise InvalidOptionError(f"a grammar trigger is a word, tag or pattern of at most 256 characters, got "
+                                     f"one of {max(len(w) for w in words)}")
+        setattr(o, name, [text(name, w) for w in words])
     return o
 
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "cache_reuse"])
+     "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

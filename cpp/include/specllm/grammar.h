@@ -13,6 +13,7 @@
 #include "llama.h"
 
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,11 @@ class Grammar {
     // text accepted so far holds one of these words; from then on the grammar holds, read from the word on (its
     // root must begin with each word: InvalidArgument if not). A token that completes a word but takes the text
     // after it where the grammar cannot go leaves the grammar waiting (the word did not start what it describes).
-    Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers = {});
+    // patterns: regular expressions (ECMAScript) as llama.cpp's lazy grammars take them: one of the form ^...$ must
+    // match the whole text so far, another is searched in it; the grammar reads the text from the first group
+    // that matched (else the match) on. InvalidArgument for one that is not a regular expression.
+    Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers = {},
+            const std::vector<std::string> & patterns = {});
     Grammar(const Grammar & other); // a copy of the state (llama_sampler_clone)
     Grammar & operator=(const Grammar &) = delete;
     ~Grammar();
@@ -53,8 +58,10 @@ class Grammar {
     const llama_vocab * vocab_;
     llama_sampler * smpl_;
     std::vector<llama_token_data> cand_;
-    // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words and the text so far
+    // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words, the patterns (whether
+    // anchored: matched against the whole text) and the text so far (its tail when there are only words)
     std::vector<std::string> triggers_;
+    std::shared_ptr<const std::vector<std::pair<bool, std::regex>>> patterns_;
     bool awaiting_ = false;
     std::string text_;
 };

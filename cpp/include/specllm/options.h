@@ -58,6 +58,8 @@ struct GenerateOptions {
     std::string grammar;                // GBNF rules (a "root" rule) the output must follow; empty: none (grammar.h)
     std::vector<std::string> grammar_triggers; // a lazy grammar: the output is free until one of these words, and
                                         // the grammar holds from the word on (its root begins with it)
+    std::vector<std::string> grammar_trigger_patterns; // ... or where one of these regular expressions matched
+                                        // (^...$: the whole output; the grammar from the first group on)
 };
 
 struct NgramOptions {

@@ -55,9 +55,9 @@ def _message(m: p.Message, i: int) -> dict:
 
 
 def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int],
-                    logprobs: Optional[int], call_rules: tuple = (None, [])) -> dict:
-    """The generation options of a request (a 400 for a bad one). call_rules: the tool calls' grammar and its
-    triggers (tools.call_grammar)."""
+                    logprobs: Optional[int], call_rules: tuple = (None, {})) -> dict:
+    """The generation options of a request (a 400 for a bad one). call_rules: the tool calls' grammar and the
+    options that make it lazy (tools.call_grammar)."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
@@ -76,11 +76,10 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
     rules, param = _grammar(req)  # with tools, a response_format or grammar is a 400 here
-    triggers = []
+    lazy = {}
     if call_rules[0] is not None:
-        (rules, triggers), param = call_rules, "tools"
+        (rules, lazy), param = call_rules, "tools"
     if rules is not None:
-        lazy = {"grammar_triggers": triggers} if triggers else {}
         try:  # parsed now: a grammar that is not one is the caller's 400
             state.llm.check_options(**opts, grammar=rules, **lazy)
         except (InvalidOptionError, TypeError) as e:

@@ -97,16 +97,18 @@ def forced_opening(tool_choice, tools: Optional[list]) -> str:
     return OPEN + "\n" + json.dumps({"name": name}, ensure_ascii=False)[:-1] + ', "arguments": '
 
 
-def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> Tuple[Optional[str], List[str]]:
-    """(GBNF, its trigger words) for the calls a reply makes. A forced call (after forced_opening(tool_choice,
-    tools)): the rest of it, the arguments following the called tool's `parameters` schema ("required" with several
-    tools: the name is one of theirs, then its arguments), then "}" and the block's end; no triggers. "auto": a lazy
-    grammar, as llama-server's: the reply is free until it writes "<tool_call>", and from there it is one or more
-    blocks calling the request's tools with arguments that follow their schemas (one block unless parallel; a reply
-    that is only a bare JSON call is not constrained, and is still read as a call by parse). (None, []) for "none" or no tools. A schema the
+def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> Tuple[Optional[str], dict]:
+    """(GBNF, the options that make it lazy) for the calls a reply makes. A forced call (after
+    forced_opening(tool_choice, tools)): the rest of it, the arguments following the called tool's `parameters`
+    schema ("required" with several tools: the name is one of theirs, then its arguments), then "}" and the block's
+    end; not lazy. "auto": a lazy grammar, as llama-server's: the reply is free until it writes "<tool_call>", and
+    from there it is one or more blocks calling the request's tools with arguments that follow their schemas (one
+    unless parallel); or until it opens with a bare or ```json-fenced JSON object whose "name" is one of the tools
+    (Qwen2.5-Coder's habit; llama-server's Hermes format triggers on it too), which then goes on as that call
+    (whitespace as the model writes it) and ends the reply. (None, {}) for "none" or no tools. A schema the
     converter cannot express lets that tool's arguments be any JSON object (the call is still JSON)."""
     if not tools or tool_choice == "none":
-        return None, []
+        return None, {}
     opening = forced_opening(tool_choice, tools)
     from llama_cpp import llama_grammar  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
 
@@ -126,24 +128,46 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         except Exception:  # what the converter cannot express (it raises what it meets)
             return conv.visit({"type": "object"}, f"arguments-{i}-any")
 
-    def named_call() -> str:  # after '{"name": "': one of the tools' names, then its arguments
+    def named_call(args: List[str], between: str) -> str:  # after '"name": "': a tool's name, then its arguments
         return "( " + " | ".join(
-            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:] + ', "arguments": ') + " " +
-            arguments(i, fn) for i, (name, fn) in enumerate(fns.items())) + " )"
+            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:]) + between + a
+            for name, a in zip(fns, args)) + " )"
 
     end = ' "}" ( "\\n"? "' + CLOSE + '" )?'
-    if not opening:  # "auto": blocks from the trigger on
-        conv._add_rule("tool-call", conv._format_literal(OPEN) + ' "\\n"? ' +
-                       conv._format_literal('{"name": "') + " " + named_call() + end)
-        conv._add_rule("root", ('tool-call ( [ \\t\\n]* tool-call )*' if parallel else "tool-call") + ' [ \\t\\n]*')
-        return conv.format_grammar(), [OPEN]
+    if not opening:  # "auto": blocks from the trigger on, or a whole-reply JSON call
+        args = [arguments(i, fn) for i, fn in enumerate(fns.values())]
+        conv._add_rule("tool-call", conv._format_literal(OPEN) + ' "\\n"? ' + conv._format_literal('{"name": "') +
+                       " " + named_call(args, ' ", \\"arguments\\": " ') + end)
+        conv._add_rule("json-call", '( ( "```json" | "```" ) "\\n" )? space "{" space "\\"name\\"" space ":" space '
+                       '"\\"" ' + named_call(args, ' space "," space "\\"arguments\\"" space ":" space ') +
+                       ' space "}" ( "\\n"{1,2} "```" )?')
+        blocks = 'tool-call ( [ \\t\\n]* tool-call )*' if parallel else "tool-call"
+        conv._add_rule("root", f"( {blocks} | json-call ) [ \\t\\n]{{0,4}}")
+        names = "|".join(_regex_escape(n) for n in fns)
+        opens = r'^\s*((?:```(?:json)?\n)?\{\s*"name"\s*:\s*"(?:' + names + r')")[\s\S]*$'
+        return _json_space(conv.format_grammar()), {"grammar_triggers": [OPEN], "grammar_trigger_patterns": [opens]}
     if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
         name = json.loads(opening[len(OPEN):] + "0}")["name"]
         call = arguments(0, fns[name])
     else:  # the model names one of the tools
-        call = named_call()
+        call = named_call([arguments(i, fn) for i, fn in enumerate(fns.values())], ' ", \\"arguments\\": " ')
     conv._add_rule("root", call + end)
-    return conv.format_grammar(), []
+    return conv.format_grammar(), {}
+
+
+def _regex_escape(text: str) -> str:
+    """text as a literal in an ECMAScript regular expression (llama.cpp's trigger patterns)."""
+    return re.sub(r"([.^$|()*+?\[\]{}\\/-])", r"\\\1", text)
+
+
+def _json_space(gbnf: str) -> str:
+    """The converter's grammar with its JSON whitespace widened to pretty-printing (newlines and indentation, as
+    llama.cpp's newer converter allows, also before a closing brace), so that a call the model lays out over lines
+    is not squeezed onto one."""
+    widened = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
+    gbnf = re.sub(r"^space ::= .*$", lambda m: widened, gbnf, count=1, flags=re.M)
+    # and before a closing brace or bracket: the converter puts none after an enum's or a constant's value
+    return gbnf.replace('"}" space', 'space "}" space').replace('"]" space', 'space "]" space')
 
 
 def _closed(text: str) -> str:
