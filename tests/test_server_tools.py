@@ -302,5 +302,5 @@ def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
     for text in ('{"name": "get_time", "arguments"', '```json\n{\n  "name": "get_forecast",', ' \n{"name":"get_time"'):
         assert re.match(pattern, text), text
     for text in ('{"name": "Alice", "age": 3}', '```python\nprint({"name": "get_time"})', 'Call {"name": "get_time"}',
-                 '{"city": "Paris", "name": "get_time"}'):
+                 '{"city": "Paris", "name": "get_time"}', '{   "name": "get_time"'):  # last: no grammar space
         assert not re.match(pattern, text), text

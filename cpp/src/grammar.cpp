@@ -113,10 +113,13 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         }
         searched.push_back(escaped(word));
     }
-    auto compiled = std::make_shared<std::vector<std::pair<bool, std::regex>>>();
+    auto compiled = std::make_shared<std::vector<TriggerPattern>>();
     for (const std::string & p : patterns) {
         try {
-            compiled->emplace_back(p.size() >= 2 && p.front() == '^' && p.back() == '$', std::regex(p));
+            // ^...$: matched against the whole text (llama.cpp's rule); another ^...: found only at the start, which
+            // its search from every position finds too
+            const bool starts = !p.empty() && p.front() == '^';
+            compiled->push_back({starts && p.size() >= 2 && p.back() == '$', starts, std::regex(p)});
         } catch (const std::regex_error & e) {
             throw InvalidArgument("the grammar trigger pattern '" + p + "' is not a regular expression (ECMAScript): " +
                                   e.what());
@@ -190,8 +193,10 @@ bool Grammar::may_trigger(llama_token t) const {
     }
     if (patterns_ && !patterns_->empty()) { // as llama.cpp's search: over the whole text, at every token
         const std::string all = text_ + piece;
-        for (const auto & [anchored, re] : *patterns_) {
-            if (anchored ? std::regex_match(all, re) : std::regex_search(all, re)) {
+        for (const TriggerPattern & p : *patterns_) {
+            if (p.whole ? std::regex_match(all, p.re)
+                        : std::regex_search(all, p.re, p.from_start ? std::regex_constants::match_continuous
+                                                                    : std::regex_constants::match_default)) {
                 return true;
             }
         }

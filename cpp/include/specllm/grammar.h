@@ -58,10 +58,15 @@ class Grammar {
     const llama_vocab * vocab_;
     llama_sampler * smpl_;
     std::vector<llama_token_data> cand_;
-    // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words, the patterns (whether
-    // anchored: matched against the whole text) and the text so far (its tail when there are only words)
+    // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words, the patterns and the
+    // text so far (its tail when there are only words)
     std::vector<std::string> triggers_;
-    std::shared_ptr<const std::vector<std::pair<bool, std::regex>>> patterns_;
+    struct TriggerPattern {
+        bool whole;      // ^...$: matched against the whole text
+        bool from_start; // begins with ^: found only at the start
+        std::regex re;
+    };
+    std::shared_ptr<const std::vector<TriggerPattern>> patterns_;
     bool awaiting_ = false;
     std::string text_;
 };

@@ -144,7 +144,10 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         blocks = 'tool-call ( [ \\t\\n]* tool-call )*' if parallel else "tool-call"
         conv._add_rule("root", f"( {blocks} | json-call ) [ \\t\\n]{{0,4}}")
         names = "|".join(_regex_escape(n) for n in fns)
-        opens = r'^\s*((?:```(?:json)?\n)?\{\s*"name"\s*:\s*"(?:' + names + r')")[\s\S]*$'
+        # searched from the start (not ^...$: llama.cpp would match all of a long reply's text at every token), its
+        # whitespace the grammar's own, so that whatever it finds the grammar reads (else it would stay waiting)
+        sp = r"(?: |\n{1,2}[ \t]{0,20})?"
+        opens = rf'^\s*((?:```(?:json)?\n)?{sp}\{{{sp}"name"{sp}:{sp}"(?:{names})")'
         return _json_space(conv.format_grammar()), {"grammar_triggers": [OPEN], "grammar_trigger_patterns": [opens]}
     if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
         name = json.loads(opening[len(OPEN):] + "0}")["name"]
