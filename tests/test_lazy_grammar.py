@@ -180,7 +180,7 @@ def test_trigger_patterns_as_llama_cpps(tiny, make_llm, free, plain, draft):
     match never fires."""
     llm = make_llm(tiny["target"], draft if draft in (None, "ngram") else tiny[draft])
     kw = dict(max_tokens=40, grammar=GRAMMAR, draft_length=4)
-    for pattern in (r"(:T)", r"^aron(:T)[\s\S]*$", r"^\w+(:T)"):
+    for pattern in (r"(:T)", r"^aron(:T)[\s\S]*$", r"^\w+(:T)", r"^zzz|(:T)$", r"^zzz|(:T)"):
         out = llm.generate(PROMPTS[0], grammar_trigger_patterns=[pattern], **kw)
         assert (out.tokens, out.text) == (plain[PROMPTS[0]].tokens, plain[PROMPTS[0]].text), pattern
     out = llm.generate(PROMPTS[0], grammar_trigger_patterns=[r"^(:T)[\s\S]*$"], **kw)
@@ -193,4 +193,9 @@ def test_a_bad_pattern_is_a_typed_error(tiny, make_llm):
         llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, grammar_trigger_patterns=["(:T"])
     with pytest.raises(InvalidOptionError, match="need a grammar"):
         llm.generate("Hello", max_tokens=4, grammar_trigger_patterns=["x"])
+    for bad in (dict(grammar_trigger_patterns=["(:T)\x00zzz"]), dict(grammar_triggers=[":T\x00"])):
+        with pytest.raises(InvalidOptionError, match="NUL"):
+            llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, **bad)
+    with pytest.raises(InvalidOptionError, match="NUL"):  # the core's own check, under the Python one
+        llm._engine.target.check_grammar(GRAMMAR, [], ["(:T)\x00zzz"])
     assert llm.generate("Hello", max_tokens=4).text

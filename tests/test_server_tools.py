@@ -232,6 +232,9 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
                 assert c.text[:at] == free.text[:at]  # free text until the word
             before, *blocks = c.text.split(":T")
             assert blocks or seed > 0, c.text  # a sample may never write the word: free text throughout
+            if blocks and c.finish_reason == "stop":  # the whole reply reads as its calls (every block but the last
+                text, calls = tools.reply_parts([clock, FORECAST], "", c.text.replace(":T", tools.OPEN))  # closed)
+                assert text == before.strip() and len(calls) == len(blocks), c.text
             if c.finish_reason == "length" and blocks:  # the grammar allows call after call: the last one was cut
                 blocks = blocks[:-1]
             for block in blocks:
@@ -258,7 +261,8 @@ def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools
     msgs = [{"role": "user", "content": "Hi"}]
     fn = {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}
     tool = {"type": "function", "function": fn}
-    many, one = "( tool-call ( [ \\t\\n]* tool-call )* | json-call )", "root ::= ( tool-call | json-call )"
+    many = 'root ::= ( ( tool-call "\\n"? "</tool_call>" [ \\t\\n]* )* tool-call'
+    one = 'root ::= ( tool-call ( "\\n"? "</tool_call>" )? | json-call )'
     cases = [
         (protocol.ChatRequest(messages=msgs, tools=[tool]), many),
         (protocol.ChatRequest(messages=msgs, tools=[tool], parallel_tool_calls=False), one),
@@ -304,3 +308,23 @@ def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
     for text in ('{"name": "Alice", "age": 3}', '```python\nprint({"name": "get_time"})', 'Call {"name": "get_time"}',
                  '{"city": "Paris", "name": "get_time"}', '{   "name": "get_time"'):  # last: no grammar space
         assert not re.match(pattern, text), text
+
+
+def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
+    """Names with quotes, backslashes, regex specials or other scripts are escaped in the grammar (as JSON writes
+    them) and in the trigger pattern; many tools (an agent's fifteen) are fine; hosted tools alone give no grammar;
+    the request's schemas are left as they were ($refs resolved on a copy)."""
+    llm = make_llm(tiny["target"])
+    names = ['a"b\\c', "x.y-z(1)|[2]", "天気", "get_time"] + [f"tool_{i}_with_a_long_name" for i in range(15)]
+    schema = {"$defs": {"tz": {"enum": ["UTC", "CET"]}}, "type": "object", "properties": {"tz": {"$ref": "#/$defs/tz"}}}
+    tool_list = [{"type": "function", "function": {"name": n, "parameters": json.loads(json.dumps(schema))}}
+                 for n in names]
+    rules, lazy = tools.call_grammar("auto", tool_list)
+    llm.check_options(grammar=rules, **lazy)  # parses, and the pattern compiles as llama.cpp's regex
+    (pattern,) = lazy["grammar_trigger_patterns"]
+    for n in names:
+        assert re.match(pattern, '```json\n{\n  "name": ' + json.dumps(n, ensure_ascii=False)), n
+    assert not re.match(pattern, '{"name": "a"}')
+    assert all(t["function"]["parameters"] == schema for t in tool_list)
+    assert tools.call_grammar("auto", [{"type": "web_search"}, {"type": "function", "function": {"name": 5}}]) == \
+        (None, {})

@@ -16,22 +16,28 @@ namespace specllm {
 
 namespace {
 
+// a grammar sampler, lazy when there are trigger patterns; nullptr (and why, if llama.cpp threw) when it fails
+llama_sampler * init(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & patterns,
+                     std::string & error) {
+    try {
+        if (patterns.empty()) {
+            return llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
+        }
+        std::vector<const char *> p;
+        for (const std::string & s : patterns) {
+            p.push_back(s.c_str());
+        }
+        return llama_sampler_init_grammar_lazy_patterns(vocab, gbnf.c_str(), "root", p.data(), p.size(), nullptr, 0);
+    } catch (const std::exception & e) {
+        error = e.what();
+        return nullptr;
+    }
+}
+
 // llama.cpp's grammar parser prints its error (and the whole grammar) to stderr with fprintf: capture that for the
 // error message instead of printing it. Returns the parser's first line, without the function name. The capture
 // holds the process's stderr for the parse (a line another thread writes then is lost), so a grammar that parsed
 // once is parsed again without it: a server checks and starts the same JSON grammar request after request.
-// a grammar sampler, lazy when there are trigger patterns
-llama_sampler * init(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & patterns) {
-    if (patterns.empty()) {
-        return llama_sampler_init_grammar(vocab, gbnf.c_str(), "root");
-    }
-    std::vector<const char *> p;
-    for (const std::string & s : patterns) {
-        p.push_back(s.c_str());
-    }
-    return llama_sampler_init_grammar_lazy_patterns(vocab, gbnf.c_str(), "root", p.data(), p.size(), nullptr, 0);
-}
-
 llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf,
                              const std::vector<std::string> & patterns, std::string & parse_error) {
     static std::mutex m;
@@ -39,7 +45,7 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     std::lock_guard<std::mutex> lock(m);
     const std::string key = std::to_string(llama_vocab_n_tokens(vocab)) + "|" + gbnf; // tokens may be named
     if (parsed.count(key) != 0) {
-        return init(vocab, gbnf, patterns);
+        return init(vocab, gbnf, patterns, parse_error);
     }
     std::fflush(stderr);
     FILE * tmp = std::tmpfile();
@@ -47,7 +53,8 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     if (saved >= 0) {
         dup2(fileno(tmp), 2);
     }
-    llama_sampler * s = init(vocab, gbnf, patterns);
+    std::string thrown;
+    llama_sampler * s = init(vocab, gbnf, patterns, thrown);
     if (saved >= 0) {
         std::fflush(stderr);
         dup2(saved, 2);
@@ -65,6 +72,9 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
                 }
             }
         }
+    }
+    if (parse_error.empty()) {
+        parse_error = thrown;
     }
     if (tmp != nullptr) {
         std::fclose(tmp);
@@ -94,7 +104,13 @@ std::string escaped(const std::string & word) {
 std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the grammar reads it (special tokens' text)
     char buf[256];
     const int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, true);
-    return n > 0 ? std::string(buf, (size_t) n) : std::string();
+    if (n >= 0) {
+        return std::string(buf, (size_t) n);
+    }
+    std::string big((size_t) -n, '\0');
+    const int m = llama_token_to_piece(vocab, t, big.data(), (int32_t) big.size(), 0, true);
+    big.resize((size_t) std::max(m, 0));
+    return big;
 }
 
 } // namespace
@@ -102,6 +118,12 @@ std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the gramm
 Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers,
                  const std::vector<std::string> & patterns)
     : vocab_(vocab), smpl_(nullptr), triggers_(triggers), awaiting_(!triggers.empty() || !patterns.empty()) {
+    const auto has_nul = [](const std::string & s) { return s.find('\0') != std::string::npos; };
+    if (has_nul(gbnf) || std::any_of(triggers.begin(), triggers.end(), has_nul) ||
+        std::any_of(patterns.begin(), patterns.end(), has_nul)) {
+        throw InvalidArgument("a grammar, trigger or pattern holds a NUL character, which llama.cpp reads as its end; "
+                              "leave it out");
+    }
     if (gbnf.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw InvalidArgument("the grammar is empty; pass GBNF rules with a 'root' rule (e.g. root ::= \"yes\" | "
                               "\"no\"), or no grammar");
@@ -113,13 +135,10 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         }
         searched.push_back(escaped(word));
     }
-    auto compiled = std::make_shared<std::vector<TriggerPattern>>();
+    auto compiled = std::make_shared<std::vector<std::regex>>();
     for (const std::string & p : patterns) {
         try {
-            // ^...$: matched against the whole text (llama.cpp's rule); another ^...: found only at the start, which
-            // its search from every position finds too
-            const bool starts = !p.empty() && p.front() == '^';
-            compiled->push_back({starts && p.size() >= 2 && p.back() == '$', starts, std::regex(p)});
+            compiled->emplace_back(p);
         } catch (const std::regex_error & e) {
             throw InvalidArgument("the grammar trigger pattern '" + p + "' is not a regular expression (ECMAScript): " +
                                   e.what());
@@ -191,12 +210,10 @@ bool Grammar::may_trigger(llama_token t) const {
             return true;
         }
     }
-    if (patterns_ && !patterns_->empty()) { // as llama.cpp's search: over the whole text, at every token
-        const std::string all = text_ + piece;
-        for (const TriggerPattern & p : *patterns_) {
-            if (p.whole ? std::regex_match(all, p.re)
-                        : std::regex_search(all, p.re, p.from_start ? std::regex_constants::match_continuous
-                                                                    : std::regex_constants::match_default)) {
+    if (patterns_ && !patterns_->empty()) { // llama.cpp searches the whole text at every token (a ^...$ pattern is
+        const std::string all = text_ + piece; // matched against it first, and searched if that fails)
+        for (const std::regex & re : *patterns_) {
+            if (std::regex_search(all, re)) {
                 return true;
             }
         }

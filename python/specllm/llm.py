@@ -375,7 +375,8 @@ class LLM:
         token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
         rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),
         grammar_triggers (words: a lazy grammar, free text until the output holds one of them and the grammar from
-        it on, its root beginning with the word, as llama-server constrains tool calls), suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
+        it on, its root beginning with the word, as llama-server constrains tool calls), grammar_trigger_patterns
+        (regular expressions searched in the output, llama.cpp's: the grammar from the first group on), suffix (fill in the middle: prompt is the text before the insertion point, suffix the text after it, and
         the model writes what goes between; a code model trained for it, see infill_prompt), cache_reuse (0; n:
         llama-server's --cache-reuse, runs of n+ tokens the KV cache holds later than the prompt does are moved to
         their place instead of decoded again, as when an editor's ring of other files' chunks drops its oldest; the

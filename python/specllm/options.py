@@ -133,9 +133,13 @@ def make_options(
                                      f"hold), got {given!r}")
         if words and o.grammar == "":
             raise InvalidOptionError(f"{name} need a grammar: they say where it begins to hold")
-        if any(len(w) > 256 for w in words):  # llama.cpp searches the output for each after every token
-            raise InvalidOptionError(f"a grammar trigger is a word, tag or pattern of at most 256 characters, got "
-                                     f"one of {max(len(w) for w in words)}")
+        # llama.cpp searches the output for each after every token; a word is also checked against the grammar
+        limit = 256 if name == "grammar_triggers" else 16384
+        if any(len(w) > limit for w in words):
+            raise InvalidOptionError(f"each of {name} is at most {limit} characters, got one of "
+                                     f"{max(len(w) for w in words)}")
+        if any("\x00" in w for w in words):
+            raise InvalidOptionError(f"{name} hold a NUL character, which llama.cpp reads as the end; leave it out")
         setattr(o, name, [text(name, w) for w in words])
     return o
 

@@ -28,9 +28,9 @@ class Grammar {
     // text accepted so far holds one of these words; from then on the grammar holds, read from the word on (its
     // root must begin with each word: InvalidArgument if not). A token that completes a word but takes the text
     // after it where the grammar cannot go leaves the grammar waiting (the word did not start what it describes).
-    // patterns: regular expressions (ECMAScript) as llama.cpp's lazy grammars take them: one of the form ^...$ must
-    // match the whole text so far, another is searched in it; the grammar reads the text from the first group
-    // that matched (else the match) on. InvalidArgument for one that is not a regular expression.
+    // patterns: regular expressions (ECMAScript) as llama.cpp's lazy grammars take them: searched in the text so far
+    // (one written ^...$ is first matched against all of it), the grammar reads the text from the first group that
+    // matched (else the match) on. InvalidArgument for one that is not a regular expression, and for a NUL in any.
     Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers = {},
             const std::vector<std::string> & patterns = {});
     Grammar(const Grammar & other); // a copy of the state (llama_sampler_clone)
@@ -61,12 +61,7 @@ class Grammar {
     // a lazy grammar's wait, kept beside llama.cpp's (which it does not report): the words, the patterns and the
     // text so far (its tail when there are only words)
     std::vector<std::string> triggers_;
-    struct TriggerPattern {
-        bool whole;      // ^...$: matched against the whole text
-        bool from_start; // begins with ^: found only at the start
-        std::regex re;
-    };
-    std::shared_ptr<const std::vector<TriggerPattern>> patterns_;
+    std::shared_ptr<const std::vector<std::regex>> patterns_;
     bool awaiting_ = false;
     std::string text_;
 };

@@ -322,5 +322,6 @@ def probability(token_bytes, e) -> dict:
     """A token's entry in llama-server's completion_probabilities: id, text, bytes, logprob and the top ones."""
     def one(token, logprob):
         b = token_bytes(token)
-        return {"id": token, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": logprob}
+        # the text without a part of a UTF-8 character (llama-server cuts it, validate_utf8); bytes has all of it
+        return {"id": token, "token": b.decode("utf-8", errors="ignore"), "bytes": list(b), "logprob": logprob}
     return dict(one(e.token, e.logprob), top_logprobs=[one(t, v) for t, v in e.top])

@@ -13,6 +13,7 @@ reply that begins like a JSON object or a code fence is held whole until it ends
 call)."""
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
@@ -116,11 +117,13 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
     fns = {}
     for t in tools:
         fn = t.get("function") if isinstance(t, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
             fns.setdefault(fn["name"], fn)
+    if not fns:  # no function to call (hosted tools only): nothing to constrain
+        return None, {}
 
     def arguments(i: int, fn: dict) -> str:
-        schema = fn.get("parameters")
+        schema = copy.deepcopy(fn.get("parameters"))  # resolve_refs rewrites $refs in place: not the request's
         try:
             schema = conv.resolve_refs(schema if isinstance(schema, dict) and schema else {"type": "object"},
                                        f"tool-{i}")
@@ -129,21 +132,20 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
             return conv.visit({"type": "object"}, f"arguments-{i}-any")
 
     def named_call(args: List[str], between: str) -> str:  # after '"name": "': a tool's name, then its arguments
-        return "( " + " | ".join(
-            conv._format_literal(json.dumps(name, ensure_ascii=False)[1:]) + between + a
-            for name, a in zip(fns, args)) + " )"
+        return "( " + " | ".join(_literal(_json_body(name) + '"') + between + a for name, a in zip(fns, args)) + " )"
 
-    end = ' "}" ( "\\n"? "' + CLOSE + '" )?'
     if not opening:  # "auto": blocks from the trigger on, or a whole-reply JSON call
         args = [arguments(i, fn) for i, fn in enumerate(fns.values())]
-        conv._add_rule("tool-call", conv._format_literal(OPEN) + ' "\\n"? ' + conv._format_literal('{"name": "') +
-                       " " + named_call(args, ' ", \\"arguments\\": " ') + end)
-        conv._add_rule("json-call", '( ( "```json" | "```" ) "\\n" )? space "{" space "\\"name\\"" space ":" space '
-                       '"\\"" ' + named_call(args, ' space "," space "\\"arguments\\"" space ":" space ') +
-                       ' space "}" ( "\\n"{1,2} "```" )?')
-        blocks = 'tool-call ( [ \\t\\n]* tool-call )*' if parallel else "tool-call"
-        conv._add_rule("root", f"( {blocks} | json-call ) [ \\t\\n]{{0,4}}")
-        names = "|".join(_regex_escape(n) for n in fns)
+        conv._add_rule("tool-call", _literal(OPEN) + ' "\\n"? ' + _literal('{"name": "') + " " +
+                       named_call(args, ' ", \\"arguments\\": " ') + ' "}"')
+        # every block but the last is closed (parse reads an open block only at the end)
+        close = ' "\\n"? ' + _literal(CLOSE)
+        blocks = f"( tool-call{close} [ \\t\\n]* )* " if parallel else ""
+        conv._add_rule("call-object", 'space "{" space "\\"name\\"" space ":" space "\\"" ' +
+                       named_call(args, ' space "," space "\\"arguments\\"" space ":" space ') + ' space "}"')
+        conv._add_rule("json-call", '( "```json" | "```" ) "\\n" call-object "\\n"{1,2} "```" | call-object')
+        conv._add_rule("root", f"( {blocks}tool-call ({close} )? | json-call ) [ \\t\\n]{{0,4}}")
+        names = "|".join(_regex_escape(_json_body(n)) for n in fns)
         # searched from the start (not ^...$: llama.cpp would match all of a long reply's text at every token), its
         # whitespace the grammar's own, so that whatever it finds the grammar reads (else it would stay waiting)
         sp = r"(?: |\n{1,2}[ \t]{0,20})?"
@@ -154,8 +156,20 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         call = arguments(0, fns[name])
     else:  # the model names one of the tools
         call = named_call([arguments(i, fn) for i, fn in enumerate(fns.values())], ' ", \\"arguments\\": " ')
-    conv._add_rule("root", call + end)
+    conv._add_rule("root", call + ' "}" ( "\\n"? ' + _literal(CLOSE) + " )?")
     return conv.format_grammar(), {}
+
+
+def _json_body(name: str) -> str:
+    """A name as JSON writes it between its quotes."""
+    return json.dumps(name, ensure_ascii=False)[1:-1]
+
+
+def _literal(text: str) -> str:
+    """text as a GBNF string literal (the converter's leaves backslashes as they are)."""
+    for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        text = text.replace(a, b)
+    return '"' + text + '"'
 
 
 def _regex_escape(text: str) -> str:
