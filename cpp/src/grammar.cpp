@@ -156,9 +156,20 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         throw InvalidArgument("the grammar could not be parsed as GBNF with a 'root' rule" +
                               (why.empty() ? std::string() : ": " + why));
     }
-    for (const std::string & word : triggers) { // the grammar must read each word as its beginning
+    try {
+        check_triggers(triggers);
+    } catch (...) { // no destructor runs for an object whose constructor throws
+        llama_sampler_free(smpl_);
+        smpl_ = nullptr;
+        throw;
+    }
+}
+
+// the grammar must read each word as its beginning
+void Grammar::check_triggers(const std::vector<std::string> & triggers) const {
+    for (const std::string & word : triggers) {
         std::vector<llama_token> tokens(word.size() + 8);
-        const int n = llama_tokenize(vocab, word.c_str(), (int32_t) word.size(), tokens.data(),
+        const int n = llama_tokenize(vocab_, word.c_str(), (int32_t) word.size(), tokens.data(),
                                      (int32_t) tokens.size(), false, true);
         Grammar g(*this);
         bool ok = n > 0;

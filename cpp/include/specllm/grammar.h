@@ -53,6 +53,7 @@ class Grammar {
   private:
     friend class ConstrainedRows; // hands the advanced state over
     void swap_state(Grammar & other);
+    void check_triggers(const std::vector<std::string> & triggers) const; // InvalidArgument for a bad one
     bool may_trigger(llama_token t) const; // t's piece completes a trigger word after the text so far
 
     const llama_vocab * vocab_;
