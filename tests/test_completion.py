@@ -1,10 +1,12 @@
 """POST /completion (and /completions): llama-server's native text completion, answered in its form and checked
 against in-process generation of the same prompt (greedy, sampled with llama-server's defaults and a seed, streamed,
-under a grammar or a JSON schema), its prompt forms (text, token ids, mixed), and the bad requests."""
+under a grammar or a JSON schema), its prompt forms (text, token ids, mixed), and the bad requests; and its
+/tokenize, /detokenize and /props."""
 
 import json
 import signal
 
+import httpx
 import pytest
 
 from serving import Server, data_events, post_json
@@ -150,3 +152,29 @@ def test_another_models_name_is_a_404_and_the_server_goes_on(server):
     assert status == 404, r
     status, r = post(server.url, prompt="the", n_predict=2)
     assert status == 200 and r["tokens_predicted"] == 2
+
+
+def test_tokenize_detokenize_and_props_as_llama_server(server, local):
+    status, r = post(server.url, "/tokenize", content=PROMPT)
+    assert status == 200 and r["tokens"] == local.tokenize(PROMPT, False)  # add_special false, as llama-server's
+    status, r = post(server.url, "/tokenize", content=PROMPT, add_special=True, with_pieces=True)
+    assert [e["id"] for e in r["tokens"]] == local.prompt_tokens(PROMPT)
+    want = b"".join(local.token_bytes(t) for t in local.prompt_tokens(PROMPT)).decode()
+    assert "".join(e["piece"] for e in r["tokens"]) == want and PROMPT in want
+    ids = local.tokenize(" and", False)
+    status, r = post(server.url, "/tokenize", content=["the cat"] + ids)
+    assert r["tokens"] == local.tokenize("the cat", False) + ids
+    status, r = post(server.url, "/detokenize", tokens=local.tokenize(PROMPT, False))
+    assert status == 200 and r["content"].strip() == PROMPT.strip()
+    status, r = post(server.url, "/tokenize")
+    assert status == 200 and r["tokens"] == []
+    for path, body, param in (("/tokenize", {"content": "a\ud800"}, "content"),
+                              ("/tokenize", {"content": ["a", 10**9]}, "content"),
+                              ("/detokenize", {"tokens": [10**9]}, "tokens"),
+                              ("/detokenize", {"tokens": "abc"}, "tokens")):
+        status, r = post(server.url, path, **body)
+        assert status == 400 and r["error"]["param"].split(".")[0] == param, (path, body, r)
+    r = httpx.get(f"{server.url}/props", timeout=30).json()
+    assert r["default_generation_settings"]["n_ctx"] == 512 and r["total_slots"] == 1
+    assert r["default_generation_settings"]["params"]["temperature"] == 0.8 and r["model_path"]
+    assert r["chat_template"] == local.chat_template and r["build_info"].startswith("specllm")

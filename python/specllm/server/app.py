@@ -109,7 +109,8 @@ class BodyLimit:
 
 
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
-               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/completion", "/completions", "/v1/models", "/health", "/metrics",
+               "/v1/messages", "/v1/messages/count_tokens", "/infill", "/completion", "/completions", "/tokenize",
+               "/detokenize", "/props", "/v1/models", "/health", "/metrics",
                "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version"}
 
 

@@ -1,8 +1,10 @@
-"""POST /completion (and /completions): llama-server's native text completion, which front ends and scripts
-written for llama.cpp call (SillyTavern's llama.cpp backend, llama.cpp's own examples): `prompt` as text, token ids,
-or both mixed, completed as given (no chat template), with llama-server's sampling defaults, n_predict, stop,
-`grammar` (GBNF) or `json_schema`, `ignore_eos`, `return_tokens`. The answer is llama-server's own form (native.py:
-content, stop_type, timings...) with the prompt's text; `cache_prompt` is always on (the KV prefix is reused)."""
+"""llama-server's native text endpoints, which front ends and scripts written for llama.cpp call (SillyTavern's
+llama.cpp backend, llama.cpp's own examples). POST /completion (and /completions): `prompt` as text, token ids, or
+both mixed, completed as given (no chat template), with llama-server's sampling defaults, n_predict, stop, `grammar`
+(GBNF) or `json_schema`, `ignore_eos`, `return_tokens`; the answer is llama-server's own form (native.py: content,
+stop_type, timings...) with the prompt's text; `cache_prompt` is always on (the KV prefix is reused). POST /tokenize
+and /detokenize (front ends count a prompt's tokens with them), GET /props (the context size, the chat template, the
+default sampling)."""
 from __future__ import annotations
 
 from typing import List, Optional, Union
@@ -11,8 +13,11 @@ from fastapi import APIRouter, Request
 
 from .. import grammar as grammars
 from ..errors import InvalidOptionError
-from . import native
+from .. import __version__
+from ..options import text as checked_text
+from . import jobs, native
 from .errors import APIError
+from .protocol import _Request
 
 router = APIRouter()
 
@@ -90,3 +95,74 @@ async def completion(request: Request, req: CompletionRequest):
                                settings_extra={"ignore_eos": req.ignore_eos, "grammar": extra.get("grammar", "")},
                                body_extra=lambda generated: {"prompt": text}, return_tokens=req.return_tokens,
                                t0=t0)
+
+
+def _ready(request: Request):
+    state = jobs.server_state(request)
+    state.require_ready()
+    return state
+
+
+class TokenizeRequest(_Request):
+    content: Union[str, List[Union[str, int]], None] = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Request):
+    tokens: List[int] = []
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request, req: TokenizeRequest):
+    """{"tokens": ids} of `content` (text, or text and ids mixed), as llama-server's; with_pieces: each as
+    {"id", "piece"} (the piece's text, or its bytes where they are not UTF-8)."""
+    state = _ready(request)
+    llm, tokens = state.llm, []
+    parts = [req.content] if isinstance(req.content, str) else req.content or []
+    try:
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                tokens += llm._engine.target.tokenize(checked_text("content", part), req.add_special and i == 0,
+                                                      req.parse_special)
+            else:
+                tokens += llm.prompt_tokens([part])
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, f"content: {e}", "invalid_request_error", "content", "invalid_value") from None
+    if not req.with_pieces:
+        return {"tokens": tokens}
+    out = []
+    for t in tokens:
+        b = llm.token_bytes(t)
+        try:
+            piece = b.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(b)
+        out.append({"id": t, "piece": piece})
+    return {"tokens": out}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request, req: DetokenizeRequest):
+    state = _ready(request)
+    try:
+        return {"content": state.llm.detokenize(req.tokens)}
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, f"tokens: {e}", "invalid_request_error", "tokens", "invalid_value") from None
+
+
+@router.get("/props")
+async def props(request: Request):
+    """llama-server's server properties: what front ends read (n_ctx, the chat template, the default sampling)."""
+    state = _ready(request)
+    llm = state.llm
+    target = llm._engine.target
+    return {
+        "default_generation_settings": {"n_ctx": llm.n_ctx, "params": dict(native.DEFAULTS, n_predict=-1, seed=-1)},
+        "total_slots": 1, "model_alias": state.model_id, "model_path": llm.model_path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+        "chat_template": llm.chat_template, "bos_token": target.bos_text, "eos_token": target.eos_text,
+        "build_info": f"specllm {__version__}", "is_sleeping": False,
+    }
