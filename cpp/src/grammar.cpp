@@ -212,8 +212,7 @@ bool Grammar::allows(llama_token t) {
     return one.logit > -INFINITY;
 }
 
-bool Grammar::may_trigger(llama_token t) const {
-    const std::string piece = piece_of(vocab_, t);
+bool Grammar::may_trigger(const std::string & piece) const {
     for (const std::string & word : triggers_) {
         const size_t keep = std::min(text_.size(), word.size() - 1);
         if ((text_.substr(text_.size() - keep) + piece).find(word) != std::string::npos) {
@@ -236,9 +235,10 @@ void Grammar::accept(llama_token t) {
         llama_sampler_accept(smpl_, t);
         return;
     }
-    if (!may_trigger(t)) {
+    const std::string piece = piece_of(vocab_, t);
+    if (!may_trigger(piece)) {
         llama_sampler_accept(smpl_, t); // llama.cpp keeps the text and searches it for the words
-        text_ += piece_of(vocab_, t);
+        text_ += piece;
         size_t longest = 0;
         for (const std::string & word : triggers_) {
             longest = std::max(longest, word.size());

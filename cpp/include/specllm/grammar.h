@@ -54,7 +54,7 @@ class Grammar {
     friend class ConstrainedRows; // hands the advanced state over
     void swap_state(Grammar & other);
     void check_triggers(const std::vector<std::string> & triggers) const; // InvalidArgument for a bad one
-    bool may_trigger(llama_token t) const; // t's piece completes a trigger word after the text so far
+    bool may_trigger(const std::string & piece) const; // the piece completes a trigger after the text so far
 
     const llama_vocab * vocab_;
     llama_sampler * smpl_;

@@ -15,7 +15,7 @@ from .. import grammar as grammars
 from ..errors import InvalidOptionError
 from .. import __version__
 from ..options import text as checked_text
-from . import jobs, native
+from . import native
 from .errors import APIError
 from .protocol import _Request
 
@@ -97,12 +97,6 @@ async def completion(request: Request, req: CompletionRequest):
                                t0=t0)
 
 
-def _ready(request: Request):
-    state = jobs.server_state(request)
-    state.require_ready()
-    return state
-
-
 class TokenizeRequest(_Request):
     content: Union[str, List[Union[str, int]], None] = None
     add_special: bool = False
@@ -118,7 +112,7 @@ class DetokenizeRequest(_Request):
 async def tokenize(request: Request, req: TokenizeRequest):
     """{"tokens": ids} of `content` (text, or text and ids mixed), as llama-server's; with_pieces: each as
     {"id", "piece"} (the piece's text, or its bytes where they are not UTF-8)."""
-    state = _ready(request)
+    state = native.ready(request)
     llm, tokens = state.llm, []
     parts = [req.content] if isinstance(req.content, str) else req.content or []
     try:
@@ -145,7 +139,7 @@ async def tokenize(request: Request, req: TokenizeRequest):
 
 @router.post("/detokenize")
 async def detokenize(request: Request, req: DetokenizeRequest):
-    state = _ready(request)
+    state = native.ready(request)
     try:
         return {"content": state.llm.detokenize(req.tokens)}
     except (InvalidOptionError, TypeError) as e:
@@ -155,7 +149,7 @@ async def detokenize(request: Request, req: DetokenizeRequest):
 @router.get("/props")
 async def props(request: Request):
     """llama-server's server properties: what front ends read (n_ctx, the chat template, the default sampling)."""
-    state = _ready(request)
+    state = native.ready(request)
     llm = state.llm
     target = llm._engine.target
     return {

@@ -70,12 +70,18 @@ class NativeFields(_Request):
     logit_bias: Optional[Union[list, dict]] = None
 
 
+def ready(request: Request):
+    """The server's state once the model is loaded (a 503 while it loads)."""
+    state = jobs.server_state(request)
+    state.require_ready()
+    return state
+
+
 def begin(request: Request, req: NativeFields, refused: dict = REFUSED):
     """(the server's state, when the request came) once the model is loaded and named, or an error: 503 while
     loading, 404 for another model, 400 for a field set to what specllm does not do."""
-    state = jobs.server_state(request)
     t0 = time.monotonic()
-    state.require_ready()
+    state = ready(request)
     jobs.check_model_name(state, req.model)
     check_refused(req, request.url.path, refused)
     return state, t0
