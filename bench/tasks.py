@@ -23,8 +23,9 @@ CODE_EDIT_PATH = BENCH_DIR / "prompts" / "code_edit.jsonl"
 FRESH_PATH = BENCH_DIR / "prompts" / "fresh.jsonl"
 HOLDOUT_PATH = BENCH_DIR / "prompts" / "holdout.jsonl"
 HOLDOUT2_PATH = BENCH_DIR / "prompts" / "holdout2.jsonl"  # written after the holdout set had been looked at
+HOLDOUT3_PATH = BENCH_DIR / "prompts" / "holdout3.jsonl"  # written 2026-11-27, after every change to the policy so far
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
-SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH}
+SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
