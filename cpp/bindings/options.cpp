@@ -34,6 +34,10 @@ void register_options(py::module_ & m) {
         .def_readwrite("top_p", &SamplingOptions::top_p)
         .def_readwrite("min_p", &SamplingOptions::min_p)
         .def_readwrite("seed", &SamplingOptions::seed)
+        .def_readwrite("repeat_penalty", &SamplingOptions::repeat_penalty)
+        .def_readwrite("frequency_penalty", &SamplingOptions::frequency_penalty)
+        .def_readwrite("presence_penalty", &SamplingOptions::presence_penalty)
+        .def_readwrite("penalty_last_n", &SamplingOptions::penalty_last_n)
         .def_readwrite("rejection", &SamplingOptions::rejection);
 
     py::class_<GenerateOptions>(m, "GenerateOptions")

@@ -48,8 +48,15 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
 
     const bool greedy = req.sampling->temperature <= 0.0f;
     const int n_vocab = n_shared_; // the logits of ids the target lacks (a padded draft vocabulary) are ignored
+    const bool penalize = PenaltyWindow::active(*req.sampling);
+    if (penalize) {
+        penalties_.reset(*req.sampling, seq_.data(), seq_.size());
+    }
     for (int i = 0; i < req.n_max; ++i) {
         const float * logits = model_->logits(-1);
+        if (penalize) {
+            logits = penalties_.apply(logits, n_vocab, penalized_);
+        }
         llama_token tok;
         if (greedy) {
             if (req.p_min > 0.0f && i > 0 && top_prob(logits, n_vocab) < req.p_min) {
@@ -67,6 +74,9 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
                                           : sample_keyed(out.q.back(), req.sampling->seed, req.pos0 + i);
         }
         out.tokens.push_back(tok);
+        if (penalize) {
+            penalties_.push(tok);
+        }
         if (i + 1 < req.n_max) {
             model_->decode(&tok, 1, false);
         }

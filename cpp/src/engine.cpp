@@ -4,6 +4,7 @@
 
 #include "specllm/errors.h"
 #include "specllm/log.h"
+#include "specllm/penalties.h"
 
 #include <algorithm>
 #include <chrono>
@@ -318,9 +319,15 @@ StepResult Engine::step_locked() {
         return tgt.logits(i - chunk_start); // the verifiers read rows in order, so i is in the last chunk
     };
     const int n_vocab = target_->n_vocab();
-    const LogitsRow raw = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
+    const LogitsRow target_row = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
+    std::unique_ptr<PenalizedRows> penalized; // logprobs stay the target's own, before penalties and grammar
+    if (PenaltyWindow::active(gen_.sampling)) {
+        penalized = std::make_unique<PenalizedRows>(gen_.sampling, history_, id_last_, draft_.tokens, target_row,
+                                                    n_vocab);
+    }
+    const LogitsRow raw = penalized ? LogitsRow([&](int i) { return penalized->read(i); }) : target_row;
     const bool greedy = gen_.sampling.temperature <= 0.0f;
-    std::unique_ptr<ConstrainedRows> constrained; // logprobs stay the target's own, before the grammar
+    std::unique_ptr<ConstrainedRows> constrained;
     if (grammar_) {
         constrained = std::make_unique<ConstrainedRows>(*grammar_, draft_.tokens, raw, n_vocab, gen_.sampling,
                                                         n_past + 1, grammar_full_mask_);

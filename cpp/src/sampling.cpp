@@ -184,6 +184,17 @@ void check_sampling_options(const SamplingOptions & o) {
     if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) {
         throw InvalidArgument("min_p must be in [0, 1] (0 = off), got " + std::to_string(o.min_p));
     }
+    if (!(o.repeat_penalty > 0.0f) || std::isinf(o.repeat_penalty)) {
+        throw InvalidArgument("repeat_penalty must be a finite number > 0 (1 = off), got " +
+                              std::to_string(o.repeat_penalty));
+    }
+    if (!std::isfinite(o.frequency_penalty) || !std::isfinite(o.presence_penalty)) {
+        throw InvalidArgument("frequency_penalty and presence_penalty must be finite numbers (0 = off)");
+    }
+    if (o.penalty_last_n < -1) {
+        throw InvalidArgument("penalty_last_n must be >= -1 (-1 = the whole context, 0 = off), got " +
+                              std::to_string(o.penalty_last_n));
+    }
 }
 
 } // namespace specllm

@@ -1,6 +1,7 @@
 """Checks the keyword options of generate/stream/chat and turns them into the core's GenerateOptions."""
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import random
@@ -64,6 +65,10 @@ def make_options(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    repeat_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    penalty_last_n: int = 64,
     seed: Optional[int] = None,
     stop: Union[str, Sequence[str], None] = None,
     draft_length: DraftLength = "auto",
@@ -92,6 +97,17 @@ def make_options(
     s.min_p = _float("min_p", min_p)
     if not 0 <= s.min_p <= 1:
         raise InvalidOptionError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    # llama.cpp's repetition penalties over the last penalty_last_n tokens of the context, prompt included
+    s.repeat_penalty = _float("repeat_penalty", repeat_penalty)
+    if not 0 < s.repeat_penalty < float("inf"):
+        raise InvalidOptionError(f"repeat_penalty must be a finite number > 0 (1 = off; 1.1 is common), got "
+                                 f"{repeat_penalty}")
+    for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+        v = _float(name, value)
+        if not math.isfinite(v):
+            raise InvalidOptionError(f"{name} must be a finite number (0 = off), got {value}")
+        setattr(s, name, v)
+    s.penalty_last_n = _int("penalty_last_n", penalty_last_n, lo=-1)  # -1: the whole context, 0: off
     if seed is None:
         seed = random.SystemRandom().randrange(2**63)
     s.seed = _int("seed", seed, lo=0, hi=None) % 2**64
@@ -145,7 +161,8 @@ def make_options(
 
 
 GENERATE_KEYS = frozenset(
-    ["max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "draft_length", "draft_p_min",
+    ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+     "presence_penalty", "penalty_last_n", "seed", "stop", "draft_length", "draft_p_min",
      "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
 
 

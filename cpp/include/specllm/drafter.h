@@ -3,6 +3,7 @@
 
 #include "specllm/model.h"
 #include "specllm/ngram.h"
+#include "specllm/penalties.h"
 #include "specllm/sampling.h"
 
 #include <algorithm>
@@ -68,6 +69,8 @@ class ModelDrafter : public Drafter {
     int n_shared_; // ids below this exist in both vocabularies: the draft samples among them only
     Warper warper_;
     std::vector<llama_token> seq_; // scratch: history + id_last
+    PenaltyWindow penalties_;      // the request's repetition penalties, so that the draft guesses the target's
+    std::vector<float> penalized_; // scratch: a penalized row
 };
 
 // prompt lookup over prompt + output, and over the memory of earlier generations' outputs (when given one): the

@@ -36,6 +36,11 @@ struct SamplingOptions {
     float top_p = 1.0f;        // keep the smallest set with this much probability mass; 1 = all
     float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 = off
     uint64_t seed = 0;         // random seed (the caller draws one when the user gave none)
+    // repetition penalties, as llama.cpp's penalties sampler (penalties.h), before the above; 1 / 0 / 0 = off
+    float repeat_penalty = 1.0f;    // a logit of a token in the window divided by this (multiplied when <= 0)
+    float frequency_penalty = 0.0f; // ... minus this times the token's count in the window
+    float presence_penalty = 0.0f;  // ... minus this once
+    int penalty_last_n = 64;        // the window: the last this many tokens of the context; -1 = all, 0 = off
     // how a sampled draft is accepted. coupled: the target's token at each position is a draw keyed by (seed,
     // position), and the draft (sampled with the same key) is accepted iff it equals it, so the text a seed gives
     // is plain sampling's, whatever k, drafter or machine load. rejection: Leviathan et al.'s rejection sampling

@@ -1,0 +1,132 @@
+"""Repetition penalties (repeat_penalty, frequency_penalty, presence_penalty over the last penalty_last_n tokens of
+prompt and output), as llama.cpp's penalties sampler applies them. The reference is llama-cpp-python evaluating one
+token at a time, with the penalties applied to each row in numpy; speculative decoding under penalties (each verify
+row penalized by the context up to it) must write plain decoding's text."""
+
+import math
+
+import numpy as np
+import pytest
+
+from specllm import InvalidOptionError
+
+PROMPT = "the the in the an"
+CONFIGS = [  # each changes the tiny target's greedy reply to PROMPT
+    dict(repeat_penalty=1.5),
+    dict(frequency_penalty=0.6, presence_penalty=0.4, penalty_last_n=-1),
+    dict(repeat_penalty=1.4, frequency_penalty=0.2, penalty_last_n=6),  # tokens leave the short window
+]
+
+
+def penalize(row, window, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0):
+    row = row.copy()  # float32, as llama.cpp's logits
+    ids, counts = np.unique(np.array(window, dtype=np.int64), return_counts=True)
+    for t, c in zip(ids, counts):
+        v = row[t]
+        v = v * np.float32(repeat_penalty) if v <= 0 else v / np.float32(repeat_penalty)
+        row[t] = v - (np.float32(c) * np.float32(frequency_penalty) + np.float32(presence_penalty))
+    return row
+
+
+def reference_greedy(tiny, llm, prompt, max_tokens=40, penalty_last_n=64, **penalties):
+    import llama_cpp
+
+    tokens = llm.prompt_tokens(prompt)
+    model = llama_cpp.Llama(model_path=tiny["target"], n_ctx=512, n_threads=1, n_threads_batch=1, logits_all=True,
+                            flash_attn=True, type_k=0, type_v=0, verbose=False)
+    eos = model.token_eos()
+    try:
+        model.eval(tokens[:-1])
+        context, out, last = list(tokens), [], tokens[-1]
+        for _ in range(max_tokens):
+            model.eval([last])
+            row = np.array(model.scores[model.n_tokens - 1], dtype=np.float32)
+            window = context[max(0, len(context) - penalty_last_n):] if penalty_last_n > 0 else context
+            window = window if penalty_last_n else []
+            last = int(np.argmax(penalize(row, window, **penalties)))
+            if last == eos:
+                break
+            out.append(last)
+            context.append(last)
+    finally:
+        model.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    return llm, [llm.generate(PROMPT, max_tokens=40, **c) for c in CONFIGS], llm.generate(PROMPT, max_tokens=40)
+
+
+@pytest.mark.parametrize("i", range(len(CONFIGS)))
+def test_greedy_as_the_reference(tiny, plain, i):
+    llm, outs, free = plain
+    assert outs[i].tokens == reference_greedy(tiny, llm, PROMPT, **CONFIGS[i])
+    assert outs[i].tokens != free.tokens  # the penalties changed the reply
+
+
+def test_off_values_change_nothing(tiny, make_llm, plain):
+    llm, _, free = plain
+    for off in (dict(repeat_penalty=1.0), dict(penalty_last_n=0, repeat_penalty=1.5, presence_penalty=1.0),
+                dict(frequency_penalty=0.0, presence_penalty=0.0)):
+        assert llm.generate(PROMPT, max_tokens=40, **off).tokens == free.tokens
+    assert free.tokens == reference_greedy(tiny, llm, PROMPT)
+
+
+@pytest.mark.parametrize("drafter", ["near_draft", "ngram", "hybrid"])
+def test_speculative_greedy_writes_plain_decodings_text(tiny, make_llm, plain, drafter):
+    _, outs, _ = plain
+    if drafter == "ngram":
+        llm = make_llm(tiny["target"], "ngram")
+    else:
+        llm = make_llm(tiny["target"], tiny["near_draft"], ngram=drafter == "hybrid")
+    drafted = accepted = 0
+    for c, want in zip(CONFIGS, outs):
+        for k in (4, "auto"):
+            out = llm.generate(PROMPT, max_tokens=40, draft_length=k, **c)
+            assert out.tokens == want.tokens, (c, k)
+            drafted += out.stats.n_drafted
+            accepted += out.stats.n_accepted
+    assert drafted > 0 and accepted > 0  # rows after accepted drafts were penalized by them
+
+
+def test_speculative_sampling_writes_plain_samplings_text(tiny, make_llm):
+    plain = make_llm(tiny["target"])
+    spec = make_llm(tiny["target"], tiny["near_draft"])
+    options = dict(max_tokens=40, temperature=0.9, seed=7, repeat_penalty=1.3, frequency_penalty=0.3)
+    want = plain.generate(PROMPT, **options)
+    assert want.tokens != plain.generate(PROMPT, **dict(options, repeat_penalty=1.0, frequency_penalty=0.0)).tokens
+    out = spec.generate(PROMPT, draft_length=4, **options)
+    assert out.tokens == want.tokens and out.stats.n_accepted > 0
+
+
+def test_the_draft_model_drafts_under_the_penalties(tiny, make_llm):
+    # the near draft guesses the penalized target as often as it guesses the free one; unpenalized drafts would
+    # miss where the penalties move the target's choice
+    llm = make_llm(tiny["target"], tiny["near_draft"])
+    free = llm.generate(PROMPT, max_tokens=40, draft_length=4)
+    out = llm.generate(PROMPT, max_tokens=40, draft_length=4, **CONFIGS[0])
+    assert out.stats.acceptance_rate >= free.stats.acceptance_rate - 0.15
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(repeat_penalty=0), "repeat_penalty must be a finite number > 0"),
+    (dict(repeat_penalty=-1.1), "repeat_penalty must be a finite number > 0"),
+    (dict(repeat_penalty=math.inf), "repeat_penalty must be a finite number > 0"),
+    (dict(repeat_penalty=math.nan), "repeat_penalty must be a finite number > 0"),
+    (dict(frequency_penalty=math.nan), "frequency_penalty must be a finite number"),
+    (dict(presence_penalty=-math.inf), "presence_penalty must be a finite number"),
+    (dict(penalty_last_n=-2), "penalty_last_n must be >= -1"),
+])
+def test_bad_values(tiny, plain, options, message):
+    llm = plain[0]
+    with pytest.raises(InvalidOptionError, match=message):
+        llm.generate(PROMPT, max_tokens=4, **options)
+
+
+@pytest.mark.parametrize("options", [dict(repeat_penalty="1.1"), dict(presence_penalty=None),
+                                     dict(penalty_last_n=6.0), dict(penalty_last_n=True)])
+def test_bad_types(tiny, plain, options):
+    with pytest.raises(TypeError):
+        plain[0].generate(PROMPT, max_tokens=4, **options)
