@@ -242,6 +242,20 @@ def test_generate_raw_completes_the_text_as_given(tiny, env, ref):
     assert r.stdout == ref.generate("Hello world", max_tokens=24).text
 
 
+def test_generate_applies_the_repetition_penalties(tiny, env, ref):
+    flags = ["--repeat-penalty", "1.5", "--repeat-last-n", "16", "--presence-penalty", "0.2", "--frequency-penalty",
+             "0.1"]
+    r = run(tiny, env, "generate", "the the in the an", "--raw", "--max-tokens", "24", *flags)
+    assert r.returncode == 0, r.stderr
+    want = ref.generate("the the in the an", max_tokens=24, repeat_penalty=1.5, penalty_last_n=16,
+                        presence_penalty=0.2, frequency_penalty=0.1).text
+    assert r.stdout == want and want != ref.generate("the the in the an", max_tokens=24).text
+    for flag, value in (("--repeat-penalty", "0"), ("--repeat-penalty", "inf"), ("--repeat-last-n", "-2"),
+                        ("--presence-penalty", "nan")):
+        r = run(tiny, env, "generate", "x", "--raw", flag, value)
+        assert r.returncode == 2 and r.stdout == "" and f"argument {flag}" in r.stderr, r.stderr
+
+
 def test_generate_puts_the_system_prompt_in_the_template(tiny, env, ref):
     r = run(tiny, env, "generate", "hi there", "--system", "be brief", "--max-tokens", "16")
     assert r.returncode == 0, r.stderr

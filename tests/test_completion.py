@@ -69,6 +69,26 @@ def test_sampling_follows_llama_servers_defaults_and_the_seed(server, local):
     assert status == 200 and r["content"] == other.text and other.text != want.text
 
 
+def test_repetition_penalties_as_in_process_generation(server, local):
+    # llama-server's repeat_penalty / repeat_last_n / frequency_penalty / presence_penalty, and OpenAI's two on
+    # /v1/completions; a samplers list without "penalties" leaves them out, as llama.cpp's chain does
+    free = local.generate(PROMPT, max_tokens=24)
+    want = local.generate(PROMPT, max_tokens=24, repeat_penalty=1.5, penalty_last_n=16, frequency_penalty=0.3)
+    assert want.text != free.text
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, temperature=0, repeat_penalty=1.5, repeat_last_n=16,
+                     frequency_penalty=0.3)
+    assert status == 200 and r["content"] == want.text, r
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, temperature=0, repeat_penalty=1.5, repeat_last_n=16,
+                     frequency_penalty=0.3, samplers=["top_k", "temperature"])
+    assert status == 200 and r["content"] == free.text, r
+    want = local.generate(PROMPT, max_tokens=24, frequency_penalty=1.0, presence_penalty=0.5)
+    status, r = post(server.url, "/v1/completions", prompt=PROMPT, max_tokens=24, temperature=0,
+                     frequency_penalty=1.0, presence_penalty=0.5)
+    assert status == 200 and r["choices"][0]["text"] == want.text and want.text != free.text, r
+    status, r = post(server.url, "/v1/completions", prompt=PROMPT, max_tokens=4, frequency_penalty=2.5)
+    assert status == 400 and r["error"]["param"].startswith("frequency_penalty"), r
+
+
 def test_streamed_as_llama_server_streams(server, local):
     want = local.generate(PROMPT, max_tokens=24)
     events = stream(server.url, prompt=PROMPT, n_predict=24, temperature=0, return_tokens=True)
@@ -136,7 +156,9 @@ def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, lo
     (dict(prompt="the", n_probs=21), "n_probs", "invalid_value"),
     (dict(prompt="the", n_probs=-1), "n_probs", None),
     (dict(prompt="the", n_probs=2, post_sampling_probs=True), "post_sampling_probs", "unsupported_parameter"),
-    (dict(prompt="the", repeat_penalty=1.3), "repeat_penalty", "unsupported_parameter"),
+    (dict(prompt="the", repeat_penalty=0), "repeat_penalty", None),
+    (dict(prompt="the", repeat_last_n=-2), "repeat_last_n", None),
+    (dict(prompt="the", dry_multiplier=0.8), "dry_multiplier", "unsupported_parameter"),
     (dict(prompt="the", samplers=["top_k", "nonsense"]), "samplers", "invalid_value"),
     (dict(prompt="the", n_predict=-2), "n_predict", None),
     (dict(prompt="the", top_p=0), "top_p", None),

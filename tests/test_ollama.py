@@ -111,13 +111,16 @@ def test_format_constrains_the_reply(client):
 
 BAD = [
     ("/api/chat", {"model": "llama3"}, 404, "not found"),
-    ("/api/chat", {"options": {"repeat_penalty": 1.3}}, 400, "penalties"),
-    ("/api/chat", {"options": {"repeat_penalty": 1.1, "num_ctx": 8192, "temperature": 0}}, 200, None),  # no-ops
+    ("/api/chat", {"options": {"repeat_penalty": 0}}, 400, "repeat_penalty"),
+    ("/api/chat", {"options": {"repeat_last_n": -5}}, 400, "repeat_last_n"),
+    ("/api/chat", {"options": {"tfs_z": 0.5}}, 400, "tfs_z"),
+    ("/api/chat", {"options": {"repeat_penalty": 1.3, "repeat_last_n": 32, "num_ctx": 8192, "num_predict": 2}},
+     200, None),
     ("/api/chat", {"options": {"no_such": 1}}, 400, "no_such"),
     ("/api/chat", {"options": {"num_predict": "many"}}, 400, "num_predict"),
     ("/api/chat", {"options": {"seed": "x"}}, 400, "seed"),
     ("/api/chat", {"options": {"temperature": "hot"}}, 400, "temperature"),
-    ("/api/chat", {"options": {"seed": -1, "temperature": 0}}, 200, None),
+    ("/api/chat", {"options": {"seed": -1, "temperature": 0, "num_predict": 2}}, 200, None),
     ("/api/chat", {"format": "xml"}, 400, "format"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 400, "images"),
     ("/api/chat", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),

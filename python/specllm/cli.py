@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import logging
 import os
 import sys
@@ -51,6 +52,27 @@ def _temperature(s: str) -> float:
     if not 0 <= t < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {s}")
     return t
+
+
+def _finite(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
+
+
+def _repeat_penalty(s: str) -> float:
+    v = float(s)
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (1 = off), got {s}")
+    return v
+
+
+def _last_n(s: str) -> int:
+    n = int(s)
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"must be >= -1 (-1 = the whole context, 0 = off), got {n}")
+    return n
 
 
 def _draft_length(s: str):
@@ -119,6 +141,15 @@ def _generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|heuristic|K",
                    help="draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-16)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one)")
+    g.add_argument("--repeat-penalty", type=_repeat_penalty, default=1.0, metavar="F",
+                   help="divide the logits of tokens seen in the last --repeat-last-n tokens by F, as llama.cpp "
+                        "(default: 1.0, off; 1.1 keeps small models from looping)")
+    g.add_argument("--repeat-last-n", type=_last_n, default=64, metavar="N",
+                   help="tokens of prompt and reply the penalties look back over (default: 64; -1: all)")
+    g.add_argument("--presence-penalty", type=_finite, default=0.0, metavar="F",
+                   help="subtract F from the logits of tokens seen there (default: 0)")
+    g.add_argument("--frequency-penalty", type=_finite, default=0.0, metavar="F",
+                   help="subtract F times their count there (default: 0)")
     g.add_argument("--system", "-s", default=None, metavar="TEXT", help="system prompt")
 
 
@@ -206,7 +237,9 @@ def _llm_options(args) -> dict:
 
 
 def _gen_options(args) -> dict:
-    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "draft_length": args.draft_length}
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "draft_length": args.draft_length,
+            "repeat_penalty": args.repeat_penalty, "penalty_last_n": args.repeat_last_n,
+            "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty}
 
 
 # --- commands

@@ -27,15 +27,18 @@ DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 SAMPLER_NAMES = {"temperature": "temperature", "temp": "temperature", "t": "temperature", "top_k": "top_k",
                  "top-k": "top_k", "k": "top_k", "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p", "p": "top_p",
-                 "min_p": "min_p", "min-p": "min_p", "m": "min_p"}
+                 "min_p": "min_p", "min-p": "min_p", "m": "min_p", "penalties": "penalties", "e": "penalties"}
 # llama.cpp's other samplers: a no-op at their defaults, which is all specllm takes (below); "infill" (i), which
 # merges candidates sharing a prefix, is not applied
-IGNORED_SAMPLERS = {"dry", "d", "typ_p", "typical_p", "typical", "y", "xtc", "x", "penalties", "e", "infill", "i",
+IGNORED_SAMPLERS = {"dry", "d", "typ_p", "typical_p", "typical", "y", "xtc", "x", "infill", "i",
                     "top_n_sigma", "s", "adaptive_p", "a"}
+# the repetition penalties, llama-server's defaults (off, over the last 64 tokens), by generate()'s names
+PENALTIES = {"repeat_penalty": ("repeat_penalty", 1.0), "presence_penalty": ("presence_penalty", 0.0),
+             "frequency_penalty": ("frequency_penalty", 0.0), "repeat_last_n": ("penalty_last_n", 64)}
 
 
-REFUSED = {"lora": None, "post_sampling_probs": False, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-           "dry_multiplier": 0.0, "xtc_probability": 0.0, "typical_p": 1.0, "mirostat": 0, "logit_bias": None}
+REFUSED = {"lora": None, "post_sampling_probs": False, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+           "typical_p": 1.0, "mirostat": 0, "logit_bias": None}
 
 
 class NativeFields(_Request):
@@ -56,13 +59,14 @@ class NativeFields(_Request):
     stream: bool = False
     draft_length: Union[int, str, None] = None
     acceptance: Optional[str] = None
+    repeat_penalty: Optional[float] = Field(None, gt=0)  # llama.cpp's repetition penalties over the last
+    presence_penalty: Optional[float] = None            # repeat_last_n tokens of prompt and output
+    frequency_penalty: Optional[float] = None
+    repeat_last_n: Optional[int] = Field(None, ge=-1)   # -1: the whole context, 0: off
     # what would change the output in a way specllm does not do: refused unless left at its no-op value
     n_probs: int = Field(0, ge=0)  # each token's logprob and the n most likely, in completion_probabilities
     lora: Optional[list] = None
     post_sampling_probs: bool = False
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     dry_multiplier: float = 0.0
     xtc_probability: float = 0.0
     typical_p: float = 1.0
@@ -101,10 +105,11 @@ def n_predict_of(req: NativeFields) -> int:
 
 
 def sampling(req: NativeFields) -> dict:
-    """temperature, top_k, top_p, min_p as llama-server would sample this request."""
+    """temperature, top_k, top_p, min_p and the repetition penalties as llama-server would sample this request."""
     opts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in DEFAULTS}
+    penalties = {name: off if getattr(req, k) is None else getattr(req, k) for k, (name, off) in PENALTIES.items()}
     if req.samplers is None:
-        return opts
+        return {**opts, **penalties}
     names = list(req.samplers) if isinstance(req.samplers, str) else req.samplers
     used = set()
     for name in names:
@@ -112,10 +117,12 @@ def sampling(req: NativeFields) -> dict:
         if key in SAMPLER_NAMES:
             used.add(SAMPLER_NAMES[key])
         elif key not in IGNORED_SAMPLERS:
-            raise APIError(400, f"samplers: unknown sampler {name!r}; specllm applies temperature, top_k, top_p and "
-                                "min_p (the others llama.cpp knows are no-ops here)", "invalid_request_error",
+            raise APIError(400, f"samplers: unknown sampler {name!r}; specllm applies penalties, temperature, top_k, "
+                                "top_p and min_p (the others llama.cpp knows are no-ops here)", "invalid_request_error",
                            "samplers", "invalid_value")
-    return {k: v if k in used else OFF[k] for k, v in opts.items()}
+    if "penalties" not in used:
+        penalties = {name: off for name, off in PENALTIES.values()}
+    return {**{k: v if k in used else OFF[k] for k, v in opts.items()}, **penalties}
 
 
 class Limits:

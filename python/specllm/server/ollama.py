@@ -7,8 +7,9 @@ by default, one JSON object a line (application/x-ndjson), the last with "done":
 and counts, plus specllm's `speculative` object; "stream": false gives that last object whole.
 
 Sampling follows Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9) unless `options` says otherwise;
-Ollama's default repeat_penalty 1.1 is accepted but not applied (specllm has no penalties: another value, and
-presence or frequency penalties, are a 400, as are images, `template`, `context`). Load options (num_ctx,
+`repeat_penalty`, `repeat_last_n`, `presence_penalty` and `frequency_penalty` are applied when given (as llama.cpp
+does, over the last repeat_last_n = 64 tokens of prompt and reply), none by default (Ollama's engines differ on
+whether its documented repeat_penalty 1.1 applies); images, `template` and `context` are a 400. Load options (num_ctx,
 num_gpu, num_thread...) are the server's and are ignored per request; errors are {"error": "..."}, as Ollama's."""
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ router = APIRouter()
 API_VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields this module serves
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
-            "stop": "stop"}
-NO_OP = {"repeat_penalty": (1.0, 1.1), "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "tfs_z": (1.0,),
-         "typical_p": (1.0,), "mirostat": (0,)}
+            "stop": "stop", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+NO_OP = {"tfs_z": (1.0,), "typical_p": (1.0,), "mirostat": (0,)}
 LOAD_OPTIONS = {"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "logits_all", "vocab_only",
-                "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "repeat_last_n", "mirostat_tau",
+                "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
                 "mirostat_eta", "penalize_newline"}
 
 
@@ -88,7 +89,7 @@ def _sampling(req: _Common) -> dict:
             out[SAMPLING[key]] = value
         elif key in NO_OP:
             if value not in NO_OP[key]:
-                raise _bad(f"options.{key} {value!r} is not supported: specllm samples without penalties "
+                raise _bad(f"options.{key} {value!r} is not supported: specllm samples without it "
                            f"(leave it out, or {NO_OP[key][0]})", f"options.{key}")
         elif key not in LOAD_OPTIONS and key != "num_predict":
             raise _bad(f"options.{key} is not an option specllm knows", f"options.{key}")

@@ -51,10 +51,13 @@ class SamplingFields(_Request):
     top_logprobs: Optional[int] = None           # chat: how many top tokens
     grammar: Optional[str] = None  # GBNF the output follows (as llama-server's); response_format is OpenAI's way
     n_cache_reuse: Optional[int] = Field(None, ge=0)  # llama-server's: the server's --cache-reuse for this request
+    # repetition penalties as llama-server applies them: over the last repeat_last_n (64) tokens of prompt and reply
+    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    repeat_penalty: Optional[float] = Field(None, gt=0)  # llama-server's own
+    repeat_last_n: Optional[int] = Field(None, ge=-1)    # llama-server's own: -1 = the whole context, 0 = off
     # accepted only where they change nothing
     logit_bias: Optional[Dict[str, float]] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
     functions: Optional[List[Any]] = None
@@ -85,8 +88,6 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
          "tool_choice is served by /v1/chat/completions"),
         ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
         ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
-        ("presence_penalty", bool(req.presence_penalty), "presence_penalty is not supported (0 only)"),
-        ("frequency_penalty", bool(req.frequency_penalty), "frequency_penalty is not supported (0 only)"),
     ]
     if isinstance(req, CompletionRequest):
         checks += [("echo", bool(req.echo), "echo is not supported"),

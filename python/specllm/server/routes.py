@@ -24,7 +24,8 @@ from .worker import Job
 
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
-GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "draft_length", "acceptance")
+GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
+                   "seed", "stop", "draft_length", "acceptance")
 
 
 def _text_of(message: p.Message, i: int) -> str:
@@ -67,6 +68,8 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     opts = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
     if "seed" in opts:
         opts["seed"] %= 2**64
+    if req.repeat_last_n is not None:
+        opts["penalty_last_n"] = req.repeat_last_n
     opts["max_tokens"] = max_tokens or n_ctx - n_prompt
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
     if logprobs is not None:
