@@ -127,10 +127,12 @@ def markdown(summary: dict, meta: dict) -> str:
     reference = meta.get("reference", "plain")
     lines = [f"# specllm benchmark — {meta.get('date', '')} on {meta.get('machine', '')}", "",
              f"Target `{meta.get('target')}`, draft `{meta.get('draft')}`, max tokens {meta.get('max_tokens')}, "
-             f"temperature {meta.get('temperature')}, threads {meta.get('threads')}, "
+             f"temperature {meta.get('temperature')}, "
+             + (f"repeat penalty {meta['repeat_penalty']}, " if meta.get("repeat_penalty", 1.0) != 1.0 else "")
+             + f"threads {meta.get('threads')}, "
              f"{meta.get('limit') or 'all'} prompts per task"
              + (f" of the {meta['prompts']} set (bench/prompts/{meta['prompts']}.jsonl)"
-                if meta.get("prompts") in ("fresh", "holdout") else "")
+                if meta.get("prompts") not in (None, "dev") else "")
              + (f", each run {meta['repeat']} times" if (meta.get("repeat") or 1) > 1 else "")
              + ("; the specllm systems in lockstep (one speculative step each in turn)" if meta.get("lockstep") else "")
              + f"; CPU: {meta.get('cpu', '?')}."]

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import report, tasks
-from bench.systems import ALL_SYSTEMS, Config, SpecllmSystem, make_system
+from bench.systems import ALL_SYSTEMS, SPECLLM_SYSTEMS, Config, SpecllmSystem, make_system
 
 REPO = Path(__file__).resolve().parent.parent
 WARMUP_MESSAGE = "Write one sentence about the sea."
@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=4096, help="context size (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="llama.cpp's repeat penalty over the last 64 tokens (specllm systems only; default: 1, off)")
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="GGUF path or registry name")
     p.add_argument("--specbench", type=Path, default=None, help="Spec-Bench questions (default: shared/specbench)")
@@ -184,7 +186,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     names = [s for s in args.systems.split(",") if s]
     cfg = Config(resolve_model(args.target), resolve_model(args.draft) if args.draft else "", args.ctx,
-                 args.threads, args.temperature)
+                 args.threads, args.temperature, args.repeat_penalty)
+    if args.repeat_penalty != 1.0 and any(n not in SPECLLM_SYSTEMS for n in names):
+        print("--repeat-penalty applies to specllm's systems only", file=sys.stderr)
+        return 2
     prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench, args.prompts,
                                skip=args.skip)
     notes = []
@@ -195,7 +200,8 @@ def main(argv=None) -> int:
         print("no system could run", file=sys.stderr)
         return 1
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
-            "max_tokens": args.max_tokens, "temperature": args.temperature, "threads": args.threads,
+            "max_tokens": args.max_tokens, "temperature": args.temperature, "repeat_penalty": args.repeat_penalty,
+            "threads": args.threads,
             "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "lockstep": args.lockstep, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes,

@@ -75,6 +75,7 @@ class Config:
     n_ctx: int = 4096
     n_threads: int = 2
     temperature: float = 0.0
+    repeat_penalty: float = 1.0  # specllm systems only (over the last 64 tokens, as llama-server's)
 
 
 class SpecllmSystem:
@@ -117,6 +118,8 @@ class SpecllmSystem:
             else:
                 self._memory_for = (prompt_text, self.llm._engine.memory())
         kwargs = {} if self.draft_length is None else {"draft_length": self.draft_length}
+        if self.cfg.repeat_penalty != 1.0:
+            kwargs["repeat_penalty"] = self.cfg.repeat_penalty
         parts, s = [], None
         with self.llm.stream(prompt_text, max_tokens=max_tokens, temperature=self.cfg.temperature, **kwargs) as stream:
             for chunk in stream:

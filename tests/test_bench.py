@@ -360,6 +360,28 @@ def test_smoke_run_on_tiny_models(tmp_path):
     assert not list(out.glob("*.records.jsonl"))
 
 
+def test_repeat_penalty_runs_the_specllm_systems_under_it(tmp_path):
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import run
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    common = ["--limit", "1", "--tasks", "code_edit", "--max-tokens", "16", "--threads", "1", "--target",
+              paths["target"], "--draft", paths["draft"], "--repeat-penalty", "1.5"]
+    out = tmp_path / "results"
+    assert run.main(common + ["--systems", "plain,draft-k3", "--out", str(out)]) == 0
+    (result,) = out.glob("*.json")
+    data = json.loads(result.read_text())
+    assert data["meta"]["repeat_penalty"] == 1.5 and "repeat penalty 1.5" in result.with_suffix(".md").read_text()
+    assert data["summary"]["draft-k3"][report.OVERALL]["match_rate"] == 1.0  # speculative = plain under it
+    free = tmp_path / "free"
+    assert run.main(common[:-2] + ["--systems", "plain", "--out", str(free)]) == 0
+    (other,) = free.glob("*.json")
+    texts = [[r["text"] for r in json.loads(f.read_text())["records"] if r["system"] == "plain"] for f in (result, other)]
+    assert texts[0] != texts[1]  # the penalty reached the generation
+    assert run.main(common + ["--systems", "plain,llama-cpp-python", "--out", str(out)]) == 2
+
+
 def test_lockstep_advances_the_systems_one_step_each_in_turn():
     from bench import run
     from bench.systems import Result, SpecllmSystem
