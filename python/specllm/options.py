@@ -103,10 +103,9 @@ def make_options(
         raise InvalidOptionError(f"repeat_penalty must be a finite number > 0 (1 = off; 1.1 is common), got "
                                  f"{repeat_penalty}")
     for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
-        v = _float(name, value)
-        if not math.isfinite(v):
+        setattr(s, name, _float(name, value))
+        if not math.isfinite(getattr(s, name)):  # as the core's float
             raise InvalidOptionError(f"{name} must be a finite number (0 = off), got {value}")
-        setattr(s, name, v)
     s.penalty_last_n = _int("penalty_last_n", penalty_last_n, lo=-1)  # -1: the whole context, 0: off
     if seed is None:
         seed = random.SystemRandom().randrange(2**63)

@@ -62,7 +62,7 @@ class NativeFields(_Request):
     repeat_penalty: Optional[float] = Field(None, gt=0)  # llama.cpp's repetition penalties over the last
     presence_penalty: Optional[float] = None            # repeat_last_n tokens of prompt and output
     frequency_penalty: Optional[float] = None
-    repeat_last_n: Optional[int] = Field(None, ge=-1)   # -1: the whole context, 0: off
+    repeat_last_n: Optional[int] = Field(None, ge=-1, le=2**31 - 1)  # -1: the whole context, 0: off
     # what would change the output in a way specllm does not do: refused unless left at its no-op value
     n_probs: int = Field(0, ge=0)  # each token's logprob and the n most likely, in completion_probabilities
     lora: Optional[list] = None
@@ -105,7 +105,8 @@ def n_predict_of(req: NativeFields) -> int:
 
 
 def sampling(req: NativeFields) -> dict:
-    """temperature, top_k, top_p, min_p and the repetition penalties as llama-server would sample this request."""
+    """temperature, top_k, top_p, min_p and the repetition penalties as llama-server would sample this request. The
+    samplers' order is not read: the penalties come first, then top_k, top_p, min_p (llama-server's default order)."""
     opts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in DEFAULTS}
     penalties = {name: off if getattr(req, k) is None else getattr(req, k) for k, (name, off) in PENALTIES.items()}
     if req.samplers is None:
@@ -270,7 +271,7 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
-    settings = {k: v for k, v in opts.items() if k != "max_tokens"}
+    settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items() if k != "max_tokens"}
     settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
                     **(settings_extra or {}))
     opts.update(extra or {})

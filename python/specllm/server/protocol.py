@@ -55,7 +55,7 @@ class SamplingFields(_Request):
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
     repeat_penalty: Optional[float] = Field(None, gt=0)  # llama-server's own
-    repeat_last_n: Optional[int] = Field(None, ge=-1)    # llama-server's own: -1 = the whole context, 0 = off
+    repeat_last_n: Optional[int] = Field(None, ge=-1, le=2**31 - 1)  # llama-server's own: -1 = all, 0 = off
     # accepted only where they change nothing
     logit_bias: Optional[Dict[str, float]] = None
     tools: Optional[List[Any]] = None
