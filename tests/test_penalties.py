@@ -110,6 +110,29 @@ def test_the_draft_model_drafts_under_the_penalties(tiny, make_llm):
         assert out.stats.n_drafted > 20 and out.stats.acceptance_rate == 1.0, (c, out.stats.acceptance_rate)
 
 
+def test_logprobs_stay_the_models_own(tiny, plain):
+    from test_logprobs import reference
+
+    llm = plain[0]
+    out = llm.generate(PROMPT, max_tokens=24, logprobs=0, **CONFIGS[0])
+    tokens = llm.prompt_tokens(PROMPT)
+    ref = reference(tiny, tokens + out.tokens, len(tokens))
+    assert all(abs(e.logprob - ref[i][e.token]) < 0.01 for i, e in enumerate(out.logprobs))
+    assert any(e.token != int(np.argmax(ref[i])) for i, e in enumerate(out.logprobs))  # the penalties chose
+
+
+def test_a_grammar_under_the_penalties(tiny, make_llm):
+    grammar = 'root ::= word (" " word){7}\nword ::= "the" | "in" | "an"'
+    plain = make_llm(tiny["target"])
+    options = dict(max_tokens=40, grammar=grammar, repeat_penalty=3.0, frequency_penalty=1.0)
+    want = plain.generate(PROMPT, **options)
+    assert want.text != plain.generate(PROMPT, max_tokens=40, grammar=grammar).text
+    spec = make_llm(tiny["target"], tiny["near_draft"], ngram=True)
+    for k in (4, "auto"):
+        out = spec.generate(PROMPT, draft_length=k, **options)
+        assert out.tokens == want.tokens and (k == "auto" or out.stats.n_accepted > 0), (k, out.stats.n_accepted)
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(repeat_penalty=0), "repeat_penalty must be a finite number > 0"),
     (dict(repeat_penalty=-1.1), "repeat_penalty must be a finite number > 0"),
