@@ -17,140 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import logging
 import os
 import sys
 
-from . import grammar, registry
+from . import cli_args, grammar, registry
 from .chat_screen import HELP, Style, run_chat  # noqa: F401  (Style re-exported: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
-from .llm import DEFAULT, LLM
+from .llm import LLM
 
 PROG = "specllm-cli"
-DEFAULT_MODEL = "qwen2.5-coder-1.5b"
-
-
-# --- arguments
-
-def _positive_int(s: str) -> int:
-    n = int(s)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
-def _nonnegative_int(s: str) -> int:
-    n = int(s)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
-
-
-def _temperature(s: str) -> float:
-    t = float(s)
-    if not 0 <= t < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {s}")
-    return t
-
-
-def _finite(s: str) -> float:
-    v = float(s)
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
-    return v
-
-
-def _repeat_penalty(s: str) -> float:
-    v = float(s)
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (1 = off), got {s}")
-    return v
-
-
-def _last_n(s: str) -> int:
-    n = int(s)
-    if n < -1:
-        raise argparse.ArgumentTypeError(f"must be >= -1 (-1 = the whole context, 0 = off), got {n}")
-    return n
-
-
-def _draft_length(s: str):
-    if s in ("auto", "heuristic"):
-        return s
-    try:
-        k = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto, heuristic or an int from 0 to 16, got {s!r}") from None
-    if not 0 <= k <= 16:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 16, got {k}")
-    return k
-
-
-def _draft(s: str):
-    return None if s.lower() == "none" else s
-
-
-def _model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    _load_args(p)
-    _generation_args(p, max_tokens)
-
-
-def _load_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                   help=f"target model: registry name or .gguf path (default: {DEFAULT_MODEL})")
-    g.add_argument("--draft", "-d", type=_draft, default=DEFAULT, metavar="none|ngram|NAME|PATH",
-                   help="drafter: none (plain decoding), ngram (prompt lookup), or a draft model with the target's "
-                        "vocabulary (default: the registry's draft for a registry target, ngram for a path)")
-    g.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=None,
-                   help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better "
-                        "(default: on; --no-ngram: the draft model alone)")
-    g.add_argument("--ctx", type=_positive_int, default=4096, metavar="N", help="context window (default: 4096)")
-    g.add_argument("--threads", "-t", type=_positive_int, default=None, metavar="N",
-                   help="CPU threads (default: llama.cpp's choice)")
-    g.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                   help="greedy output equal to plain decoding (slower verification on a CPU; default: the "
-                        "library's, see README)")
-    g.add_argument("--memory-tokens", type=_nonnegative_int, default=None, metavar="N",
-                   help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
-                        "(0 = off; default: the library's)")
-    g.add_argument("--prompt-cache-mb", type=_nonnegative_int, default=None, metavar="N",
-                   help="keep KV states of earlier prompts, at most N MiB, so that switching between "
-                        "conversations does not decode them again (0 = off; default: the library's)")
-    g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
-                   help="keep prompt states in DIR across runs (made if missing): a long system prompt or a chat "
-                        "taken up again is read back instead of decoded (default: none)")
-    g.add_argument("--prompt-cache-disk-mb", type=_positive_int, default=None, metavar="N",
-                   help="at most N MiB of states in --prompt-cache-dir, least recently used out first (default: "
-                        "the library's, 4096)")
-    g.add_argument("--memory-file", default=None, metavar="PATH",
-                   help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
-                        "every reply")
-    g.add_argument("--learn-batch-costs", action="store_true", default=None,
-                   help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
-                        "load changes; the choices then move with the clock; default: off, see README)")
-
-
-def _generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    g = p.add_argument_group("generation")
-    g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
-                   help="sampling temperature (default: 0 = greedy)")
-    g.add_argument("--max-tokens", type=_positive_int, default=max_tokens, metavar="N",
-                   help=f"longest reply (default: {max_tokens})")
-    g.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|heuristic|K",
-                   help="draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-16)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one)")
-    g.add_argument("--repeat-penalty", type=_repeat_penalty, default=1.0, metavar="F",
-                   help="divide the logits of tokens seen in the last --repeat-last-n tokens by F, as llama.cpp "
-                        "(default: 1.0, off; 1.1 keeps small models from looping)")
-    g.add_argument("--repeat-last-n", type=_last_n, default=64, metavar="N",
-                   help="tokens of prompt and reply the penalties look back over (default: 64; -1: all)")
-    g.add_argument("--presence-penalty", type=_finite, default=0.0, metavar="F",
-                   help="subtract F from the logits of tokens seen there (default: 0)")
-    g.add_argument("--frequency-penalty", type=_finite, default=0.0, metavar="F",
-                   help="subtract F times their count there (default: 0)")
-    g.add_argument("--system", "-s", default=None, metavar="TEXT", help="system prompt")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -164,7 +40,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="chat in the terminal (the default command)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Chat in the terminal. Commands at the prompt:\n\n" + HELP)
-    _model_args(p, max_tokens=1024)
+    cli_args.model_args(p, max_tokens=1024)
     p.set_defaults(func=_run_chat)
 
     p = sub.add_parser("generate", help="reply to a prompt, streamed to stdout",
@@ -182,7 +58,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="reply with a JSON object")
     p.add_argument("--json-schema", default=None, metavar="FILE", help="reply with JSON following the schema in FILE")
     p.add_argument("--grammar", default=None, metavar="FILE", help="reply in the GBNF grammar in FILE")
-    _model_args(p, max_tokens=256)
+    cli_args.model_args(p, max_tokens=256)
     p.set_defaults(func=run_generate)
 
     p = sub.add_parser("serve", help="serve the model over the OpenAI HTTP API",
@@ -190,7 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
                                    "/v1/responses, /v1/models, /health, /metrics), Anthropic's /v1/messages, Ollama's "
                                    "/api/chat and /api/generate, and llama-server's /infill for editor plugins, until "
                                    "Ctrl-C or SIGTERM.")
-    _load_args(p)
+    cli_args.load_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
@@ -199,9 +75,9 @@ def make_parser() -> argparse.ArgumentParser:
     key.add_argument("--api-key-file", default=None, metavar="FILE", help="read the API key from FILE")
     g.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from ORIGIN (repeatable; default: none)")
-    g.add_argument("--max-queue", type=_positive_int, default=16, metavar="N",
+    g.add_argument("--max-queue", type=cli_args.positive_int, default=16, metavar="N",
                    help="requests that may wait for the model; more get 429 (default: 16)")
-    g.add_argument("--cache-reuse", type=_nonnegative_int, default=0, metavar="N",
+    g.add_argument("--cache-reuse", type=cli_args.nonnegative_int, default=0, metavar="N",
                    help="as llama-server's: move runs of N+ cached tokens to where a new prompt holds them instead of "
                         "decoding them again (an editor's rotating chunks of other files; the moved tokens' cache was "
                         "computed after other text, so the output can differ from a fresh prompt's); 256 is what "

@@ -1,0 +1,130 @@
+"""specllm-cli's flags: the argument types (each a message argparse prints on a bad value) and the groups of flags
+the commands share (the model and how it loads; generation). cli.py builds the parser from them."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from .llm import DEFAULT
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+
+
+def positive_int(s: str) -> int:
+    n = int(s)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def nonnegative_int(s: str) -> int:
+    n = int(s)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _temperature(s: str) -> float:
+    t = float(s)
+    if not 0 <= t < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {s}")
+    return t
+
+
+def _finite(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {s}")
+    return v
+
+
+def _repeat_penalty(s: str) -> float:
+    v = float(s)
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0 (1 = off), got {s}")
+    return v
+
+
+def _last_n(s: str) -> int:
+    n = int(s)
+    if n < -1:
+        raise argparse.ArgumentTypeError(f"must be >= -1 (-1 = the whole context, 0 = off), got {n}")
+    return n
+
+
+def _draft_length(s: str):
+    if s in ("auto", "heuristic"):
+        return s
+    try:
+        k = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, heuristic or an int from 0 to 16, got {s!r}") from None
+    if not 0 <= k <= 16:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 16, got {k}")
+    return k
+
+
+def _draft(s: str):
+    return None if s.lower() == "none" else s
+
+
+def model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    load_args(p)
+    generation_args(p, max_tokens)
+
+
+def load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", "-m", default=DEFAULT_MODEL,
+                   help=f"target model: registry name or .gguf path (default: {DEFAULT_MODEL})")
+    g.add_argument("--draft", "-d", type=_draft, default=DEFAULT, metavar="none|ngram|NAME|PATH",
+                   help="drafter: none (plain decoding), ngram (prompt lookup), or a draft model with the target's "
+                        "vocabulary (default: the registry's draft for a registry target, ngram for a path)")
+    g.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=None,
+                   help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better "
+                        "(default: on; --no-ngram: the draft model alone)")
+    g.add_argument("--ctx", type=positive_int, default=4096, metavar="N", help="context window (default: 4096)")
+    g.add_argument("--threads", "-t", type=positive_int, default=None, metavar="N",
+                   help="CPU threads (default: llama.cpp's choice)")
+    g.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                   help="greedy output equal to plain decoding (slower verification on a CPU; default: the "
+                        "library's, see README)")
+    g.add_argument("--memory-tokens", type=nonnegative_int, default=None, metavar="N",
+                   help="drafting memory: earlier replies the n-gram drafter looks up, at most N tokens "
+                        "(0 = off; default: the library's)")
+    g.add_argument("--prompt-cache-mb", type=nonnegative_int, default=None, metavar="N",
+                   help="keep KV states of earlier prompts, at most N MiB, so that switching between "
+                        "conversations does not decode them again (0 = off; default: the library's)")
+    g.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
+                   help="keep prompt states in DIR across runs (made if missing): a long system prompt or a chat "
+                        "taken up again is read back instead of decoded (default: none)")
+    g.add_argument("--prompt-cache-disk-mb", type=positive_int, default=None, metavar="N",
+                   help="at most N MiB of states in --prompt-cache-dir, least recently used out first (default: "
+                        "the library's, 4096)")
+    g.add_argument("--memory-file", default=None, metavar="PATH",
+                   help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
+                        "every reply")
+    g.add_argument("--learn-batch-costs", action="store_true", default=None,
+                   help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
+                        "load changes; the choices then move with the clock; default: off, see README)")
+
+
+def generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("generation")
+    g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+                   help="sampling temperature (default: 0 = greedy)")
+    g.add_argument("--max-tokens", type=positive_int, default=max_tokens, metavar="N",
+                   help=f"longest reply (default: {max_tokens})")
+    g.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|heuristic|K",
+                   help="draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-16)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one)")
+    g.add_argument("--repeat-penalty", type=_repeat_penalty, default=1.0, metavar="F",
+                   help="divide the logits of tokens seen in the last --repeat-last-n tokens by F, as llama.cpp "
+                        "(default: 1.0, off; 1.1 keeps small models from looping)")
+    g.add_argument("--repeat-last-n", type=_last_n, default=64, metavar="N",
+                   help="tokens of prompt and reply the penalties look back over (default: 64; -1: all)")
+    g.add_argument("--presence-penalty", type=_finite, default=0.0, metavar="F",
+                   help="subtract F from the logits of tokens seen there (default: 0)")
+    g.add_argument("--frequency-penalty", type=_finite, default=0.0, metavar="F",
+                   help="subtract F times their count there (default: 0)")
+    g.add_argument("--system", "-s", default=None, metavar="TEXT", help="system prompt")
