@@ -48,10 +48,9 @@ void ModelDrafter::propose(const DraftRequest & req, Draft & out) {
 
     const bool greedy = req.sampling->temperature <= 0.0f;
     const int n_vocab = n_shared_; // the logits of ids the target lacks (a padded draft vocabulary) are ignored
-    const bool penalize = PenaltyWindow::active(*req.sampling);
-    if (penalize) { // the target's ids (seq_ maps the ones the draft lacks to 0); apply skips ids past n_vocab
-        penalties_.reset(*req.sampling, req.history->data(), req.history->size());
-        penalties_.push(req.id_last);
+    const bool penalize = req.penalties != nullptr; // over the target's ids; apply skips ids past n_vocab
+    if (penalize) {
+        penalties_ = *req.penalties;
     }
     for (int i = 0; i < req.n_max; ++i) {
         const float * logits = model_->logits(-1);

@@ -244,6 +244,14 @@ StepResult Engine::step_locked() {
     draft_.from_memory = false;
     draft_.n_catchup = 0;
     double t0 = now_ms();
+    // the repetition penalties over the context, once a step: the draft model drafts under them, the verify rows
+    // are read under them
+    PenaltyWindow penalty_window;
+    const bool penalize = PenaltyWindow::active(gen_.sampling);
+    if (penalize) {
+        penalty_window.reset(gen_.sampling, history_.data(), history_.size());
+        penalty_window.push(id_last_);
+    }
     if (choice.k > 0) {
         DraftRequest req;
         req.history = &history_;
@@ -254,6 +262,7 @@ StepResult Engine::step_locked() {
         req.rng = &rng_;
         req.pos0 = n_past + 1;
         req.use_ngram = choice.ngram;
+        req.penalties = penalize ? &penalty_window : nullptr;
         drafter_->propose(req, draft_);
         if (!gen_.ignore_eos && cut_after_end(*target_, draft_.tokens) < (int) draft_.q.size()) {
             draft_.q.resize(draft_.tokens.size());
@@ -321,9 +330,8 @@ StepResult Engine::step_locked() {
     const int n_vocab = target_->n_vocab();
     const LogitsRow target_row = gen_.logprobs < 0 ? row : logprobs_.wrap(row, draft_.tokens, n_vocab, gen_.logprobs);
     std::unique_ptr<PenalizedRows> penalized; // logprobs stay the target's own, before penalties and grammar
-    if (PenaltyWindow::active(gen_.sampling)) {
-        penalized = std::make_unique<PenalizedRows>(gen_.sampling, history_, id_last_, draft_.tokens, target_row,
-                                                    n_vocab);
+    if (penalize) {
+        penalized = std::make_unique<PenalizedRows>(penalty_window, draft_.tokens, target_row, n_vocab);
     }
     const LogitsRow raw = penalized ? LogitsRow([&](int i) { return penalized->read(i); }) : target_row;
     const bool greedy = gen_.sampling.temperature <= 0.0f;

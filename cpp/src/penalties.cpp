@@ -38,14 +38,9 @@ const float * PenaltyWindow::apply(const float * logits, int n_vocab, std::vecto
     return out.data();
 }
 
-PenalizedRows::PenalizedRows(const SamplingOptions & s, const std::vector<llama_token> & history,
-                             llama_token id_last, const std::vector<llama_token> & draft, const LogitsRow & row,
-                             int n_vocab)
-    : draft_(draft), row_(row), n_vocab_(n_vocab) {
-    base_.reset(s, history.data(), history.size());
-    base_.push(id_last);
-    window_ = base_;
-}
+PenalizedRows::PenalizedRows(const PenaltyWindow & context, const std::vector<llama_token> & draft,
+                             const LogitsRow & row, int n_vocab)
+    : draft_(draft), row_(row), n_vocab_(n_vocab), base_(context), window_(context) {}
 
 const float * PenalizedRows::read(int i) {
     if (i < at_) { // the verifiers read in order; a reader going back starts again from row 0

@@ -24,6 +24,8 @@ struct DraftRequest {
     int64_t pos0 = 0;                                   // sequence position of the first draft token (coupled
                                                         // sampling keys its draws by seed and position)
     bool use_ngram = false;                             // hybrid drafting: which drafter the policy chose
+    const PenaltyWindow * penalties = nullptr;          // the repetition penalties over history + id_last, or
+                                                        // none: a model drafts under them as the target decides
 };
 
 struct Draft {

@@ -36,18 +36,18 @@ class PenaltyWindow {
     std::unordered_map<llama_token, int> counts_;
 };
 
-// One step's verify rows, penalized: row i by the context history + id_last + draft[0..i).
+// One step's verify rows, penalized: row i by the context (history + id_last: `context`) + draft[0..i).
 class PenalizedRows {
   public:
-    PenalizedRows(const SamplingOptions & s, const std::vector<llama_token> & history, llama_token id_last,
-                  const std::vector<llama_token> & draft, const LogitsRow & row, int n_vocab);
+    PenalizedRows(const PenaltyWindow & context, const std::vector<llama_token> & draft, const LogitsRow & row,
+                  int n_vocab);
     const float * read(int i);
 
   private:
     const std::vector<llama_token> & draft_;
     const LogitsRow & row_;
     int n_vocab_;
-    PenaltyWindow base_;   // the window at row 0
+    const PenaltyWindow & base_; // the window at row 0
     PenaltyWindow window_; // the window at row at_
     int at_ = 0;
     std::vector<float> buf_;
