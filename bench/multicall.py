@@ -45,6 +45,9 @@ from bench.run import machine_info, resolve_model, versions
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICALL_PATH = REPO / "bench" / "prompts" / "multicall.jsonl"
+# written on 2026-11-28, after every policy change so far, to check the memory on sequences it was never tuned on
+MULTICALL2_PATH = REPO / "bench" / "prompts" / "multicall2.jsonl"
+PROMPT_SETS = {"multicall": MULTICALL_PATH, "multicall2": MULTICALL2_PATH}
 KINDS = ("json_records", "tool_calls", "pytest_style", "edit_session", "chat_restates", "docstrings")
 MODES = ("independent", "conversation")
 FIRST = 2  # requests 1-2 of a sequence: the memory has little to offer yet; 3+ is where it should pay
@@ -95,6 +98,17 @@ def load_sequences(path: Path = MULTICALL_PATH, ids: list[str] | None = None, li
                              f"{', '.join(s.id for s in seqs)}")
         seqs = [s for s in seqs if s.id in ids]
     return seqs[:limit] if limit is not None else seqs
+
+
+def prompt_set(value: str) -> Path:
+    """--prompts: a set's name or a path to a .jsonl file of sequences."""
+    if value in PROMPT_SETS:
+        return PROMPT_SETS[value]
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no sequences at '{value}': give {' or '.join(PROMPT_SETS)}, or the path "
+                                         "of a .jsonl file with one sequence per line")
+    return path
 
 
 def llm_kwargs(name: str, draft: str, memory_tokens: int | None) -> dict:
@@ -330,7 +344,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ctx", type=int, default=8192,
                    help="context size; the conversations grow to ~3k tokens at 256 tokens a reply (default: "
                         "%(default)s)")
-    p.add_argument("--prompts", type=Path, default=MULTICALL_PATH, help="the sequences (default: %(default)s)")
+    p.add_argument("--prompts", type=prompt_set, default=MULTICALL_PATH,
+                   help=f"the sequences: {' or '.join(PROMPT_SETS)} (bench/prompts/NAME.jsonl) or a .jsonl path "
+                        "(default: multicall)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "multicall", help="output folder")
     args = p.parse_args(argv)
     if args.repeat < 1:

@@ -572,11 +572,14 @@ def test_repeat_must_be_positive(capsys):
     assert run.parse_args(["--repeat", "3"]).repeat == 3
 
 
-def test_multicall_sequences():
+@pytest.mark.parametrize("name", ["multicall", "multicall2"])
+def test_multicall_sequences(name):
     from bench import multicall
 
-    seqs = multicall.load_sequences()
-    with open(multicall.MULTICALL_PATH, encoding="utf-8") as f:
+    path = multicall.PROMPT_SETS[name]
+    assert multicall.parse_args(["--prompts", name]).prompts == path
+    seqs = multicall.load_sequences(path)
+    with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     assert len(seqs) == len(rows) >= 6
     assert len({s.id for s in seqs}) == len(seqs)
@@ -599,8 +602,8 @@ def test_multicall_sequences():
                                              {"role": "user", "content": "u2"}]
     chat = next(s for s in seqs if s.mode == "conversation")
     assert chat.messages(history, "u2") == history + [{"role": "user", "content": "u2"}]
-    assert [s.id for s in multicall.load_sequences(ids=[seqs[2].id, seqs[0].id])] == [seqs[0].id, seqs[2].id]
-    assert len(multicall.load_sequences(limit=2)) == 2
+    assert [s.id for s in multicall.load_sequences(path, ids=[seqs[2].id, seqs[0].id])] == [seqs[0].id, seqs[2].id]
+    assert len(multicall.load_sequences(path, limit=2)) == 2
     with pytest.raises(ValueError, match="unknown sequence"):
         multicall.load_sequences(ids=["nope"])
     with pytest.raises(SystemExit):
@@ -610,6 +613,22 @@ def test_multicall_sequences():
     assert off == {"draft": "d.gguf", "ngram": True, "memory_tokens": 0} and on == {"draft": "d.gguf", "ngram": True}
     assert multicall.llm_kwargs("memory-on", "d.gguf", 4096)["memory_tokens"] == 4096
     assert multicall.llm_kwargs("plain", "d.gguf", None) == {"draft": None, "memory_tokens": 0}
+
+
+
+def test_multicall2_is_new():
+    # the second set checks the memory on work it was never tuned on: no sequence id, source file or 200-character
+    # passage of the first set again, and its functions verbatim as their sources say
+    from bench import multicall
+
+    first, second = (multicall.load_sequences(multicall.PROMPT_SETS[n]) for n in ("multicall", "multicall2"))
+    assert not {s.id for s in first} & {s.id for s in second}
+    seen = "\n".join(r for s in first for r in s.requests + [s.system or ""])
+    pieces = [r[i:i + 200] for s in second for r in s.requests for i in range(0, max(1, len(r) - 200), 100)]
+    assert not [p for p in pieces if len(p) == 200 and p in seen]
+    assert "uvicorn" not in " ".join(s.source for s in second) and "dotenv" not in " ".join(s.source for s in second)
+    with pytest.raises(SystemExit):
+        multicall.parse_args(["--prompts", "multicall3"])
 
 
 @pytest.mark.slow
