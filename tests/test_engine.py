@@ -289,14 +289,17 @@ def test_the_draft_model_is_prefilled_only_where_it_pays(tiny, make_llm, plain, 
     # a long match at once on any machine (the tiny model's own text repeats itself on some CPUs, not on others)
     prompts = PROMPTS if device == "gpu-like" else [(p + plain[p].text) * 2 for p in PROMPTS]
     reference = load(tiny, make_llm)
-    if device == "gpu-like":
-        llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
-        llm._engine.set_draft_token_cost(0.5)
-    else:
-        llm._engine.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
-        llm._engine.set_draft_token_cost(25.0)
     model_steps = ngram_steps = 0
     for p in prompts:
+        # the costs are stated before every prompt: the draft model's cost per token is learned from its timing as it
+        # drafts, and a target drafting for itself then costs what the target does (more still under a sanitizer),
+        # which a later prompt's prefill decision would read instead of the device this test describes
+        if device == "gpu-like":
+            llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
+            llm._engine.set_draft_token_cost(0.5)
+        else:
+            llm._engine.set_verify_costs([61.0, 96.0, 118.0, 119.0, 152.0, 178.0, 210.0])
+            llm._engine.set_draft_token_cost(25.0)
         c = llm.generate(p, max_tokens=N)
         assert c.tokens == reference.generate(p, max_tokens=N).tokens
         cached = llm._engine.draft.cached
