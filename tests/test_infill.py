@@ -213,6 +213,11 @@ def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_
         status, r = _infill(s.url, **request, samplers=["top_k", "top_p", "infill"], top_k=40, top_p=0.99, seed=5)
         assert status == 200 and r["content"] == sampled.text, (r, sampled.text)
         assert r["generation_settings"]["temperature"] == 1.0 and r["generation_settings"]["min_p"] == 0.0
+        # llama-server's repetition penalties, as in-process generation applies them
+        penalized = local.generate(prompt, max_tokens=24, temperature=0, repeat_penalty=1.5, penalty_last_n=16,
+                                   presence_penalty=0.5)
+        status, r = _infill(s.url, **request, temperature=0, repeat_penalty=1.5, repeat_last_n=16, presence_penalty=0.5)
+        assert status == 200 and r["content"] == penalized.text != want.text, (r, penalized.text)
         # n_indent: the middle ends at the first later line indented less, as llama-server cuts it
         lim = Limits(2, 0)
         cut = lim.feed(want.text) + ("" if lim.stopped else lim.rest())

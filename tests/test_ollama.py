@@ -65,6 +65,16 @@ def test_a_chat_reply_is_the_chat_reply_whole_and_streamed(client, local):
     assert "".join(x["message"]["content"] for x in lines) == want.text and lines[-1]["done"]
 
 
+def test_the_repetition_penalties_in_options_are_applied(client, local):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": ASK}]
+    options = {"repeat_penalty": 1.5, "repeat_last_n": 16, "frequency_penalty": 1.0, "presence_penalty": 0.5}
+    want = local.chat(messages, max_tokens=24, repeat_penalty=1.5, penalty_last_n=16, frequency_penalty=1.0,
+                      presence_penalty=0.5)
+    assert want.text != local.chat(messages, max_tokens=24).text
+    r = client.chat(model=MODEL, messages=messages, options={**GREEDY, **options}, stream=False)
+    assert r.message.content == want.text
+
+
 def test_generate_in_the_chat_template_raw_and_loading(client, local):
     # 8 tokens: the prompt's start comes from the KV cache of the requests before, computed in other batches than
     # a fresh plain decoding's, and further on a near-tie of the random tiny model flips

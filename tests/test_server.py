@@ -202,6 +202,24 @@ def test_raw_sse_framing_ends_with_done(server):
     assert all(json.loads(line[6:])["object"] == "chat.completion.chunk" for line in lines[:-1])
 
 
+def test_chat_penalties_equal_llm_chat(client, local):
+    # OpenAI's presence_penalty and frequency_penalty, and llama-server's repeat_penalty / repeat_last_n beside them
+    free = local.chat(MESSAGES, max_tokens=40).text
+    want = local.chat(MESSAGES, max_tokens=40, presence_penalty=0.5, frequency_penalty=1.0, repeat_penalty=1.3,
+                      penalty_last_n=16).text
+    assert want != free
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                       presence_penalty=0.5, frequency_penalty=1.0,
+                                       extra_body={"repeat_penalty": 1.3, "repeat_last_n": 16})
+    assert r.choices[0].message.content == want
+    chunks = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                            presence_penalty=0.5, frequency_penalty=1.0, stream=True,
+                                            extra_body={"repeat_penalty": 1.3, "repeat_last_n": 16})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, presence_penalty=-2.5)
+
+
 def test_stop_strings(client, local):
     full = local.chat(MESSAGES, max_tokens=60).text
     stop = full[20:23]
