@@ -19,7 +19,9 @@ Systems, each ONE specllm.LLM kept across a whole sequence:
   memory-on-noshape  memory-on costing verify batches with the profile's shape (the default; kept for old runs)
   memory-on-learn    memory-on learning batch costs from the timing (not in the default --systems)
 At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
-memory holds only that sequence's earlier outputs. Within a sequence nothing is reset (reset() would empty the
+memory holds only that sequence's earlier outputs, and "auto" is put back as the warm-up left it (since 2026-11-28:
+before, a sequence's later rounds started with the memory estimates its earlier round taught, and every sequence with
+what the ones before it taught). Within a sequence nothing is reset (reset() would empty the
 memory; the KV prefix reuse between requests is what a server gives). Request i runs on every system in turn, the
 order rotated by one per request, greedy, max_tokens (256), stopping at end of generation.
 
@@ -134,6 +136,7 @@ class System:
     load_ms: float = 0.0
     history: list = field(default_factory=list)  # the conversation so far (conversation mode)
     failed: bool = False                          # a request failed: the rest of this sequence round is skipped
+    policy: object = None                         # "auto" after the warm-up (specllm._core.AutoPolicy)
 
     def load(self, target: str, threads: int, ctx: int) -> None:
         import specllm
@@ -147,12 +150,15 @@ class System:
         apply_engine_settings(self.llm, engine_settings)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
+        self.policy = self.llm._engine.policy_state()  # what every sequence and round starts from
 
     def start_sequence(self) -> None:
-        """Every sequence (and round) starts cold and alike on every system: an empty KV cache and an empty
-        memory. reset() clears the memory too; clear_memory() says so explicitly."""
+        """Every sequence (and round) starts cold and alike on every system: an empty KV cache, an empty memory,
+        and "auto" as the warm-up left it (not with the memory's acceptance estimates that an earlier sequence, or
+        the sequence's own earlier round, taught it). reset() clears the memory too; clear_memory() says so."""
         self.llm.reset()
         self.llm.clear_memory()
+        self.llm._engine.set_policy_state(self.policy)
         self.history, self.failed = [], False
 
     def run(self, seq: Sequence, request: str, max_tokens: int) -> dict:

@@ -85,7 +85,8 @@ class SpecllmSystem:
         self.engine_settings = self.llm_kwargs.pop("engine", {})
         self.draft = draft.format(draft=cfg.draft) if draft else None
         self.llm = None
-        self._memory_for = (None, None)  # (prompt, the drafting memory before its first run)
+        # (prompt, the drafting memory and what "auto" had learned before its first run)
+        self._memory_for = (None, None, None)
 
     def load(self) -> float:
         import specllm
@@ -110,13 +111,16 @@ class SpecllmSystem:
         if not keep_cache:
             # the KV cache goes (every prompt is evaluated whole); the drafting memory of earlier prompts stays, as
             # in a server, but a prompt run again (rounds) finds the memory as it was before its first run, never
-            # its own earlier answer
+            # its own earlier answer, and "auto" as it was then: the memory's acceptance estimates carry over from
+            # one prompt to the next, and a round after the first would otherwise start from what the prompt's own
+            # earlier round taught them (rounds repeat a measurement; they are not a user asking again)
             self.llm.reset(keep_memory=True)
-            prompt, before = self._memory_for
+            prompt, before, policy = self._memory_for
             if prompt == prompt_text:
                 self.llm._engine.set_memory(before)
+                self.llm._engine.set_policy_state(policy)
             else:
-                self._memory_for = (prompt_text, self.llm._engine.memory())
+                self._memory_for = (prompt_text, self.llm._engine.memory(), self.llm._engine.policy_state())
         kwargs = {} if self.draft_length is None else {"draft_length": self.draft_length}
         if self.cfg.repeat_penalty != 1.0:
             kwargs["repeat_penalty"] = self.cfg.repeat_penalty

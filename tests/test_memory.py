@@ -54,6 +54,29 @@ def test_auto_uses_the_memory_where_it_pays(tiny, make_llm, plain, draft):
     assert again.stats.n_memory_steps > 0, again.stats
 
 
+def test_what_auto_learned_can_be_put_back_to_repeat_a_run(tiny, make_llm, plain):
+    # the memory's acceptance estimates carry over from one generation to the next: a copy of the policy's state,
+    # put back with the memory, makes a prompt run again (bench's rounds) draft exactly as its first run did
+    from specllm import _core
+
+    llm = make(make_llm, tiny)
+    llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])  # GPU-like: drafting pays
+    for p in (PROMPT, OTHER):
+        llm.generate(p, max_tokens=N)
+    n = _core.AutoPolicy.n_sources
+    estimates = lambda: [llm._engine.acceptance_estimate(s) for s in range(n)]  # noqa: E731
+    state, memory, before = llm._engine.policy_state(), llm._engine.memory(), estimates()
+    first = llm.generate(PROMPT, max_tokens=N)
+    assert first.stats.n_memory_steps > 0 and estimates() != before
+    llm.reset(keep_memory=True)
+    llm._engine.set_memory(memory)
+    llm._engine.set_policy_state(state)
+    assert estimates() == before
+    again = llm.generate(PROMPT, max_tokens=N)
+    assert again.tokens == first.tokens == plain[PROMPT]
+    assert again.stats.k_histogram == first.stats.k_histogram and again.stats.n_steps == first.stats.n_steps
+
+
 def test_memory_is_bounded_and_keeps_the_newest(tiny, make_llm):
     llm = make(make_llm, tiny, memory_tokens=64)
     for i in range(6):
