@@ -615,18 +615,24 @@ def test_multicall_sequences(name):
     assert multicall.llm_kwargs("plain", "d.gguf", None) == {"draft": None, "memory_tokens": 0}
 
 
-
 def test_multicall2_is_new():
-    # the second set checks the memory on work it was never tuned on: no sequence id, source file or 200-character
-    # passage of the first set again, and its functions verbatim as their sources say
+    # the second set checks the memory on work it was never tuned on: no sequence id, no quoted function and no
+    # 120-character passage of the first set again (requests and system messages). One source file is in both:
+    # packaging/utils.py (the first set quotes canonicalize_name, the second is_normalized_name)
+    import re
+
     from bench import multicall
 
     first, second = (multicall.load_sequences(multicall.PROMPT_SETS[n]) for n in ("multicall", "multicall2"))
     assert not {s.id for s in first} & {s.id for s in second}
-    seen = "\n".join(r for s in first for r in s.requests + [s.system or ""])
-    pieces = [r[i:i + 200] for s in second for r in s.requests for i in range(0, max(1, len(r) - 200), 100)]
-    assert not [p for p in pieces if len(p) == 200 and p in seen]
-    assert "uvicorn" not in " ".join(s.source for s in second) and "dotenv" not in " ".join(s.source for s in second)
+    texts = {n: [r for s in seqs for r in s.requests + [s.system or ""]] for n, seqs in (("1", first), ("2", second))}
+    seen = {t[i:i + 120] for t in texts["1"] for i in range(len(t) - 119)}
+    shared = [t[i:i + 120] for t in texts["2"] for i in range(len(t) - 119) if t[i:i + 120] in seen]
+    assert not shared, shared[:3]
+    files = [set(re.findall(r"[\w/]+\.py", " ".join(s.source for s in seqs))) for seqs in (first, second)]
+    assert files[0] & files[1] == {"packaging/utils.py"}
+    defs = [set(re.findall(r"^def (\w+)", "\n".join(t), re.M)) for t in (texts["1"], texts["2"])]
+    assert len(defs[1]) >= 12 and not defs[0] & defs[1]
     with pytest.raises(SystemExit):
         multicall.parse_args(["--prompts", "multicall3"])
 
