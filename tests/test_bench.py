@@ -360,6 +360,33 @@ def test_smoke_run_on_tiny_models(tmp_path):
     assert not list(out.glob("*.records.jsonl"))
 
 
+def test_the_rounds_of_a_prompt_start_from_the_same_policy_state():
+    # what "auto" learns carries from one prompt to the next (the memory's estimates) and bench.run keeps that
+    # across prompts, but a prompt's later rounds start where its first round started, as its memory does
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench.systems import Config, SpecllmSystem
+    from specllm import _core
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    system = SpecllmSystem("ngram", Config(paths["target"], paths["draft"], n_ctx=512, n_threads=1))
+    system.load()
+    system.llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])  # GPU-like: drafting pays
+    starts, stream = [], system.llm.stream
+
+    def recording_stream(*args, **kwargs):
+        starts.append([system.llm._engine.acceptance_estimate(s) for s in range(_core.AutoPolicy.n_sources)])
+        return stream(*args, **kwargs)
+
+    system.llm.stream = recording_stream
+    first, again, other = "the cat sat on the mat and the cat ", "the cat sat on the mat and the cat ", "a dog ran "
+    results = [system.run(p, 24) for p in (first, again, other, other, other)]
+    assert results[0].n_drafted > 0 and results[2].n_drafted > 0  # each round learns something
+    assert starts[1] == starts[0] and starts[2] != starts[1]  # a new prompt starts from what the last one left
+    assert starts[3] == starts[4] == starts[2]
+    assert len({(r.text, r.n_steps, r.n_drafted) for r in results[2:]}) == 1
+
+
 def test_repeat_penalty_runs_the_specllm_systems_under_it(tmp_path):
     pytest.importorskip("specllm._core")
     tiny = pytest.importorskip("models.tiny")
