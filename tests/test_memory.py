@@ -75,6 +75,16 @@ def test_what_auto_learned_can_be_put_back_to_repeat_a_run(tiny, make_llm, plain
     again = llm.generate(PROMPT, max_tokens=N)
     assert again.tokens == first.tokens == plain[PROMPT]
     assert again.stats.k_histogram == first.stats.k_histogram and again.stats.n_steps == first.stats.n_steps
+    # not during a generation, and not a state taken with other costs (a fresh policy's, or before new costs)
+    with llm.stream(PROMPT, max_tokens=N) as s:
+        next(iter(s))
+        with pytest.raises(specllm.InvalidOptionError, match="during a generation"):
+            llm._engine.set_policy_state(state)
+    with pytest.raises(specllm.InvalidOptionError, match="other verify costs"):
+        llm._engine.set_policy_state(_core.AutoPolicy())
+    llm._engine.set_verify_costs([10.0, 10.5])
+    with pytest.raises(specllm.InvalidOptionError, match="other verify costs"):
+        llm._engine.set_policy_state(state)
 
 
 def test_memory_is_bounded_and_keeps_the_newest(tiny, make_llm):

@@ -147,11 +147,10 @@ void register_engine(py::module_ & m) {
             }
             e.auto_policy().set_context_row_cost(ms);
         })
-        .def("policy_state", [](Engine & e) { return AutoPolicy(e.auto_policy()); },
+        .def("policy_state", &Engine::policy_state, py::call_guard<py::gil_scoped_release>(),
              "a copy of what \"auto\" has learned so far (acceptance estimates, costs, level); set_policy_state puts "
              "it back, so that a prompt run again (a benchmark's rounds) starts where its first run started")
-        .def("set_policy_state", [](Engine & e, const AutoPolicy & state) { e.auto_policy() = state; },
-             py::arg("state"))
+        .def("set_policy_state", &Engine::set_policy_state, py::arg("state"), py::call_guard<py::gil_scoped_release>())
         .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
              py::arg("on"), "learn what verify batches cost against a plain step from their timing (default: off)")
         .def_property_readonly("learn_batch_costs", [](Engine & e) { return e.auto_policy().learn_batch_costs(); })

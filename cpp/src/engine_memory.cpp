@@ -1,5 +1,6 @@
 // Engine's memories across generations: the drafting memory, the outputs of earlier generations kept for n-gram
-// drafts (remember), and its accessors (save / load / clear / size); the prompt cache's size.
+// drafts (remember), and its accessors (save / load / clear / size); the prompt cache's size; a copy of what the
+// "auto" policy learned across generations (policy_state).
 #include "specllm/engine.h"
 
 #include "specllm/errors.h"
@@ -106,6 +107,23 @@ size_t Engine::prompt_store_bytes() const {
 int Engine::prompt_cache_entries() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return prompt_cache_.n_entries();
+}
+
+AutoPolicy Engine::policy_state() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return auto_;
+}
+
+void Engine::set_policy_state(const AutoPolicy & state) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (active_) {
+        throw InvalidArgument("the policy's state cannot change during a generation: finish or close it first");
+    }
+    if (!state.same_costs(auto_)) {
+        throw InvalidArgument("this policy state was taken with other verify costs or verify rows than this "
+                              "engine's (another engine's, or from before set_verify_costs): take it again");
+    }
+    auto_ = state;
 }
 
 } // namespace specllm

@@ -70,6 +70,12 @@ class AutoPolicy : public DraftPolicy {
     void left_out_draft_model(double keep = default_keep);
     void set_k_limit(int k) { k_limit_ = k; }
     void set_verify_rows(int n) { verify_rows_ = n; } // verify in chunks of at most n rows (0 = one batch)
+    int verify_rows() const { return verify_rows_; }
+    // the same profile (verify costs as set, before any learned level) and verify rows: a state of one can stand in
+    // for the other's (Engine::set_policy_state)
+    bool same_costs(const AutoPolicy & other) const {
+        return t_verify_ == other.t_verify_ && verify_rows_ == other.verify_rows_;
+    }
     // first chunks a one-batch (fast mode) step may verify alone before the rest: on a CPU a 1-row probe costs
     // one plain step and, if draft 1 is wrong, saves the whole batch (a failed 16-row draft costs 4.5 plain
     // steps on a 2-core EPYC); if it is right, the rest costs T(k) instead of T(k+1) - T(1)

@@ -115,6 +115,12 @@ class Engine {
     void clear_memory();
     void set_memory_tokens(int n); // its size in tokens (0 = off; a smaller size drops the oldest outputs)
     int memory_tokens() const { return opts_.memory_tokens; }
+    // a copy of what "auto" has learned so far (acceptance estimates, costs, level); set_policy_state puts one back,
+    // so that a prompt run again (a benchmark's rounds) starts where its first run started. Not during a generation;
+    // a state with other verify costs or verify rows than this engine's (another engine's, or from before
+    // set_verify_costs) is refused
+    AutoPolicy policy_state() const;
+    void set_policy_state(const AutoPolicy & state);
     // saved KV states of earlier prompts (prompt_cache.h): at most `bytes` (0 = off; reset() empties it)
     void set_prompt_cache_bytes(size_t bytes);
     size_t prompt_cache_bytes() const;
