@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from bench.oracle import context_ms, verify_ms
 
@@ -106,7 +107,10 @@ def sequence_answers(llm, run: dict, system: str = "plain", ends: bool = False):
     from bench import multicall
     from bench.oracle import chat_template_of, end_token
 
-    seqs = {s.id: s for s in multicall.load_sequences(ids=run["meta"]["sequences"])}
+    # the run's set of sequences (meta "prompts", a path; found by its name under bench/prompts in another clone)
+    path = Path(run["meta"].get("prompts") or multicall.MULTICALL_PATH)
+    path = path if path.is_file() else multicall.REPO / "bench" / "prompts" / path.name
+    seqs = {s.id: s for s in multicall.load_sequences(path, ids=run["meta"]["sequences"])}
     for sid in run["meta"]["sequences"]:
         recs = sorted((r for r in run["records"] if r["system"] == system and r["sequence"] == sid and
                        r.get("rep", 0) == 0), key=lambda r: r["request"])
