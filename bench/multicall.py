@@ -18,6 +18,8 @@ Systems, each ONE specllm.LLM kept across a whole sequence:
   memory-on   the default drafter with its memory (memory_tokens: the library's default, or --memory-tokens)
   memory-on-noshape  memory-on costing verify batches with the profile's shape (the default; kept for old runs)
   memory-on-learn    memory-on learning batch costs from the timing (not in the default --systems)
+  memory-on-ambiguous  memory-on also drafting from a memory match that continues two ways (the default until
+                     2026-11-28; not in the default --systems)
 At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
 memory holds only that sequence's earlier outputs, and "auto" is put back as the warm-up left it (since 2026-11-28:
 before, a sequence's later rounds started with the memory estimates its earlier round taught, and every sequence with
@@ -68,6 +70,10 @@ SYSTEMS = {
                           "engine": {"learn_batch_costs": False}},
     "memory-on-learn": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
                         "engine": {"learn_batch_costs": True}},
+    # memory on, drafting also from a memory match whose key the memory continues in more than one way: the default
+    # until 2026-11-28
+    "memory-on-ambiguous": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
+                            "engine": {"memory_ambiguous_drafts": True}},
 }
 
 

@@ -29,6 +29,9 @@ SPECLLM_SYSTEMS = {
     "plain-exact": (None, None, {"exact": True}),
     # the default without the drafting memory (memory on: earlier prompts' outputs, never the same prompt's)
     "hybrid-nomem": ("{draft}", "auto", {"ngram": True, "memory_tokens": 0}),
+    # the default drafting also from a memory match whose key the memory continues in more than one way: the
+    # default until 2026-11-28
+    "hybrid-ambiguous": ("{draft}", "auto", {"ngram": True, "engine": {"memory_ambiguous_drafts": True}}),
     "hybrid-fast-nomem": ("{draft}", "auto", {"ngram": True, "exact": False, "memory_tokens": 0}),
     # the default as before 2026-11-25: "auto" not told where a proposal crosses the end of a sentence (settings
     # under "engine" are Engine setters applied after the load)

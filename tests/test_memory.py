@@ -87,6 +87,29 @@ def test_what_auto_learned_can_be_put_back_to_repeat_a_run(tiny, make_llm, plain
         llm._engine.set_policy_state(state)
 
 
+def test_a_memory_match_that_continues_two_ways_is_not_drafted(tiny, make_llm, plain):
+    # the memory holds the reply's first 12 tokens twice, each time followed by other tokens: up to there its
+    # matches continue one way and are drafted; after them the key continues two ways (as a JSON value after its
+    # key does across earlier outputs) and is drafted from only with memory_ambiguous_drafts on
+    want = plain[PROMPT]
+    others = [t for t in range(60, 250) if t not in want][:8]
+    memory = want[:12] + others[:4] + [-1] + want[:12] + others[4:] + [-1]
+    llm = make(make_llm, tiny)
+    assert llm._engine.memory_ambiguous_drafts is False  # the default
+    runs = {}
+    for on in (False, True):
+        llm.reset()
+        llm._engine.set_memory(memory)
+        llm._engine.set_memory_ambiguous_drafts(on)
+        runs[on] = llm.generate(PROMPT, max_tokens=N, draft_length=4)
+        assert runs[on].tokens == want
+    off, on = runs[False].stats, runs[True].stats
+    assert off.n_memory_steps >= 1 and on.n_memory_steps == off.n_memory_steps + 1
+    assert on.n_drafted - on.n_accepted > off.n_drafted - off.n_accepted  # the extra memory draft was wrong
+    llm.set_draft("ngram")  # a new drafter keeps the setting with the memory
+    assert llm._engine.memory_ambiguous_drafts is True
+
+
 def test_memory_is_bounded_and_keeps_the_newest(tiny, make_llm):
     llm = make(make_llm, tiny, memory_tokens=64)
     for i in range(6):

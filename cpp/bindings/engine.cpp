@@ -115,6 +115,10 @@ void register_engine(py::module_ & m) {
         .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
         .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("memory_tokens", &Engine::memory_tokens)
+        .def("set_memory_ambiguous_drafts", &Engine::set_memory_ambiguous_drafts, py::arg("on"),
+             py::call_guard<py::gil_scoped_release>(),
+             "draft from a memory match whose key the memory continues in more than one way (default: off)")
+        .def_property_readonly("memory_ambiguous_drafts", &Engine::memory_ambiguous_drafts)
         .def("set_prompt_cache_bytes", &Engine::set_prompt_cache_bytes, py::arg("bytes"),
              py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("prompt_cache_bytes", &Engine::prompt_cache_bytes)

@@ -107,7 +107,7 @@ NgramMatch NgramDrafter::find(int n_draft, std::vector<llama_token> & out) {
     if (memory_ != nullptr && !memory_->empty()) {
         const auto & text = index_.tokens();
         NgramMatch m = memory_->index().lookup(text.data(), text.size(), n_draft, memory_seq_);
-        if (m.length > match_.length) {
+        if (m.length > match_.length && (!m.ambiguous || memory_->ambiguous_drafts())) {
             m.memory = true;
             match_ = m;
             out.swap(memory_seq_);

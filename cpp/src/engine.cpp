@@ -79,6 +79,7 @@ void Engine::set_drafter(DraftKind kind, const ModelOptions & draft, const Ngram
     Model * draft_model = nullptr;
     NgramMemory memory(ngram.n_min, ngram.n_max); // the memory, indexed with the new n-gram sizes
     memory.set_max_tokens(memory_.max_tokens());
+    memory.set_ambiguous_drafts(memory_.ambiguous_drafts());
     memory.assign(memory_.tokens());
     auto drafter = make_drafter(kind, draft, ngram, *target_, &memory_, draft_model); // throws: the old one stays
     memory_ = std::move(memory);

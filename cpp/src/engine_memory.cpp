@@ -51,6 +51,11 @@ void Engine::set_memory_tokens(int n) {
     memory_.set_max_tokens((size_t) n);
 }
 
+void Engine::set_memory_ambiguous_drafts(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memory_.set_ambiguous_drafts(on);
+}
+
 void Engine::set_sentence_boundaries(bool on) {
     std::lock_guard<std::mutex> lock(mutex_);
     opts_.sentence_boundaries = on;

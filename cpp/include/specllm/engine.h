@@ -115,6 +115,8 @@ class Engine {
     void clear_memory();
     void set_memory_tokens(int n); // its size in tokens (0 = off; a smaller size drops the oldest outputs)
     int memory_tokens() const { return opts_.memory_tokens; }
+    void set_memory_ambiguous_drafts(bool on); // NgramMemory::set_ambiguous_drafts (default: off)
+    bool memory_ambiguous_drafts() const { return memory_.ambiguous_drafts(); }
     // a copy of what "auto" has learned so far (acceptance estimates, costs, level); set_policy_state puts one back,
     // so that a prompt run again (a benchmark's rounds) starts where its first run started. Not during a generation;
     // a state with other verify costs or verify rows than this engine's (another engine's, or from before

@@ -69,11 +69,18 @@ class NgramMemory {
     const std::vector<llama_token> & tokens() const { return index_.tokens(); } // outputs and separators
     void assign(const std::vector<llama_token> & tokens); // what tokens() returned (a saved memory)
     const NgramIndex & index() const { return index_; }
+    // draft from a match whose key the memory continues in more than one way (default: no, the text's match, if
+    // any, stands instead). Over three multi-call runs' answers such a match proposed the right next token 0-15%
+    // of the time on most match lengths (225 matches), an unambiguous one 67-95%: the value after a JSON key, the
+    // name after a tool's argument, which differ from one earlier output to the next
+    void set_ambiguous_drafts(bool on) { ambiguous_drafts_ = on; }
+    bool ambiguous_drafts() const { return ambiguous_drafts_; }
 
   private:
     void shrink_to(size_t n); // keep at most the newest n tokens, from a document boundary
     NgramIndex index_;
     size_t max_tokens_ = 0; // 0 = off
+    bool ambiguous_drafts_ = false;
 };
 
 } // namespace specllm
