@@ -70,9 +70,9 @@ class NgramMemory {
     void assign(const std::vector<llama_token> & tokens); // what tokens() returned (a saved memory)
     const NgramIndex & index() const { return index_; }
     // draft from a match whose key the memory continues in more than one way (default: no, the text's match, if
-    // any, stands instead). Over three multi-call runs' answers such a match proposed the right next token 0-15%
-    // of the time on most match lengths (225 matches), an unambiguous one 67-95%: the value after a JSON key, the
-    // name after a tool's argument, which differ from one earlier output to the next
+    // any, stands instead). Over three multi-call runs' answers such a match proposed the right next token 0-21%
+    // of the time in 11 of 14 groups by run and match length (227 matches), an unambiguous one 67-95%: the value
+    // after a JSON key, the name after a tool's argument, which differ from one earlier output to the next
     void set_ambiguous_drafts(bool on) { ambiguous_drafts_ = on; }
     bool ambiguous_drafts() const { return ambiguous_drafts_; }
 
