@@ -24,11 +24,14 @@ from bench.oracle import context_ms, verify_ms
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
              k_limit: int, memory: list[int] = (), row_ms: float = 0.0, end: int | None = None,
-             max_tokens: int | None = None, boundary_of=None, cut=None):
+             max_tokens: int | None = None, boundary_of=None, cut=None, ambiguous_memory: bool = False):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
-    text's (one index over both picks the same occurrence; ties go to the text, the newer). `row_ms`: what a verify
+    text's (one index over both picks the same occurrence; ties go to the text, the newer). A memory match whose key
+    continues in more than one way is not drafted from, the text's own match stands (the engine since 2026-11-28;
+    here ambiguity is over memory and text together, in the engine over the memory alone); ambiguous_memory=True
+    drafts from it, as before. `row_ms`: what a verify
     row adds per token of context beyond the profile's (the profile's context_row_ms; 0 = context costs nothing):
     the policy is told it and the context, and a batch is charged it, as on the machine that measured it.
     `end`: the token that ended the answer (None: it was cut at max_tokens). The engine does not know where an
@@ -42,19 +45,25 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
 
     index.clear()
     index.extend(list(memory) + list(prompt))
+    text_index = _core.NgramIndex(2, 4)  # the text alone, for the match that stands beside an ambiguous memory one
+    text_index.extend(list(prompt))
     n_mem = len(memory)
     text = list(answer) + ([] if end is None else [end])  # what the model emits, its end of turn included
     budget = len(answer) if end is None or max_tokens is None else max(max_tokens, len(answer))
     i = ms = drafted = accepted = steps = mem_steps = 0
     while i < len(answer):
         length, ambiguous, source = index.match()
+        lookup = index.lookup
+        if length > 0 and source < n_mem and ambiguous and not ambiguous_memory:
+            length, ambiguous, source = text_index.match()
+            source, lookup = source + n_mem, text_index.lookup
         from_memory = length > 0 and source < n_mem
         doubtful = doubt and not from_memory and (ambiguous or source >= n_mem + len(prompt))
         k_max = min(k_limit, budget - i - 1)
         n_past = len(prompt) + i
         # what the drafter would propose, looked up once: a draft of k is its first k tokens (the match does not
         # depend on the length asked for), and the policy is told where it crosses a sentence end
-        ahead = index.lookup(k_max)[1] if k_max > 0 and length > 0 else []
+        ahead = lookup(k_max)[1] if k_max > 0 and length > 0 else []
         if cut is not None:
             ahead = cut(ahead)
         boundary = -1 if boundary_of is None or not ahead else boundary_of(text[i - 1] if i > 0 else prompt[-1], ahead)
@@ -76,7 +85,7 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
             cost = verify_ms(costs, reached, chunk, row_ms, n_past)
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
-            _, first = index.lookup(1)
+            _, first = lookup(1)
             policy.observe_shadow(length, doubtful, first[0] == text[i], from_memory, boundary == 0)
         ms += cost
         mem_steps += bool(proposal) and from_memory
@@ -84,6 +93,7 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         accepted += run
         steps += 1
         index.extend(text[i:i + run + 1])
+        text_index.extend(text[i:i + run + 1])
         i += run + 1  # past len(answer) when the step emitted the end of turn
     return ms, len(answer) * costs[0], drafted, accepted, steps, mem_steps
 

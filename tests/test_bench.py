@@ -571,6 +571,20 @@ def test_simulated_sequences_draft_a_repeated_answer_from_the_memory_only_when_i
     assert rows[True][3][2] >= rows[True][3][1]  # the oracle is an upper bound of the policy
 
 
+def test_simulate_drafts_from_an_ambiguous_memory_match_only_when_asked():
+    # as the engine since 2026-11-28: [12, 13] continues two ways in the memory (20... and 30...), so the memory
+    # does not draft there and the text, which has no match, drafts nothing
+    from bench.simulate import new_policy, simulate
+    from specllm import _core
+
+    costs = [50.0, 51, 52, 53] + [53 + 1.0 * n for n in range(1, 46)]  # flat: any draft pays
+    memory = [10, 11, 12, 13, 20, 21, 22, -1, 14, 15, 12, 13, 30, 31, 32, -1]
+    out = {amb: simulate(new_policy(costs, 49), _core.NgramIndex(2, 4), [1, 2, 3], [12, 13, 40, 41, 42, 43, 44],
+                         costs, 49, True, 48, memory, ambiguous_memory=amb) for amb in (False, True)}
+    assert out[False][2:] == (0, 0, 7, 0)  # drafted, accepted, steps, memory steps
+    assert out[True][2:] == (3, 0, 7, 1) and out[True][0] > out[False][0]
+
+
 def test_repeated_rounds_pair_within_a_round_and_take_the_median_per_prompt():
     def rec(system, id_, tps, rep):
         return {**_rec(system, "qa", id_, tps), "rep": rep}
