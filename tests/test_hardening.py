@@ -117,6 +117,51 @@ def test_a_profile_that_stays_noisy_is_measured_again_at_later_loads(tiny, tmp_p
     assert "noisy" not in quiet and profile.plausible(quiet["verify_ms"]) and profile.cached(*key) == quiet
 
 
+def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny, tmp_path, monkeypatch, caplog):
+    """A profile measured while the machine ran evenly slower (a test suite beside it) is plausible, so it used to
+    be kept for good, its shape bent; the steps show it: far cheaper than it says, the file is marked stale after a
+    generation and measured again at the next load. A profile the steps do not undercut stays."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    slow = [1000.0 + 500.0 * n for n in range(48)]  # 1 s a step: the tiny model's take well under 1 ms
+
+    def load():
+        return specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+
+    monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps, n_prefix=32: slow[:max(sizes)])
+    llm = load()
+    assert profile.plausible(llm.profile["verify_ms"]) and "stale" not in llm.profile
+    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    assert profile.cached(*key) is not None
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    llm = load()  # taken from the file as it is
+    assert llm.profile["verify_ms"] == slow[:len(llm.profile["verify_ms"])]
+    with caplog.at_level("WARNING", logger="specllm.profile"):
+        llm.generate("the cat sat on the mat", max_tokens=2)  # too few steps to judge
+        assert profile.cached(*key) is not None and not caplog.records
+        llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    (path,) = tmp_path.glob("*.json")
+    on_file = json.loads(path.read_text())
+    assert on_file["stale"] < profile.STALE_LEVEL and on_file["verify_ms"] == llm.profile["verify_ms"]
+    assert profile.cached(*key) is None
+    assert any("measured again at the next load" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="specllm.profile"):
+        again = load()
+    assert any("measuring" in r.getMessage() for r in caplog.records)
+    assert again.profile["verify_ms"][0] < 100.0 and "stale" not in again.profile
+    assert "stale" not in json.loads(path.read_text())
+
+    # a profile cheaper than the steps (the machine is slower now than when it was measured) is never marked
+    fast = dict(json.loads(path.read_text()))
+    fast["verify_ms"] = [v / 1000.0 for v in fast["verify_ms"]]
+    path.write_text(json.dumps(fast))
+    llm = load()
+    assert llm.profile["verify_ms"] == fast["verify_ms"]
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert "stale" not in json.loads(path.read_text()) and profile.cached(*key) is not None
+
+
 # --- checked indices
 
 def test_policy_indices_are_checked():

@@ -97,6 +97,8 @@ void register_policy(py::module_ & m) {
         .def_property_readonly("learn_batch_costs", &AutoPolicy::learn_batch_costs)
         .def("batch_factor", &AutoPolicy::batch_factor, py::arg("n"))
         .def("first_rows", &AutoPolicy::first_rows)
+        .def("step_level", &AutoPolicy::step_level)
+        .def("step_level_observations", &AutoPolicy::step_level_observations)
         .def("set_context_row_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);
             p.set_context_row_cost(ms);

@@ -180,6 +180,7 @@ class LLM:
         self._opts = opts
         self._profile_costs = profile_costs
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
+        self._stale_checked = False  # a profile found stale is marked once (profile.STALE_LEVEL)
         self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)
@@ -407,6 +408,25 @@ class LLM:
     def _finished(self, stats: Stats) -> None:  # the stream still holds the gate
         self.last_stats = stats
         self._memory_changed()
+        self._check_profile()
+
+    def _check_profile(self) -> None:
+        """A cost profile whose steps have run far below its costs was measured while the machine was slower
+        (profile.STALE_LEVEL): its file is marked, to be measured again at the next load."""
+        if self.profile is None or self._stale_checked or self.profile["verify_ms"][0] < profile.STALE_MIN_MS:
+            return
+        state = self._engine.policy_state()
+        level = state.step_level()
+        if state.step_level_observations() < profile.STALE_STEPS or level >= profile.STALE_LEVEL:
+            return
+        self._stale_checked = True
+        o = self._opts.target
+        marked = profile.mark_stale(self.profile, level, self.model_path, [self.draft_path or "", ""], o.n_threads,
+                                    o.n_gpu_layers, o.repack, self._opts.verify_rows)
+        if marked:
+            profile.log.warning("decoding steps run at %.2f of what this machine's cost profile says (it was measured "
+                                "while the machine was slower or busy): it will be measured again at the next load "
+                                "(%s)", level, ", ".join(map(str, marked)))
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])

@@ -68,6 +68,17 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
     return all(t <= increase * n * verify_ms[0] for n, t in enumerate(verify_ms, 1) if t > 0)
 
 
+# a profile measured while the machine ran slower than it does now passes plausible() when the slowdown was even (a
+# 2-core Xeon VM measured T(1) = 319 ms while a test suite ran beside it, 83 ms quiet, with T(2) = 1.03 T(1) against
+# 1.5 quiet and a row's context cost 0.038 ms against 0.005): the online level scales its costs back, not its shape.
+# Once this many steps have shown a level below STALE_LEVEL, the profile on file is marked stale and measured again
+# at the next load (measuring now would clear the KV cache and hold up the next request for 10-20 s)
+STALE_LEVEL = 0.7
+STALE_STEPS = 32
+STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
+                    # 0.6-1.4 of a profile measured a second earlier
+
+
 def sizes_for(verify_rows: int) -> list[int]:
     return [n for n in SIZES if n <= verify_rows] if verify_rows > 0 else SIZES
 
@@ -116,9 +127,44 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     """The cached profile of this pair and settings if it can be used as it is: plausible, or found busy at
     NOISY_LOADS loads, or busy_ok (any profile on file); else None."""
     prof = _read(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows), verify_rows)
-    if prof is not None and (busy_ok or plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS):
+    if prof is not None and (busy_ok or ((plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS)
+                                         and "stale" not in prof)):
         return prof
     return None
+
+
+def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+               verify_rows: int = 0) -> list:
+    """Marks the cached profiles of `target` with each of `drafts` ("" = the n-gram drafter) that hold prof's verify
+    costs as stale (the steps cost `level` x what they say), so that the next load measures them again. Returns
+    the paths marked; a file that cannot be written is left as it is."""
+    marked = []
+    for draft in dict.fromkeys(drafts):
+        path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
+        on_file = _read(path, verify_rows)
+        if on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file:
+            continue
+        try:
+            _write(path, dict(on_file, stale=round(level, 3)))
+            marked.append(path)
+        except OSError:
+            pass
+    return marked
+
+
+def _write(path: Path, prof: dict) -> None:
+    """Writes prof to path whole or not at all (a temporary file renamed over it)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            tmp = f.name
+            json.dump(prof, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
@@ -137,7 +183,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
-                     "draft (once per model, machine, thread count and mode; 10-20 s on a 2-core CPU)",
+                     "draft (once per model, machine, thread count and mode; up to 40 s on a 2-core CPU)",
                      ", ".join(map(str, sizes)))
             attempts = 1 if before else MAX_MEASURES
             for attempt in range(attempts):
@@ -156,18 +202,10 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                 "context_row_ms": float(context_ms)}
         if not plausible(verify_ms):
             prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
-        tmp = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-                tmp = f.name
-                json.dump(prof, f)
-            os.replace(tmp, path)
-        except BaseException as e:  # a read-only home or a full disk: profile again next time
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
-            if not isinstance(e, OSError):
-                raise
+            _write(path, prof)
+        except OSError:  # a read-only home or a full disk: profile again next time
+            pass
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
     if prof.get("draft_token_ms"):

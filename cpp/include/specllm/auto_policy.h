@@ -86,6 +86,12 @@ class AutoPolicy : public DraftPolicy {
     static constexpr int probe_k_min = 4;
     static constexpr double probe_keep = 0.9;
     int first_rows() const { return last_first_; } // the first chunk of the last choice (0 = none)
+    // what the steps cost now against the profile (measured / profiled; a running mean, then an EMA) and how many
+    // steps taught it (0 = none yet: level 1). Far below 1 after many steps, the profile was measured while the
+    // machine ran slower than it does now (busy, or on battery): profile.py then has it measured again at the next
+    // load, since a slowdown measured into a profile bends its shape as well as its level
+    double step_level() const { return n_scale_obs_ > 0 ? verify_scale_ : 1.0; }
+    int step_level_observations() const { return n_scale_obs_; }
 
     // a new prompt. The n-gram sources over the text start again from their priors (and from their first
     // exploration): what one text copied says little about the next, and carrying it over made a prompt's speed
