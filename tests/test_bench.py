@@ -1035,3 +1035,23 @@ def test_an_editor_session_accepts_the_first_line_and_asks_again():
     assert next_prefix(prefix, "if x:\n\treturn 1", enter=True) == prefix + "if x:\n\t"
     assert next_prefix(prefix, "return x") is None  # one line: nothing left to ask for
     assert next_prefix(prefix, "return x\n\nprint(f(1))") is None  # the next line is empty
+
+
+def test_static_policy_drafts_what_its_groups_say_and_prefers_the_split_group():
+    from bench.static_policy import best_k, group, learn, replay_static
+
+    costs = [10.0] + [10.0 + n for n in range(1, 49)]  # batches nearly as cheap as a step
+    assert group(2, False, -1, None) == (0, False, -1) and group(20, True, 11, 0.95) == (4, True, 8, 2)
+    g, split = group(5, False, -1, None), group(5, False, -1, 0.3)
+    assert best_k({g: [0] * 10}, (g,), 16, costs, 0.0, 0) == 0  # never agrees: no draft
+    assert best_k({g: [20] * 10}, (g,), 16, costs, 0.0, 0) == 16
+    assert best_k({g: [20] * 4}, (g,), 16, costs, 0.0, 0) == 0  # too few samples
+    assert best_k({g: [20] * 10, split: [0] * 5}, (split, g), 16, costs, 0.0, 0) == 0  # the split group decides
+    assert best_k({g: [20] * 10, split: [0] * 4}, (split, g), 16, costs, 0.0, 0) == 16  # ... with enough samples
+    prompt = list(range(100, 140))
+    copy = [7, 8] + prompt[5:30]  # a copy of the prompt after two tokens of its own
+    runs = learn([(prompt, [7, 8] + prompt[a:a + 25], None, None) for a in range(0, 15, 3)])  # five such copies
+    assert len(runs[group(2, False, -1, None)]) == 5
+    assert replay_static(runs, prompt, copy, None, None, costs, 0.0, None) > 3.5  # the copy in one step
+    assert replay_static({}, prompt, copy, None, None, costs, 0.0, None) == 1.0  # nothing learned: plain decoding
+    assert replay_static(runs, prompt, list(range(500, 530)), None, None, costs, 0.0, None) == 1.0  # no match
