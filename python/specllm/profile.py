@@ -72,7 +72,7 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
 # 2-core Xeon VM measured T(1) = 319 ms while a test suite ran beside it, 83 ms quiet, with T(2) = 1.03 T(1) against
 # 1.5 quiet and a row's context cost 0.038 ms against 0.005): the online level scales its costs back, not its shape.
 # Once this many steps have shown a level below STALE_LEVEL, the profile on file is marked stale and measured again
-# at the next load (measuring now would clear the KV cache and hold up the next request for 10-20 s)
+# at the next load (measuring now would clear the KV cache and hold up the next request for 10-40 s)
 STALE_LEVEL = 0.7
 STALE_STEPS = 32
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
