@@ -136,9 +136,10 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
     llm = load()  # taken from the file as it is
     assert llm.profile["verify_ms"] == slow[:len(llm.profile["verify_ms"])]
+    caplog.clear()
     with caplog.at_level("WARNING", logger="specllm.profile"):
         llm.generate("the cat sat on the mat", max_tokens=2)  # too few steps to judge
-        assert profile.cached(*key) is not None and not caplog.records
+        assert profile.cached(*key) is not None and not [r for r in caplog.records if r.levelname == "WARNING"]
         llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     (path,) = tmp_path.glob("*.json")
     on_file = json.loads(path.read_text())
@@ -152,9 +153,11 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     assert again.profile["verify_ms"][0] < 100.0 and "stale" not in again.profile
     assert "stale" not in json.loads(path.read_text())
 
-    # a profile cheaper than the steps (the machine is slower now than when it was measured) is never marked
-    fast = dict(json.loads(path.read_text()))
-    fast["verify_ms"] = [v / 1000.0 for v in fast["verify_ms"]]
+    # a profile cheaper than the steps (the machine is slower now than when it was measured) is never marked, however
+    # small its T(1) (the floor that keeps tiny models' jittery steps from marking theirs is lifted here)
+    monkeypatch.setattr(profile, "STALE_MIN_MS", 0.0)
+    fast = {k: v for k, v in json.loads(path.read_text()).items() if k != "noisy"}
+    fast["verify_ms"] = [0.0001 * (1.0 + 0.5 * n) for n in range(len(fast["verify_ms"]))]  # plausible: kept as is
     path.write_text(json.dumps(fast))
     llm = load()
     assert llm.profile["verify_ms"] == fast["verify_ms"]
