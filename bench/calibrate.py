@@ -36,17 +36,25 @@ def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, de
     """Add one answer's observations: pos0[source] / deeper[source] / pos0[(source, task)] = [right, seen].
     `end`: the token that ended the answer (None: it was cut at max_tokens, and nothing is known past it).
     `memory`: earlier answers (each followed by the separator -1) indexed before the prompt; a match there is the
-    memory's (one index over both picks the occurrence that agrees furthest back; ties go to the text)."""
+    memory's (one index over both picks the occurrence that agrees furthest back; ties go to the text), except a
+    match whose key continues in more than one way, which the engine does not draft from (since 2026-11-28): the
+    text's own match counts instead, as bench.simulate replays it."""
     index.clear()
     index.extend(list(memory) + list(prompt))
+    text_index = type(index)(2, 4)  # the text alone, for the match that stands beside an ambiguous memory one
+    text_index.extend(list(prompt))
     n_mem = len(memory)
     text = list(answer) + ([end] if end is not None else [])
     for i, token in enumerate(text):
         length, ambiguous, source = index.match()
+        lookup = index.lookup
+        if length > 0 and source < n_mem and ambiguous:
+            length, ambiguous, source = text_index.match()
+            source, lookup = source + n_mem, text_index.lookup
         if length > 0:
             from_memory = source < n_mem
             s = source_of(True, length, not from_memory and (ambiguous or source >= n_mem + len(prompt)), from_memory)
-            _, proposal = index.lookup(8)
+            _, proposal = lookup(8)
             for key in (s, (s, task)):
                 pos0.setdefault(key, [0, 0])
                 pos0[key][0] += proposal[0] == token
@@ -58,6 +66,7 @@ def tally(index, prompt: list[int], answer: list[int], source_of, pos0: dict, de
                 deeper[s][0] += proposal[j] == text[i + j]
                 deeper[s][1] += 1
         index.push(token)
+        text_index.push(token)
 
 
 def main(argv=None) -> int:
