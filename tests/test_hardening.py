@@ -146,6 +146,20 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     assert on_file["stale"] < profile.STALE_LEVEL and on_file["verify_ms"] == llm.profile["verify_ms"]
     assert profile.cached(*key) is None
     assert any("measured again at the next load" in r.getMessage() for r in caplog.records)
+    # already marked: not marked again; a file that cannot be written is left as it is, without an error
+    assert profile.mark_stale(llm.profile, 0.1, llm.model_path, [""], 1, *key[3:]) == []
+
+    def full_disk(path, prof):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(profile, "_write", full_disk)
+    unmarked = {k: v for k, v in on_file.items() if k != "stale"}
+    path.write_text(json.dumps(unmarked))
+    assert profile.mark_stale(llm.profile, 0.1, llm.model_path, [""], 1, *key[3:]) == []
+    assert json.loads(path.read_text()) == unmarked
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    path.write_text(json.dumps(on_file))
     caplog.clear()
     with caplog.at_level("INFO", logger="specllm.profile"):
         again = load()
