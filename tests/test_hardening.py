@@ -141,6 +141,7 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
         llm.generate("the cat sat on the mat", max_tokens=2)  # too few steps to judge
         assert profile.cached(*key) is not None and not [r for r in caplog.records if r.levelname == "WARNING"]
         llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert llm._engine.policy_state().step_level_observations() >= profile.STALE_STEPS  # enough steps to judge
     (path,) = tmp_path.glob("*.json")
     on_file = json.loads(path.read_text())
     assert on_file["stale"] < profile.STALE_LEVEL and on_file["verify_ms"] == llm.profile["verify_ms"]
@@ -157,6 +158,7 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     path.write_text(json.dumps(unmarked))
     assert profile.mark_stale(llm.profile, 0.1, llm.model_path, [""], 1, *key[3:]) == []
     assert json.loads(path.read_text()) == unmarked
+    assert profile.mark_stale(llm.profile, 0.1, str(tmp_path / "moved.gguf"), [""], 1, *key[3:]) == []  # no model
     monkeypatch.undo()
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
     path.write_text(json.dumps(on_file))

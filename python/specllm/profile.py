@@ -140,11 +140,11 @@ def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: i
     the paths marked; a file that cannot be written is left as it is."""
     marked = []
     for draft in dict.fromkeys(drafts):
-        path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
-        on_file = _read(path, verify_rows)
-        if on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file:
-            continue
-        try:
+        try:  # a model file moved or deleted since the load (os.stat in _path), a full disk: left as it is
+            path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
+            on_file = _read(path, verify_rows)
+            if on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file:
+                continue
             _write(path, dict(on_file, stale=round(level, 3)))
             marked.append(path)
         except OSError:
