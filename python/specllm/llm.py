@@ -411,22 +411,12 @@ class LLM:
         self._check_profile()
 
     def _check_profile(self) -> None:
-        """A cost profile whose steps have run far below its costs was measured while the machine was slower
-        (profile.STALE_LEVEL): its file is marked, to be measured again at the next load."""
-        if self.profile is None or self._stale_checked or self.profile["verify_ms"][0] < profile.STALE_MIN_MS:
-            return
-        state = self._engine.policy_state()
-        level = state.step_level()
-        if state.step_level_observations() < profile.STALE_STEPS or level >= profile.STALE_LEVEL:
-            return
-        self._stale_checked = True
-        o = self._opts.target
-        marked = profile.mark_stale(self.profile, level, self.model_path, [self.draft_path or "", ""], o.n_threads,
-                                    o.n_gpu_layers, o.repack, self._opts.verify_rows)
-        if marked:
-            profile.log.warning("decoding steps run at %.2f of what this machine's cost profile says (it was measured "
-                                "while the machine was slower or busy): it will be measured again at the next load "
-                                "(%s)", level, ", ".join(map(str, marked)))
+        """A cost profile the steps have run far below is marked, to be measured again at the next load (once)."""
+        if self.profile is not None and not self._stale_checked:
+            o = self._opts.target
+            self._stale_checked = profile.mark_if_stale(self._engine, self.profile, self.model_path,
+                                                        [self.draft_path or "", ""], o.n_threads, o.n_gpu_layers,
+                                                        o.repack, self._opts.verify_rows)
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])

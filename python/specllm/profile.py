@@ -133,6 +133,24 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     return None
 
 
+def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+                  verify_rows: int = 0) -> bool:
+    """After a generation: if STALE_STEPS+ steps have shown the engine's level below STALE_LEVEL (prof was measured
+    while the machine was slower), marks its files (mark_stale) and warns. True once judged stale (check no more)."""
+    if prof["verify_ms"][0] < STALE_MIN_MS:
+        return False
+    state = engine.policy_state()
+    level = state.step_level()
+    if state.step_level_observations() < STALE_STEPS or level >= STALE_LEVEL:
+        return False
+    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows)
+    if marked:
+        log.warning("decoding steps run at %.2f of what this machine's cost profile says (it was measured while the "
+                    "machine was slower or busy): it will be measured again at the next load (%s)", level,
+                    ", ".join(map(str, marked)))
+    return True
+
+
 def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
                verify_rows: int = 0) -> list:
     """Marks the cached profiles of `target` with each of `drafts` ("" = the n-gram drafter) that hold prof's verify
