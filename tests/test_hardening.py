@@ -181,6 +181,46 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     assert "stale" not in json.loads(path.read_text()) and profile.cached(*key) is not None
 
 
+def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tmp_path, monkeypatch, caplog):
+    """A drafter set after the profile was judged stale takes its verify costs with the mark, so its own profile is
+    measured again at the next load too; a profile measured again at STALE_LOADS loads (each while the machine was
+    busy) is kept as it is instead of costing every load a measurement."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    slow = [1000.0 + 500.0 * n for n in range(48)]  # 1 s a step: the tiny model's take well under 1 ms
+    measured = []
+
+    def busy(self, sizes, n_reps, n_prefix=32):
+        measured.append(sizes)
+        return slow[:max(sizes)]
+
+    monkeypatch.setattr(_core.Engine, "profile_verify", busy)
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    args = (1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    (ngram_file,) = tmp_path.glob("*.json")
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert "stale" in json.loads(ngram_file.read_text()) and llm._stale_checked
+    llm.set_draft(tiny["draft"], ngram=True)  # the pair's costs: the target's known ones, not measured
+    assert len(measured) == 1 and llm.profile["verify_ms"] == slow[:len(llm.profile["verify_ms"])]
+    pair_file = profile._path(llm.model_path, llm.draft_path, *args)
+    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
+    assert profile.cached(llm.model_path, llm.draft_path, *args) is None  # measured again at the next load
+
+    # measured again, busy once more, at each load: counted, and kept after STALE_LOADS
+    for n in range(1, profile.STALE_LOADS + 1):
+        llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+        assert len(measured) == 1 + n and llm.profile["stale_loads"] == n and "stale" not in llm.profile
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="specllm.profile"):
+            llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+        on_file = json.loads(ngram_file.read_text())
+        assert on_file["stale_loads"] == n and llm._stale_checked
+        assert ("stale" in on_file) == (n < profile.STALE_LOADS), n
+        kept = [r for r in caplog.records if "kept as it is" in r.getMessage()]
+        assert bool(kept) == (n == profile.STALE_LOADS), n
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert len(measured) == 1 + profile.STALE_LOADS  # taken from the file: no more measurements
+
+
 # --- checked indices
 
 def test_policy_indices_are_checked():

@@ -247,6 +247,8 @@ class LLM:
                                                    known=known, swapped=swapped)
             self._known_profile = self.profile
             logs.drain()
+        # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is
+        self._stale_checked = self.profile is not None and "stale" in self.profile
 
     @property
     def hybrid(self) -> bool:
@@ -414,9 +416,11 @@ class LLM:
         """A cost profile the steps have run far below is marked, to be measured again at the next load (once)."""
         if self.profile is not None and not self._stale_checked:
             o = self._opts.target
-            self._stale_checked = profile.mark_if_stale(self._engine, self.profile, self.model_path,
-                                                        [self.draft_path or "", ""], o.n_threads, o.n_gpu_layers,
-                                                        o.repack, self._opts.verify_rows)
+            judged = profile.mark_if_stale(self._engine, self.profile, self.model_path, [self.draft_path or "", ""],
+                                           o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows)
+            if judged is not None:  # a drafter set later takes these verify costs with the mark (load_or_measure)
+                self._stale_checked = True
+                self._known_profile = judged
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])

@@ -73,8 +73,12 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
 # 1.5 quiet and a row's context cost 0.038 ms against 0.005): the online level scales its costs back, not its shape.
 # Once this many steps have shown a level below STALE_LEVEL, the profile on file is marked stale and measured again
 # at the next load (measuring now would clear the KV cache and hold up the next request for 10-40 s)
+# (the level: plain steps' measured / profiled cost, a running mean over the first 10 steps, then an EMA of weight
+# 0.1, so about the last 10 steps; judged once STALE_STEPS steps have taught it, in the "auto" policy only). A file
+# measured again this way at STALE_LOADS loads is kept as it is (every load ran under contention; delete the file)
 STALE_LEVEL = 0.7
 STALE_STEPS = 32
+STALE_LOADS = 3
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
                     # 0.6-1.4 of a profile measured a second earlier
 
@@ -134,21 +138,28 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
 
 
 def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
-                  verify_rows: int = 0) -> bool:
+                  verify_rows: int = 0) -> dict | None:
     """After a generation: if STALE_STEPS+ steps have shown the engine's level below STALE_LEVEL (prof was measured
-    while the machine was slower), marks its files (mark_stale) and warns. True once judged stale (check no more)."""
+    while the machine was slower), marks its files (mark_stale) and warns. None while not judged stale (check again
+    after the next generation); once judged, the profile with its mark ("stale": the level), which a drafter set
+    later takes its verify costs from, or prof as it is if it was measured again at STALE_LOADS loads already."""
     if prof["verify_ms"][0] < STALE_MIN_MS:
-        return False
+        return None
     state = engine.policy_state()
     level = state.step_level()
     if state.step_level_observations() < STALE_STEPS or level >= STALE_LEVEL:
-        return False
+        return None
+    if prof.get("stale_loads", 0) >= STALE_LOADS:
+        log.warning("decoding steps run at %.2f of what this machine's cost profile says, which was measured again at "
+                    "%d loads already (each while the machine was busy?): kept as it is; delete the profile files in "
+                    "%s to measure again", level, prof["stale_loads"], _cache_dir())
+        return prof
     marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows)
     if marked:
         log.warning("decoding steps run at %.2f of what this machine's cost profile says (it was measured while the "
                     "machine was slower or busy): it will be measured again at the next load (%s)", level,
                     ", ".join(map(str, marked)))
-    return True
+    return dict(prof, stale=round(level, 3))
 
 
 def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
@@ -161,7 +172,8 @@ def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: i
         try:  # a model file moved or deleted since the load (os.stat in _path), a full disk: left as it is
             path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
             on_file = _read(path, verify_rows)
-            if on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file:
+            if (on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file
+                    or on_file.get("stale_loads", 0) >= STALE_LOADS):
                 continue
             _write(path, dict(on_file, stale=round(level, 3)))
             marked.append(path)
@@ -195,10 +207,15 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
     if prof is None:
-        before = noisy_loads(_read(path, verify_rows))  # loads that found the cached profile busy
+        on_file = _read(path, verify_rows)
+        before = noisy_loads(on_file)  # loads that found the cached profile busy
+        # loads that measured again a profile found stale (STALE_LOADS)
+        carried = {"stale_loads": on_file.get("stale_loads", 0) + 1} if on_file and "stale" in on_file else {}
         if known is not None and known.get("sizes") == sizes:
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
+            # ... and its marks: costs judged stale are measured again at the next load, with the others
+            carried = {k: known[k] for k in ("stale", "stale_loads") if k in known}
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine, thread count and mode; up to 40 s on a 2-core CPU)",
@@ -217,7 +234,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                             f"({path})")
             context_ms = context_row_cost(engine, sizes, verify_ms)
         prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
-                "context_row_ms": float(context_ms)}
+                "context_row_ms": float(context_ms), **carried}
         if not plausible(verify_ms):
             prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
         try:
