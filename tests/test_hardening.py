@@ -141,7 +141,9 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
         llm.generate("the cat sat on the mat", max_tokens=2)  # too few steps to judge
         assert profile.cached(*key) is not None and not [r for r in caplog.records if r.levelname == "WARNING"]
         llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
-    assert llm._engine.policy_state().step_level_observations() >= profile.STALE_STEPS  # enough steps to judge
+    state = llm._engine.policy_state()
+    assert state.step_level_observations() >= profile.STALE_STEPS  # enough steps to judge
+    assert llm._engine.step_level() == (state.step_level(), state.step_level_observations())
     (path,) = tmp_path.glob("*.json")
     on_file = json.loads(path.read_text())
     assert on_file["stale"] < profile.STALE_LEVEL and on_file["verify_ms"] == llm.profile["verify_ms"]

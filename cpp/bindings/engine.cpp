@@ -154,6 +154,8 @@ void register_engine(py::module_ & m) {
         .def("policy_state", &Engine::policy_state, py::call_guard<py::gil_scoped_release>(),
              "a copy of what \"auto\" has learned so far (acceptance estimates, costs, level); set_policy_state puts "
              "it back, so that a prompt run again (a benchmark's rounds) starts where its first run started")
+        .def("step_level", &Engine::step_level, py::call_guard<py::gil_scoped_release>(),
+             "(level, steps): \"auto\"'s plain steps' measured / profiled cost, and how many steps taught it")
         .def("set_policy_state", &Engine::set_policy_state, py::arg("state"), py::call_guard<py::gil_scoped_release>())
         .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
              py::arg("on"), "learn what verify batches cost against a plain step from their timing (default: off)")

@@ -119,6 +119,11 @@ AutoPolicy Engine::policy_state() const {
     return auto_;
 }
 
+std::pair<double, int> Engine::step_level() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {auto_.step_level(), auto_.step_level_observations()};
+}
+
 void Engine::set_policy_state(const AutoPolicy & state) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (active_) {

@@ -145,9 +145,8 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     later takes its verify costs from, or prof as it is if it was measured again at STALE_LOADS loads already."""
     if prof["verify_ms"][0] < STALE_MIN_MS:
         return None
-    state = engine.policy_state()
-    level = state.step_level()
-    if state.step_level_observations() < STALE_STEPS or level >= STALE_LEVEL:
+    level, steps = engine.step_level()
+    if steps < STALE_STEPS or level >= STALE_LEVEL:
         return None
     if prof.get("stale_loads", 0) >= STALE_LOADS:
         log.warning("decoding steps run at %.2f of what this machine's cost profile says, which was measured again at "

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace specllm {
@@ -123,6 +124,8 @@ class Engine {
     // set_verify_costs) is refused
     AutoPolicy policy_state() const;
     void set_policy_state(const AutoPolicy & state);
+    // "auto"'s level (plain steps' measured / profiled cost) and how many steps taught it, without copying the state
+    std::pair<double, int> step_level() const;
     // saved KV states of earlier prompts (prompt_cache.h): at most `bytes` (0 = off; reset() empties it)
     void set_prompt_cache_bytes(size_t bytes);
     size_t prompt_cache_bytes() const;
