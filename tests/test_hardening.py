@@ -214,6 +214,7 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
         caplog.clear()
         with caplog.at_level("WARNING", logger="specllm.profile"):
             llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+        assert llm._engine.step_level()[1] >= profile.STALE_STEPS  # enough steps to judge
         on_file = json.loads(ngram_file.read_text())
         assert on_file["stale_loads"] == n and llm._stale_checked
         assert ("stale" in on_file) == (n < profile.STALE_LOADS), n
@@ -221,6 +222,79 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
         assert bool(kept) == (n == profile.STALE_LOADS), n
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     assert len(measured) == 1 + profile.STALE_LOADS  # taken from the file: no more measurements
+
+
+def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkeypatch):
+    """The count of loads that measured a stale profile again survives a busy measurement and starts again once the
+    steps agree with a profile; a drafter whose pair file holds the costs judged stale takes the mark at the swap,
+    one with its own costs is judged by the steps run with it only; a count of the wrong type is no count."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    monkeypatch.setattr(profile, "STALE_MIN_MS", 0.0)  # the tiny models' steps are judged too
+    slow = [1000.0 + 500.0 * n for n in range(48)]  # 1 s a step: the tiny model's take well under 1 ms
+    busy = [1000.0 * (1 + (n % 2)) for n in range(48)]  # not increasing: implausible
+    costs = {"now": slow}
+    monkeypatch.setattr(_core.Engine, "profile_verify",
+                        lambda self, sizes, n_reps, n_prefix=32: costs["now"][:max(sizes)])
+
+    def load(draft="ngram"):
+        return specllm.LLM(tiny["target"], draft, n_threads=1, n_ctx=256)
+
+    llm = load()
+    args = (1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    (ngram_file,) = tmp_path.glob("*.json")
+
+    def rewrite(**changes):
+        ngram_file.write_text(json.dumps(dict(json.loads(ngram_file.read_text()), **changes)))
+
+    # a stale profile measured again while the machine was busy: noisy, and the count kept through the next load
+    rewrite(stale=0.1, stale_loads=1)
+    costs["now"] = busy
+    assert load().profile["stale_loads"] == 2 and json.loads(ngram_file.read_text())["noisy"] == 1
+    assert load().profile["stale_loads"] == 2  # measured again (busy once more): not counted as stale
+    # a quiet profile the steps agree with: the count starts again
+    costs["now"] = [1e-4 * (1.0 + 0.5 * n) for n in range(48)]  # far cheaper than the steps: never stale
+    rewrite(verify_ms=costs["now"][:len(json.loads(ngram_file.read_text())["verify_ms"])], stale_loads=2)
+    ngram_file.write_text(json.dumps({k: v for k, v in json.loads(ngram_file.read_text()).items() if k != "noisy"}))
+    llm = load()
+    assert llm.profile["stale_loads"] == 2
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert "stale_loads" not in llm.profile and "stale_loads" not in json.loads(ngram_file.read_text())
+    # a count of the wrong type (a file edited by hand) is no count, and raises nowhere
+    rewrite(verify_ms=slow[:len(json.loads(ngram_file.read_text())["verify_ms"])], stale_loads="2")
+    llm = load()
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert json.loads(ngram_file.read_text())["stale"] < profile.STALE_LEVEL and profile.stale_loads(llm.profile) == 0
+
+    # the pair file of another drafter holding the same costs (written from them before) takes the mark at the swap
+    ngram_file.write_text(json.dumps({k: v for k, v in json.loads(ngram_file.read_text()).items()
+                                      if k not in ("stale", "stale_loads")}))
+    llm = load()
+    pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args)
+    pair_file.write_text(json.dumps(dict(json.loads(ngram_file.read_text()), draft_token_ms=0.05)))
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert "stale" in json.loads(ngram_file.read_text())
+    llm.set_draft(tiny["draft"], ngram=True)
+    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
+
+    # a drafter with its own costs is judged by the steps run with it, not by the level learned before the swap
+    pair_file.write_text(json.dumps(dict(json.loads(pair_file.read_text()), verify_ms=[v + 1.0 for v in slow][
+        :len(json.loads(pair_file.read_text())["verify_ms"])])))
+    pair = json.loads(pair_file.read_text())
+    del pair["stale"]
+    pair_file.write_text(json.dumps(pair))
+    costs["now"] = slow
+    llm = load()  # the n-gram file, stale, measured again: slow once more
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert llm._engine.step_level()[0] < profile.STALE_LEVEL
+    llm.set_draft(tiny["draft"], ngram=True)
+    assert "stale" not in llm.profile and not llm._stale_checked
+    llm.generate("the cat sat", max_tokens=4, ignore_eos=True)  # too few steps since the swap to judge
+    assert "stale" not in json.loads(pair_file.read_text())
+    for _ in range(10):  # with a draft model, fewer of the steps are plain ones, which teach the level
+        llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+        if llm._engine.step_level()[1] - llm._steps_before >= profile.STALE_STEPS:
+            break
+    assert "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
 
 
 # --- checked indices

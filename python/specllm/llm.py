@@ -180,7 +180,8 @@ class LLM:
         self._opts = opts
         self._profile_costs = profile_costs
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
-        self._stale_checked = False  # a profile found stale is marked once (profile.STALE_LEVEL)
+        self._stale_checked = False  # the drafter's profile was judged stale (profile.STALE_LEVEL): not judged again
+        self._steps_before = 0  # steps that taught the policy's level before the drafter was set
         self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)
@@ -247,8 +248,10 @@ class LLM:
                                                    known=known, swapped=swapped)
             self._known_profile = self.profile
             logs.drain()
-        # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is
+        # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is, by the
+        # steps run with it (the level so far was learned against the costs before)
         self._stale_checked = self.profile is not None and "stale" in self.profile
+        self._steps_before = self._engine.step_level()[1]
 
     @property
     def hybrid(self) -> bool:
@@ -413,11 +416,12 @@ class LLM:
         self._check_profile()
 
     def _check_profile(self) -> None:
-        """A cost profile the steps have run far below is marked, to be measured again at the next load (once)."""
+        """A cost profile the steps have run far below is marked, to be measured again at the next load."""
         if self.profile is not None and not self._stale_checked:
             o = self._opts.target
             judged = profile.mark_if_stale(self._engine, self.profile, self.model_path, [self.draft_path or "", ""],
-                                           o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows)
+                                           o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows,
+                                           self._steps_before)
             if judged is not None:  # a drafter set later takes these verify costs with the mark (load_or_measure)
                 self._stale_checked = True
                 self._known_profile = judged

@@ -137,21 +137,36 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: b
     return None
 
 
+def stale_loads(prof: dict | None) -> int:
+    """How many loads in a row measured this profile again because it was found stale (STALE_LOADS)."""
+    mark = prof.get("stale_loads", 0) if prof is not None else 0
+    return int(mark) if isinstance(mark, int) and not isinstance(mark, bool) and mark > 0 else 0
+
+
 def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
-                  verify_rows: int = 0) -> dict | None:
-    """After a generation: if STALE_STEPS+ steps have shown the engine's level below STALE_LEVEL (prof was measured
-    while the machine was slower), marks its files (mark_stale) and warns. None while not judged stale (check again
-    after the next generation); once judged, the profile with its mark ("stale": the level), which a drafter set
-    later takes its verify costs from, or prof as it is if it was measured again at STALE_LOADS loads already."""
+                  verify_rows: int = 0, since: int = 0) -> dict | None:
+    """After a generation: if STALE_STEPS+ steps since the drafter was set (`since`: the engine's count then) have
+    shown the engine's level below STALE_LEVEL (prof was measured while the machine was slower), marks its files
+    (mark_stale) and warns. None while not judged stale (check again after the next generation); once judged, the
+    profile with its mark ("stale": the level), which a drafter set later takes its verify costs from, or prof as it
+    is if it was measured again at STALE_LOADS loads in a row already. A profile measured again that the steps agree
+    with loses its count (in prof and its files): the loads in a row start again."""
     if prof["verify_ms"][0] < STALE_MIN_MS:
         return None
     level, steps = engine.step_level()
-    if steps < STALE_STEPS or level >= STALE_LEVEL:
+    if steps - since < STALE_STEPS:
         return None
-    if prof.get("stale_loads", 0) >= STALE_LOADS:
+    if level >= STALE_LEVEL:
+        if "stale_loads" in prof:
+            _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
+                    lambda on_file: ({k: v for k, v in on_file.items() if k != "stale_loads"}
+                                     if "stale_loads" in on_file and "stale" not in on_file else None))
+            del prof["stale_loads"]
+        return None
+    if stale_loads(prof) >= STALE_LOADS:
         log.warning("decoding steps run at %.2f of what this machine's cost profile says, which was measured again at "
-                    "%d loads already (each while the machine was busy?): kept as it is; delete the profile files in "
-                    "%s to measure again", level, prof["stale_loads"], _cache_dir())
+                    "%d loads in a row already (each while the machine was busy?): kept as it is; delete the "
+                    "profile files in %s to measure again", level, stale_loads(prof), _cache_dir())
         return prof
     marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows)
     if marked:
@@ -166,19 +181,27 @@ def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: i
     """Marks the cached profiles of `target` with each of `drafts` ("" = the n-gram drafter) that hold prof's verify
     costs as stale (the steps cost `level` x what they say), so that the next load measures them again. Returns
     the paths marked; a file that cannot be written is left as it is."""
-    marked = []
+    return _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
+                   lambda on_file: (None if "stale" in on_file or stale_loads(on_file) >= STALE_LOADS
+                                    else dict(on_file, stale=round(level, 3))))
+
+
+def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+            verify_rows: int, change) -> list:
+    """Rewrites the cached profiles of `target` with each of `drafts` that hold prof's verify costs as
+    change(on_file) says (None: left as it is). Returns the paths written."""
+    written = []
     for draft in dict.fromkeys(drafts):
         try:  # a model file moved or deleted since the load (os.stat in _path), a full disk: left as it is
             path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
             on_file = _read(path, verify_rows)
-            if (on_file is None or on_file["verify_ms"] != prof["verify_ms"] or "stale" in on_file
-                    or on_file.get("stale_loads", 0) >= STALE_LOADS):
-                continue
-            _write(path, dict(on_file, stale=round(level, 3)))
-            marked.append(path)
+            new = None if on_file is None or on_file["verify_ms"] != prof["verify_ms"] else change(on_file)
+            if new is not None:
+                _write(path, new)
+                written.append(path)
         except OSError:
             pass
-    return marked
+    return written
 
 
 def _write(path: Path, prof: dict) -> None:
@@ -205,11 +228,19 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     sizes = sizes_for(verify_rows)
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
+    if (prof is not None and known is not None and "stale" in known and "stale" not in prof
+            and prof["verify_ms"] == known["verify_ms"]):  # the same costs, judged stale under another drafter
+        prof = dict(prof, stale=known["stale"])
+        try:
+            _write(path, prof)
+        except OSError:
+            pass
     if prof is None:
         on_file = _read(path, verify_rows)
         before = noisy_loads(on_file)  # loads that found the cached profile busy
-        # loads that measured again a profile found stale (STALE_LOADS)
-        carried = {"stale_loads": on_file.get("stale_loads", 0) + 1} if on_file and "stale" in on_file else {}
+        # loads in a row that measured again a profile found stale (STALE_LOADS), kept through a busy measurement
+        count = stale_loads(on_file) + (on_file is not None and "stale" in on_file)
+        carried = {"stale_loads": count} if count else {}
         if known is not None and known.get("sizes") == sizes:
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
