@@ -71,11 +71,11 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
 # a profile measured while the machine ran slower than it does now passes plausible() when the slowdown was even (a
 # 2-core Xeon VM measured T(1) = 319 ms while a test suite ran beside it, 83 ms quiet, with T(2) = 1.03 T(1) against
 # 1.5 quiet and a row's context cost 0.038 ms against 0.005): the online level scales its costs back, not its shape.
-# Once this many steps have shown a level below STALE_LEVEL, the profile on file is marked stale and measured again
-# at the next load (measuring now would clear the KV cache and hold up the next request for 10-40 s)
-# (the level: plain steps' measured / profiled cost, a running mean over the first 10 steps, then an EMA of weight
-# 0.1, so about the last 10 steps; judged once STALE_STEPS steps have taught it, in the "auto" policy only). A file
-# measured again this way at STALE_LOADS loads is kept as it is (every load ran under contention; delete the file)
+# Once STALE_STEPS steps have taught the level (plain steps' measured / profiled cost: a running mean over the first
+# 10 steps, then an EMA of weight 0.1, so about the last 10; "auto" only) and it reads below STALE_LEVEL, the profile
+# on file is marked stale and measured again at the next load (measuring now would clear the KV cache and hold up the
+# next request for 10-40 s). One measured again this way at STALE_LOADS loads in a row is kept (each load ran under
+# contention; delete the file)
 STALE_LEVEL = 0.7
 STALE_STEPS = 32
 STALE_LOADS = 3
@@ -229,12 +229,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
     if (prof is not None and known is not None and "stale" in known and "stale" not in prof
-            and prof["verify_ms"] == known["verify_ms"]):  # the same costs, judged stale under another drafter
-        prof = dict(prof, stale=known["stale"])
-        try:
-            _write(path, prof)
-        except OSError:
-            pass
+            and mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows)):
+        prof = dict(prof, stale=known["stale"])  # the same costs, judged stale under another drafter
     if prof is None:
         on_file = _read(path, verify_rows)
         before = noisy_loads(on_file)  # loads that found the cached profile busy
