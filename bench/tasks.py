@@ -6,7 +6,8 @@ The "fresh" set (prompts/fresh.jsonl) has the same eight tasks from other source
 at while the policy changed) is the next check: real documentation and articles for RAG and summaries, real code
 from open-source projects for code edits; each line says where it came from. holdout2 and holdout3 (3 per task) and
 holdout4 (8 per task, written 2026-11-28 after every policy change so far, for issue 15's "never slower" check)
-followed, each after the one before had been looked at.
+followed, each after the one before had been looked at, and holdout5 (8 per task, written 2026-11-28 after holdout4's
+answers had been read closely for the memory's losses).
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ HOLDOUT_PATH = BENCH_DIR / "prompts" / "holdout.jsonl"
 HOLDOUT2_PATH = BENCH_DIR / "prompts" / "holdout2.jsonl"  # written after the holdout set had been looked at
 HOLDOUT3_PATH = BENCH_DIR / "prompts" / "holdout3.jsonl"  # written 2026-11-27, after every change to the policy so far
 HOLDOUT4_PATH = BENCH_DIR / "prompts" / "holdout4.jsonl"  # 8 per task, written 2026-11-28 for issue 15's goal 1
+HOLDOUT5_PATH = BENCH_DIR / "prompts" / "holdout5.jsonl"  # 8 per task, written after holdout4 had been read closely
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
 SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH,
-             "holdout4": HOLDOUT4_PATH}
+             "holdout4": HOLDOUT4_PATH, "holdout5": HOLDOUT5_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"

@@ -284,7 +284,8 @@ def test_fresh_prompts():
 @pytest.mark.parametrize("prompt_set, path, per_task", [("holdout", tasks.HOLDOUT_PATH, 4),
                                                         ("holdout2", tasks.HOLDOUT2_PATH, 3),
                                                         ("holdout3", tasks.HOLDOUT3_PATH, 3),
-                                                        ("holdout4", tasks.HOLDOUT4_PATH, 8)])
+                                                        ("holdout4", tasks.HOLDOUT4_PATH, 8),
+                                                        ("holdout5", tasks.HOLDOUT5_PATH, 8)])
 def test_holdout_prompts(prompt_set, path, per_task):
     # the sets written later, to check on prompts the policy was never tuned on: whole, sourced, long where Spec-Bench
     # is long, and sharing no text with the sets written before them
@@ -299,8 +300,8 @@ def test_holdout_prompts(prompt_set, path, per_task):
         assert len(p.turns) == (2 if p.task == "multi_turn" else 1) and all(t.strip() for t in p.turns), p.id
         assert len(p.turns[0]) >= FRESH_MIN_CHARS.get(p.task, 1), (p.id, len(p.turns[0]))
         assert p.task != "code" or p.turns[0].startswith("Complete the following Python function."), p.id
-    earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH][
-        :{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4}[prompt_set]]
+    earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH, tasks.HOLDOUT4_PATH][
+        :{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4, "holdout5": 5}[prompt_set]]
     seen = []
     for other in earlier:
         with open(other, encoding="utf-8") as f:
