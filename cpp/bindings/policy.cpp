@@ -135,7 +135,7 @@ void register_policy(py::module_ & m) {
         })
         .def("left_out_draft_model", &AutoPolicy::left_out_draft_model, py::arg("keep") = AutoPolicy::default_keep)
         .def("new_generation", &AutoPolicy::new_generation, py::arg("carry") = AutoPolicy::default_carry,
-             py::arg("keep") = AutoPolicy::default_keep, py::arg("text_carry") = 0, py::arg("text_keep") = 0.0)
+             py::arg("keep") = AutoPolicy::memory_keep, py::arg("text_carry") = 0, py::arg("text_keep") = 0.0)
         .def_static("source_of", [](bool ngram, int match, bool doubtful, bool memory) {
             check_range("match", match, 0, 1 << 24);
             return AutoPolicy::source_of(ngram, match, doubtful, memory);

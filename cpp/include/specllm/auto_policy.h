@@ -101,11 +101,20 @@ class AutoPolicy : public DraftPolicy {
     // the priors of before (guesses, 0.2-0.9) by up to 0.36. The priors are measured (bench.calibrate). The
     // drafting memory's sources and the draft model keep what was learned -- the memory exists to carry earlier
     // requests over, and a model pair's acceptance belongs to the pair -- as a prior worth at most `carry`
-    // observations per source and position; the memory's estimates move back toward their priors, keeping `keep`.
-    void new_generation(int carry = default_carry, double keep = default_keep, int text_carry = 0,
+    // observations per source and position. `keep` < 1 moves the memory's estimates back toward their priors
+    // (keeping that share); by default they stay as learned. The priors were measured on multi-call work (0.67-0.83
+    // at position 0), where the memory pays; on single requests a 2-token memory match is right 0.36 of the time
+    // (212 dev and holdout answers, each run's earlier answers as the memory), and pulled a quarter of the way back
+    // to 0.67 at every request, its estimate sat near 0.5, where a 7-token draft behind a 4-row first chunk still
+    // pays on paper, and such drafts failed at their first token on short answers (holdout4's translation-7: 5
+    // drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --memory`, 9 runs, three machines' profiles):
+    // answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.01, also after a Spec-Bench
+    // run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow)
+    void new_generation(int carry = default_carry, double keep = memory_keep, int text_carry = 0,
                         double text_keep = 0.0);
     static constexpr int default_carry = 4;
-    static constexpr double default_keep = 0.75;
+    static constexpr double memory_keep = 1.0;  // see new_generation
+    static constexpr double default_keep = 0.75; // left_out_draft_model's
 
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
