@@ -165,15 +165,32 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
     return out
 
 
+def replayed_policy(flat: list, costs: list[float], chunk: int, carry_over: dict, row_ms: float = 0.0,
+                    boundary_of=None, cut=None):
+    """A policy that has replayed `flat` ((task, prompt, answer, end, max_tokens) items) in order with the drafting
+    memory on, as one LLM serves them: what it learned there is what the next work starts from."""
+    from specllm import _core
+
+    policy, index, memory = new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), []
+    for _, prompt, answer, end, max_tokens in flat:
+        policy.new_generation(**carry_over)
+        simulate(policy, index, prompt, answer, costs, chunk, True, _core.AutoPolicy.n_max, memory, row_ms, end,
+                 max_tokens, boundary_of, cut)
+        memory = memory + answer + [-1]
+    return policy
+
+
 def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str,
-                   row_ms: float = 0.0, ends: bool = True, boundary_of=None, cut=None) -> int:
+                   row_ms: float = 0.0, ends: bool = True, boundary_of=None, cut=None, after: list = ()) -> int:
+    """`after`: Spec-Bench items the policy replays first (--after), or none: it starts fresh."""
     from specllm import _core
 
     answers = list(sequence_answers(llm, run, answers_of, ends))
     print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for memory_on in (False, True):
-        rows = simulate_sequences(new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), answers, costs, chunk,
+        policy = replayed_policy(list(after), costs, chunk, carry_over, row_ms, boundary_of, cut)
+        rows = simulate_sequences(policy, _core.NgramIndex(2, 4), answers, costs, chunk,
                                   memory_on, _core.AutoPolicy.n_max, carry_over, row_ms, run["meta"].get("max_tokens"),
                                   boundary_of, cut)
         every = [row for v in rows.values() for row in v]
@@ -290,6 +307,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-boundary", action="store_true",
                    help="do not tell the policy where a proposal crosses the end of a sentence (as the engine did "
                         "before 2026-11-25)")
+    p.add_argument("--after", default=None, metavar="RUN.json",
+                   help="with a bench.multicall run: the policy first replays this Spec-Bench run's answers (memory on, "
+                        "in order), so the sequences start from what it learned there (default: a fresh policy)")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
@@ -319,8 +339,14 @@ def main(argv=None) -> int:
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
         if "sequence" in run["records"][0]:  # a bench.multicall run
+            after = []
+            if args.after is not None:
+                with open(args.after) as f:
+                    first = json.load(f)
+                after = [(t, prompt, answer, None if args.no_end else end, first["meta"].get("max_tokens"))
+                         for t, prompt, answer, end in plain_answers(llm, first, set(), args.answers, ends=True)]
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
-                                  boundary_of, cut)
+                                  boundary_of, cut, after)
         flat.extend((t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
                     for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True))
     if args.orders > 0:

@@ -574,6 +574,27 @@ def test_simulated_sequences_draft_a_repeated_answer_from_the_memory_only_when_i
     assert rows[True][3][2] >= rows[True][3][1]  # the oracle is an upper bound of the policy
 
 
+def test_a_replayed_policy_starts_the_next_work_from_what_the_memory_learned():
+    # bench.simulate --after: the multi-call sequences start from the policy a Spec-Bench run left; there an earlier
+    # answer's opening recurs and then goes its own way, so the memory's estimates end below their priors, and stay
+    # below them (kept from one request to the next)
+    from bench.simulate import replayed_policy
+    from specllm import _core
+
+    costs = [50.0, 60, 70, 80] + [80 + 10.0 * n for n in range(1, 46)]
+    memory_sources = [_core.AutoPolicy.source_of(True, m, False, True) for m in (2, 3, 5, 10, 20)]
+    fresh = replayed_policy([], costs, 49, {})
+    priors = [fresh.acceptance(s)[0] for s in memory_sources]
+    # two answers with the same 2-token keys (10 11, 20 21, ...), each followed by tokens of its own
+    flat = [("qa", [1, 2, 3 + i], [t for k in range(1, 6) for t in (10 * k, 10 * k + 1, 1000 * i + k, 1000 * i + k + 50)],
+             None, 96) for i in range(1, 3)]
+    learned = [replayed_policy(flat, costs, 49, {}).acceptance(s)[0] for s in memory_sources]
+    assert all(a <= p for a, p in zip(learned, priors)) and any(a < p - 0.1 for a, p in zip(learned, priors))
+    kept = replayed_policy(flat, costs, 49, {})
+    kept.new_generation()
+    assert [kept.acceptance(s)[0] for s in memory_sources] == pytest.approx(learned)
+
+
 def test_simulate_drafts_from_an_ambiguous_memory_match_only_when_asked():
     # as the engine since 2026-11-28: [12, 13] continues two ways in the memory (20... and 30...), so the memory
     # does not draft there and the text, which has no match, drafts nothing

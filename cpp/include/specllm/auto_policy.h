@@ -107,9 +107,9 @@ class AutoPolicy : public DraftPolicy {
     // (212 dev and holdout answers, each run's earlier answers as the memory), and pulled a quarter of the way back
     // to 0.67 at every request, its estimate sat near 0.5, where a 7-token draft behind a 4-row first chunk still
     // pays on paper, and such drafts failed at their first token on short answers (holdout4's translation-7: 5
-    // drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --memory`, 9 runs, three machines' profiles):
-    // answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.01, also after a Spec-Bench
-    // run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow)
+    // drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --one-policy --memory`, 8 runs, three machines'
+    // profiles): answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.02, also after a
+    // Spec-Bench run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow)
     void new_generation(int carry = default_carry, double keep = memory_keep, int text_carry = 0,
                         double text_keep = 0.0);
     static constexpr int default_carry = 4;
