@@ -308,8 +308,8 @@ def main(argv=None) -> int:
                    help="do not tell the policy where a proposal crosses the end of a sentence (as the engine did "
                         "before 2026-11-25)")
     p.add_argument("--after", default=None, metavar="RUN.json",
-                   help="with a bench.multicall run: the policy first replays this Spec-Bench run's answers (memory on, "
-                        "in order), so the sequences start from what it learned there (default: a fresh policy)")
+                   help="with a bench.multicall run: the policy first replays this Spec-Bench run's answers (memory "
+                        "on, in order), so the sequences start from what it learned there (default: a fresh policy)")
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")

@@ -586,8 +586,8 @@ def test_a_replayed_policy_starts_the_next_work_from_what_the_memory_learned():
     fresh = replayed_policy([], costs, 49, {})
     priors = [fresh.acceptance(s)[0] for s in memory_sources]
     # two answers with the same 2-token keys (10 11, 20 21, ...), each followed by tokens of its own
-    flat = [("qa", [1, 2, 3 + i], [t for k in range(1, 6) for t in (10 * k, 10 * k + 1, 1000 * i + k, 1000 * i + k + 50)],
-             None, 96) for i in range(1, 3)]
+    answers = [[t for k in range(1, 6) for t in (10 * k, 10 * k + 1, 1000 * i + k, 1000 * i + k + 50)] for i in (1, 2)]
+    flat = [("qa", [1, 2, 3 + i], answer, None, 96) for i, answer in enumerate(answers)]
     learned = [replayed_policy(flat, costs, 49, {}).acceptance(s)[0] for s in memory_sources]
     assert all(a <= p for a, p in zip(learned, priors)) and any(a < p - 0.1 for a, p in zip(learned, priors))
     kept = replayed_policy(flat, costs, 49, {})
