@@ -277,3 +277,34 @@ def test_a_memory_file_that_cannot_be_written_later_is_logged_once_not_raised(ti
         llm.generate(PROMPT, max_tokens=N)
         assert "saved to" in caplog.records[-1].getMessage() and len(caplog.records) == 2
     assert saved(where / "m.bin", llm) == llm._engine.memory()
+
+
+def test_a_memory_the_draft_model_outbids_still_learns_from_its_steps(tiny, make_llm, plain):
+    # the memory's estimates are kept from one request to the next, so one that learned low must be able to learn
+    # again where the draft model drafts every step (a GPU): each step checks the memory's proposal for free against
+    # the first token the step emitted. Here the memory holds the reply, its estimates start near 0, and the model
+    # has been right so far on costs where drafting pays: the model (or a copy in the text) drafts every step, and
+    # the memory's estimates climb from those steps' checks (before 2026-11-28 only plain steps checked it)
+    from specllm import _core
+
+    llm = make(make_llm, tiny, "model", ngram=True)
+    llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])  # GPU-like: drafting pays
+    llm._engine.set_draft_token_cost(0.5)
+    memory = [_core.AutoPolicy.source_of(True, m, False, True) for m in (2, 3, 5, 10, 20)]
+    state = llm._engine.policy_state()
+    for m in (2, 3, 5, 10, 20):
+        for _ in range(200):
+            state.observe_shadow(m, False, False, True)
+    for _ in range(50):  # the draft model: 4 of 4 drafts accepted, at the profiled cost
+        state.update(4, 4, False, 2.0, 10.8, 0, 5)
+    llm._engine.set_policy_state(state)
+    before = [llm._engine.acceptance_estimate(s)[0] for s in memory]
+    assert max(before) < 0.1
+    llm._engine.set_memory(plain[PROMPT] + [-1])
+    c = llm.generate(PROMPT, max_tokens=N)
+    assert c.tokens == plain[PROMPT]
+    # (almost) no plain step: the memory's own few drafts teach it a little (0.29 summed over its five sources
+    # before 2026-11-28), the model's steps teach each source that met a match
+    assert c.stats.k_histogram.get(0, 0) <= 2, c.stats
+    after = [llm._engine.acceptance_estimate(s)[0] for s in memory]
+    assert sum(a - b for a, b in zip(after, before)) > 1.0, (before, after, c.stats)

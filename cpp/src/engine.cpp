@@ -372,8 +372,13 @@ StepResult Engine::step_locked() {
         stats_.n_grammar_steps += 1;
     } else if (drafter_) {
         policy().update(outcome);
-        if (gen_.policy == PolicyKind::automatic && outcome.n_drafted == 0 && sctx.ngram_match > 0) {
-            auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == v.next,
+        // a free check of the n-gram proposal that was not drafted: its first token against the first token emitted,
+        // on a plain step and on one the draft model drafted (its accepted first draft, else the correction; either
+        // way the target's token). So a source the model outbids still learns, as the memory must across requests
+        if (gen_.policy == PolicyKind::automatic && sctx.ngram_match > 0 &&
+            (outcome.n_drafted == 0 || !draft_.from_ngram)) {
+            const llama_token first = outcome.n_drafted > 0 && v.n_accepted > 0 ? draft_.tokens[0] : v.next;
+            auto_.observe_shadow(sctx.ngram_match, sctx.ngram_doubtful, drafter_->ngram_peek() == first,
                                  sctx.ngram_memory, sctx.ngram_boundary == 0);
         }
     }

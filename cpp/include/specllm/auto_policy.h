@@ -109,7 +109,9 @@ class AutoPolicy : public DraftPolicy {
     // pays on paper, and such drafts failed at their first token on short answers (holdout4's translation-7: 5
     // drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --one-policy --memory`, 8 runs, three machines'
     // profiles): answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.02, also after a
-    // Spec-Bench run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow)
+    // Spec-Bench run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow,
+    // on plain steps and on steps the draft model drafted; not on a grammar's forced drafts, and not at a sentence end,
+    // whose checks go to the boundary's estimate).
     void new_generation(int carry = default_carry, double keep = memory_keep, int text_carry = 0,
                         double text_keep = 0.0);
     static constexpr int default_carry = 4;
@@ -118,7 +120,8 @@ class AutoPolicy : public DraftPolicy {
 
     Choice choose(const StepContext & ctx) override;
     void update(const StepOutcome & outcome) override;
-    // a plain step that could have used an n-gram proposal: would its first token have been accepted?
+    // a step that could have used an n-gram proposal and did not (a plain step, or one the draft model drafted):
+    // would its first token have been accepted?
     // `boundary`: that first token follows the end of a sentence (StepContext::ngram_boundary == 0): the sample
     // goes to the boundary's estimate instead of the source's
     void observe_shadow(int ngram_match, bool doubtful, bool would_accept, bool memory = false, bool boundary = false);
