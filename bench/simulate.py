@@ -338,17 +338,18 @@ def main(argv=None) -> int:
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
+        def items(run: dict, seen: set) -> list:  # (task, prompt, answer, end, max_tokens) of a Spec-Bench run
+            return [(t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
+                    for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True)]
+
         if "sequence" in run["records"][0]:  # a bench.multicall run
             after = []
             if args.after is not None:
                 with open(args.after) as f:
-                    first = json.load(f)
-                after = [(t, prompt, answer, None if args.no_end else end, first["meta"].get("max_tokens"))
-                         for t, prompt, answer, end in plain_answers(llm, first, set(), args.answers, ends=True)]
+                    after = items(json.load(f), set())
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
                                   boundary_of, cut, after)
-        flat.extend((t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
-                    for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True))
+        flat.extend(items(run, seen))
     if args.orders > 0:
         print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms,
                                         boundary_of, cut),
