@@ -2,7 +2,7 @@
 and emitted, and its wall time; summed per request and grouped by k.
 
     python -m bench.steps fresh-summarization-7 fresh-rag-5        # prompts of bench/prompts/fresh.jsonl (turn 1)
-    python -m bench.steps json-records --max-tokens 128 --from-request 3   # a sequence of bench/prompts/multicall.jsonl
+    python -m bench.steps json-records --max-tokens 128 --from-request 3   # a sequence of a multi-call set
 
 One LLM with the default drafter (the --draft model, n-grams beside it, "auto", the drafting memory) runs the
 prompts in order; a multi-call sequence keeps its memory across requests (a conversation resends its history, with
@@ -66,7 +66,7 @@ def conversations(ids: list[str]) -> list[tuple[str, object]]:
     from bench import multicall, tasks
 
     fresh = {p.id: p for p in tasks.load_fresh()}
-    known = {s.id: s for s in multicall.load_sequences()}
+    known = {s.id: s for path in multicall.PROMPT_SETS.values() for s in multicall.load_sequences(path)}
     out = []
     for i in ids:
         if i in fresh:
@@ -75,7 +75,7 @@ def conversations(ids: list[str]) -> list[tuple[str, object]]:
             out.append((i, known[i]))
         else:
             raise ValueError(f"unknown prompt or sequence {i!r}: ids of bench/prompts/fresh.jsonl (e.g. "
-                             f"fresh-rag-5) or of bench/prompts/multicall.jsonl ({', '.join(known)})")
+                             f"fresh-rag-5) or of a multi-call set's sequences ({', '.join(known)})")
     return out
 
 

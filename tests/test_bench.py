@@ -858,6 +858,8 @@ def test_steps_on_tiny_models(capsys):
     assert table and sum(int(row.split("|")[2]) for row in table) == counted
     with pytest.raises(SystemExit):
         steps.main(["no-such-prompt"])
+    (name, seq), = steps.conversations(["tool-calls-ops"])  # a sequence of the second multi-call set
+    assert name == "tool-calls-ops" and len(seq.requests) == 7
 
 
 def test_calibrate_counts_how_often_each_source_proposes_the_next_token():
