@@ -20,6 +20,8 @@ Systems, each ONE specllm.LLM kept across a whole sequence:
   memory-on-learn    memory-on learning batch costs from the timing (not in the default --systems)
   memory-on-ambiguous  memory-on also drafting from a memory match that continues two ways (the default until
                      2026-11-28; not in the default --systems)
+  memory-on-busy-profile  memory-on with the Xeon VM's pair profile measured while the machine was busy
+                     (bench.systems.BUSY_XEON_PAIR; not in the default --systems)
 At the start of every sequence (and of every round of it) each system is reset() and its memory cleared, so the
 memory holds only that sequence's earlier outputs, and "auto" is put back as the warm-up left it (since 2026-11-28:
 before, a sequence's later rounds started with the memory estimates its earlier round taught, and every sequence with
@@ -46,6 +48,7 @@ from pathlib import Path
 
 from bench import report
 from bench.run import machine_info, resolve_model, versions
+from bench.systems import BUSY_XEON_PAIR
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICALL_PATH = REPO / "bench" / "prompts" / "multicall.jsonl"
@@ -74,6 +77,9 @@ SYSTEMS = {
     # until 2026-11-28
     "memory-on-ambiguous": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
                             "engine": {"memory_ambiguous_drafts": True}},
+    # memory on with the Xeon VM's pair profile measured while the machine was busy (bench.systems.BUSY_XEON_PAIR)
+    "memory-on-busy-profile": {"draft": "{draft}", "ngram": True, "memory_tokens": "{memory}",
+                               "engine": {"verify_costs": BUSY_XEON_PAIR}},
 }
 
 

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 
 from bench import anchors
 
+# the Xeon VM's fast-mode pair profile (qwen2.5-coder 1.5b + 0.5b, 2 threads) as measured on 2026-11-27 while other
+# work ran beside it: T(1) 15% dearer, batches 10-20% cheaper than quiet (T(2) = 1.23 T(1), quiet 1.56), plausible, so
+# it was kept and used until 2026-11-28; the "busy-profile" systems draft with it, to measure what such a profile costs
+BUSY_XEON_PAIR = [100.4, 123.1, 149.2, 147.8, 181.7, 204.5, 280.5, 252.6, 296.2, 324.6, 338.7, 322.7, 342.7, 393.6,
+                  439.2, 326.6, 0.0, 0.0, 0.0, 406.4, 0.0, 0.0, 0.0, 526.7, 0.0, 0.0, 0.0, 558.4, 0.0, 0.0, 0.0, 585.2,
+                  0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 769.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 832.9]
+
 # name -> (draft, draft_length[, more specllm.LLM keyword arguments]); "{draft}" is the --draft model path,
 # draft_length None leaves generate()'s default
 SPECLLM_SYSTEMS = {
@@ -41,6 +48,8 @@ SPECLLM_SYSTEMS = {
     "hybrid-noshape": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": False}}),
     # also a factor per batch size learned from the verify batches' timing: the default on 2026-11-26 until then
     "hybrid-learn": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": True}}),
+    # the default drafting with the Xeon VM's pair profile measured while the machine was busy (BUSY_XEON_PAIR)
+    "hybrid-busy-profile": ("{draft}", "auto", {"ngram": True, "engine": {"verify_costs": BUSY_XEON_PAIR}}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each)
@@ -54,9 +63,12 @@ LOOKUP_NUM_PRED_TOKENS = 10 if os.environ.get("SPECLLM_BENCH_GPU") else 2
 
 
 def apply_engine_settings(llm, settings: dict) -> None:
-    """A system's "engine" settings: Engine setters (set_<name>) applied after the load."""
+    """A system's "engine" settings: Engine setters (set_<name>) applied after the load. Verify costs set so are the
+    LLM's profile's too, so that its steps judge those (profile.mark_if_stale), not the files of the machine's."""
     for name, value in settings.items():
         getattr(llm._engine, "set_" + name)(value)
+        if name == "verify_costs" and llm.profile is not None:
+            llm.profile = dict(llm.profile, verify_ms=list(value))
 
 
 @dataclass

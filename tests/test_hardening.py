@@ -183,6 +183,55 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     assert "stale" not in json.loads(path.read_text()) and profile.cached(*key) is not None
 
 
+class Steps:
+    """What an engine's steps have shown (Engine.step_level, Engine.batch_shape), for profile.mark_if_stale."""
+
+    def __init__(self, level, steps, shape, batches):
+        self.level, self.steps, self.shape, self.batches = level, steps, shape, batches
+
+    def step_level(self):
+        return self.level, self.steps
+
+    def batch_shape(self):
+        return self.shape, self.batches
+
+
+def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path, monkeypatch, caplog):
+    """A profile measured while other work ran beside it can read its plain steps dearer and its batches cheaper than
+    they are, with a level near 1 (the level learns from every step): the batches' shape against the plain steps of
+    their moment marks it stale once enough batches showed it, so the next load measures it again."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    monkeypatch.setattr(profile, "STALE_MIN_MS", 0.0)
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    shape, batches = llm._engine.batch_shape()  # the real engine reports it (no steps yet: 1, none)
+    assert (shape, batches) == (1.0, 0)
+    args = (llm.model_path, [""], 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    key = (llm.model_path, "") + args[2:]
+    (path,) = tmp_path.glob("*.json")
+    plain = json.loads(path.read_text())
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specllm.profile"):
+        # the shape as profiled, or too few batches to judge, or too few steps: not stale
+        for seen in (Steps(1.0, 100, 1.05, 100), Steps(1.0, 100, 1.5, profile.STALE_BATCHES - 1),
+                     Steps(1.0, profile.STALE_STEPS - 1, 1.5, 100), Steps(1.0, 100, 0.6, 100)):
+            assert profile.mark_if_stale(seen, llm.profile, *args) is None, vars(seen)
+        assert json.loads(path.read_text()) == plain and not caplog.records
+        judged = profile.mark_if_stale(Steps(0.95, 100, 1.3, 40), llm.profile, *args)
+    assert judged["stale"] == 0.95 and judged["stale_shape"] == 1.3
+    on_file = json.loads(path.read_text())
+    assert on_file["stale"] == 0.95 and on_file["stale_shape"] == 1.3 and profile.cached(*key) is None
+    assert any("verify batches cost 1.30 x" in r.getMessage() and "measured again at the next load" in r.getMessage()
+               for r in caplog.records)
+    again = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)  # measured again: no marks, counted
+    assert "stale" not in again.profile and "stale_shape" not in again.profile and again.profile["stale_loads"] == 1
+    # measured again at STALE_LOADS loads in a row and still bent: kept as it is, with a warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specllm.profile"):
+        kept = dict(again.profile, stale_loads=profile.STALE_LOADS)
+        assert profile.mark_if_stale(Steps(1.0, 100, 1.3, 40), kept, *args) == kept
+    assert any("kept as it is" in r.getMessage() for r in caplog.records)
+
+
 def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tmp_path, monkeypatch, caplog):
     """A drafter set after the profile was judged stale takes its verify costs with the mark, so its own profile is
     measured again at the next load too; a profile measured again at STALE_LOADS loads (each while the machine was
@@ -257,7 +306,13 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     ngram_file.write_text(json.dumps({k: v for k, v in json.loads(ngram_file.read_text()).items() if k != "noisy"}))
     llm = load()
     assert llm.profile["stale_loads"] == 2
-    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    # ... once the batches have shown the shape too (STALE_BATCHES): till then the count stays
+    for _ in range(20):
+        llm.generate("the cat sat on the mat, the cat sat on the mat", max_tokens=60, ignore_eos=True)
+        if llm._engine.batch_shape()[1] >= profile.STALE_BATCHES:
+            break
+        assert llm.profile["stale_loads"] == 2 and json.loads(ngram_file.read_text())["stale_loads"] == 2
+    assert llm._engine.batch_shape()[1] >= profile.STALE_BATCHES
     assert "stale_loads" not in llm.profile and "stale_loads" not in json.loads(ngram_file.read_text())
     # a count of the wrong type (a file edited by hand) is no count, and raises nowhere
     rewrite(verify_ms=slow[:len(json.loads(ngram_file.read_text())["verify_ms"])], stale_loads="2")

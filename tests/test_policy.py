@@ -538,6 +538,41 @@ def test_what_a_batch_size_costs_against_a_plain_step_is_learned_from_the_steps(
     assert p.verify_costs()[0] > 58 * 1.05
 
 
+def test_batch_shape_shows_a_profile_whose_batches_are_too_cheap():
+    """The level learns from every step, so a profile measured while other work slowed its plain steps more than its
+    batches goes unseen by it; batch_shape compares each batch with the plain steps of its moment, learned or not."""
+    # the Xeon VM's pair profile measured beside a test suite, and what its steps cost quiet (bench/README)
+    busy = [100.4, 123.1, 149.0, 147.8, 181.7, 204.5, 281.0, 252.6]
+    p = _core.AutoPolicy()
+    p.set_verify_costs(busy)
+    assert not p.learn_batch_costs and p.batch_shape() == 1.0 and p.batch_shape_observations() == 0
+    p.update(3, 3, True, 0.0, 147.0, 0, 4)  # a batch before any plain step: nothing to compare it with
+    assert p.batch_shape_observations() == 0
+    for _ in range(20):
+        p.update(0, 0, True, 0.0, 86.3)          # plain steps at 0.86 of the profile ...
+        p.update(3, 3, True, 0.0, 147.0, 0, 4)   # ... 4-row batches at 0.99: 1.15 of the plain steps' moment
+        p.update(7, 7, True, 0.0, 299.0, 0, 8)   # ... 8-row batches at 1.18: 1.37
+    assert p.batch_shape_observations() == 40
+    assert p.batch_shape() == pytest.approx((147.0 / 147.8 + 299.0 / 252.6) / 2 / (86.3 / 100.4), rel=0.03)
+    assert p.verify_costs()[0] > 86.3  # the level mixes plain steps and batches: it cannot show the shape
+    # one preempted plain step does not make every batch look cheap
+    p.update(0, 0, True, 0.0, 50 * 86.3)
+    p.update(3, 3, True, 0.0, 147.0, 0, 4)
+    assert p.batch_shape() > 1.1
+    # new costs start it again; steps that cost what the profile says read 1
+    p.set_verify_costs([86.3, 134.0, 147.0, 147.0, 200.0, 272.0, 299.0, 299.0])
+    assert p.batch_shape() == 1.0 and p.batch_shape_observations() == 0
+    for _ in range(30):
+        p.update(0, 0, True, 0.0, 86.3)
+        p.update(3, 3, True, 0.0, 147.0, 0, 4)
+    assert p.batch_shape() == pytest.approx(1.0, abs=0.01) and p.batch_shape_observations() == 30
+    # a machine slower at everything (1.3 x) keeps the shape, once the plain steps have shown the new moment
+    for _ in range(100):
+        p.update(0, 0, True, 0.0, 1.3 * 86.3)
+        p.update(3, 3, True, 0.0, 1.3 * 147.0, 0, 4)
+    assert p.batch_shape() == pytest.approx(1.0, abs=0.02)
+
+
 def copy_speedup(profile, truth, learn, alpha, seed, steps=800):
     """Tokens per ms against plain decoding of a copy whose tokens are each right with probability alpha, the policy
     costing batches with `profile` while the machine charges `truth` (with 10% noise per step)."""

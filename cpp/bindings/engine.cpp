@@ -156,6 +156,9 @@ void register_engine(py::module_ & m) {
              "it back, so that a prompt run again (a benchmark's rounds) starts where its first run started")
         .def("step_level", &Engine::step_level, py::call_guard<py::gil_scoped_release>(),
              "(level, steps): \"auto\"'s plain steps' measured / profiled cost, and how many steps taught it")
+        .def("batch_shape", &Engine::batch_shape, py::call_guard<py::gil_scoped_release>(),
+             "(shape, batches): what verify batches cost against the plain steps of their moment, each measured / "
+             "profiled (1 = the profile's shape), and how many batches taught it since the costs were set")
         .def("set_policy_state", &Engine::set_policy_state, py::arg("state"), py::call_guard<py::gil_scoped_release>())
         .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
              py::arg("on"), "learn what verify batches cost against a plain step from their timing (default: off)")

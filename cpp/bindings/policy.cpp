@@ -99,6 +99,8 @@ void register_policy(py::module_ & m) {
         .def("first_rows", &AutoPolicy::first_rows)
         .def("step_level", &AutoPolicy::step_level)
         .def("step_level_observations", &AutoPolicy::step_level_observations)
+        .def("batch_shape", &AutoPolicy::batch_shape)
+        .def("batch_shape_observations", &AutoPolicy::batch_shape_observations)
         .def("set_context_row_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);
             p.set_context_row_cost(ms);

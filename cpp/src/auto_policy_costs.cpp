@@ -62,6 +62,8 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
         }
         slope = std::max(0.0, var > 0.0 ? cov / var : 0.0);
     }
+    plain_ratio_ = shape_ = 1.0; // batch_shape: against these costs
+    n_plain_obs_ = n_shape_obs_ = 0;
     for (int n = 1; n <= n_max + 1; ++n) {
         const auto hi = std::lower_bound(n_at.begin(), n_at.end(), n);
         const size_t i = (size_t) (hi - n_at.begin());
@@ -135,6 +137,7 @@ void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     }
     const double seen = std::max(0.1 * verify_ms, verify_ms - level() * context_rows(n_rows, last_first_));
     const double profiled = cost_rows(n_rows, last_first_);
+    observe_shape(seen / profiled, n_rows);
     if (n_rows == 1 || !learn_shape_) { // the profile's shape: one level from every step
         // a running mean from the first step on (the profile was measured at another moment), then an EMA
         const double w = std::max(ema_cost, 1.0 / ++n_scale_obs_);
@@ -150,6 +153,23 @@ void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
         const double w = std::max(ema_shape, 1.0 / ++n_own_[m]);
         own_ratio_[m] = (1.0 - w) * own_ratio_[m] + w * ratio;
     }
+}
+
+void AutoPolicy::observe_shape(double ratio, int n_rows) {
+    // a step far off its moment's plain steps (the process was preempted) counts as ratio_min or ratio_max of them
+    if (n_rows == 1) {
+        const double r = n_plain_obs_ == 0 ? ratio
+                                           : std::min(ratio_max * plain_ratio_, std::max(ratio_min * plain_ratio_, ratio));
+        const double w = std::max(ema_cost, 1.0 / ++n_plain_obs_);
+        plain_ratio_ = (1.0 - w) * plain_ratio_ + w * r;
+        return;
+    }
+    if (n_plain_obs_ == 0) { // no plain step of this moment to compare with yet
+        return;
+    }
+    const double r = std::min(ratio_max, std::max(ratio_min, ratio / plain_ratio_));
+    const double w = std::max(ema_shape, 1.0 / ++n_shape_obs_);
+    shape_ = (1.0 - w) * shape_ + w * r;
 }
 
 double AutoPolicy::context_extra(int n) const {

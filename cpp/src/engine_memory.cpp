@@ -124,6 +124,11 @@ std::pair<double, int> Engine::step_level() const {
     return {auto_.step_level(), auto_.step_level_observations()};
 }
 
+std::pair<double, int> Engine::batch_shape() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {auto_.batch_shape(), auto_.batch_shape_observations()};
+}
+
 void Engine::set_policy_state(const AutoPolicy & state) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (active_) {

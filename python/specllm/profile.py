@@ -78,6 +78,15 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
 # contention; delete the file)
 STALE_LEVEL = 0.7
 STALE_STEPS = 32
+# The level learns from every step, batches included, so a profile whose shape is wrong escapes it: measured while other
+# work ran beside it (pytest on the same 2 cores), a 2-core Xeon VM's pair profile read T(1) = 100, T(2) = 123, T(8) =
+# 253 ms, plausible and with a level of 0.86; quiet, its steps ran at 86, 134 and 299 ms (T(2) = 1.56 T(1), against
+# the profile's 1.23), so "auto" drafted as if batches cost 20-40% less than they do. Once STALE_BATCHES verify
+# batches have shown them costing more than STALE_SHAPE x the profile's shape against the plain steps of their moment
+# (AutoPolicy::batch_shape; 1.20 on those steps, 0.95-1.05 on a profile measured quiet), the profile is marked stale
+# too. Only too cheap: a profile that overprices batches (measured quiet, run busy) drafts too little, never slower
+STALE_SHAPE = 1.12
+STALE_BATCHES = 24
 STALE_LOADS = 3
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
                     # 0.6-1.4 of a profile measured a second earlier
@@ -146,44 +155,51 @@ def stale_loads(prof: dict | None) -> int:
 def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
                   verify_rows: int = 0, since: int = 0) -> dict | None:
     """After a generation: if STALE_STEPS+ steps since the drafter was set (`since`: the engine's count then) have
-    shown the engine's level below STALE_LEVEL (prof was measured while the machine was slower), marks its files
-    (mark_stale) and warns. None while not judged stale (check again after the next generation); once judged, the
-    profile with its mark ("stale": the level), which a drafter set later takes its verify costs from, or prof as it
-    is if it was measured again at STALE_LOADS loads in a row already. A profile measured again that the steps agree
-    with loses its count (in prof and its files): the loads in a row start again."""
+    shown the engine's level below STALE_LEVEL (prof was measured while the machine was slower), or STALE_BATCHES+
+    verify batches since the costs were set have cost more than STALE_SHAPE x the profile's shape (it was measured
+    while other work slowed its plain steps more than its batches), marks its files (mark_stale) and warns. None
+    while not judged stale (check again after the next generation); once judged, the profile with its mark ("stale":
+    the level; "stale_shape": the batches' shape, if that is why), which a drafter set later takes its verify costs
+    from, or prof as it is if it was measured again at STALE_LOADS loads in a row already. A profile measured again
+    that the steps agree with (the level, and the shape once judged) loses its count (in prof and its files): the
+    loads in a row start again."""
     if prof["verify_ms"][0] < STALE_MIN_MS:
         return None
     level, steps = engine.step_level()
     if steps - since < STALE_STEPS:
         return None
-    if level >= STALE_LEVEL:
-        if "stale_loads" in prof:
+    shape, batches = engine.batch_shape()
+    bent = batches >= STALE_BATCHES and shape > STALE_SHAPE
+    if level >= STALE_LEVEL and not bent:
+        if "stale_loads" in prof and batches >= STALE_BATCHES:  # the shape judged too: the steps agree
             _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
                     lambda on_file: ({k: v for k, v in on_file.items() if k != "stale_loads"}
                                      if "stale_loads" in on_file and "stale" not in on_file else None))
             del prof["stale_loads"]
         return None
+    why = (f"decoding steps run at {level:.2f} of what this machine's cost profile says" if level < STALE_LEVEL else
+           f"verify batches cost {shape:.2f} x what this machine's cost profile says against its plain steps")
     if stale_loads(prof) >= STALE_LOADS:
-        log.warning("decoding steps run at %.2f of what this machine's cost profile says, which was measured again at "
-                    "%d loads in a row already (each while the machine was busy?): kept as it is; delete the "
-                    "profile files in %s to measure again", level, stale_loads(prof), _cache_dir())
+        log.warning("%s, and it was measured again at %d loads in a row already (each while the machine was busy?): "
+                    "kept as it is; delete the profile files in %s to measure again", why, stale_loads(prof),
+                    _cache_dir())
         return prof
-    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows)
+    shape_mark = {"stale_shape": round(shape, 3)} if level >= STALE_LEVEL else {}
+    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows, **shape_mark)
     if marked:
-        log.warning("decoding steps run at %.2f of what this machine's cost profile says (it was measured while the "
-                    "machine was slower or busy): it will be measured again at the next load (%s)", level,
-                    ", ".join(map(str, marked)))
-    return dict(prof, stale=round(level, 3))
+        log.warning("%s (it was measured while the machine was slower or busy): it will be measured again at the next "
+                    "load (%s)", why, ", ".join(map(str, marked)))
+    return dict(prof, stale=round(level, 3), **shape_mark)
 
 
 def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
-               verify_rows: int = 0) -> list:
+               verify_rows: int = 0, **marks) -> list:
     """Marks the cached profiles of `target` with each of `drafts` ("" = the n-gram drafter) that hold prof's verify
-    costs as stale (the steps cost `level` x what they say), so that the next load measures them again. Returns
-    the paths marked; a file that cannot be written is left as it is."""
+    costs as stale (the steps cost `level` x what they say; `marks`: more to write beside it, e.g. stale_shape), so
+    that the next load measures them again. Returns the paths marked; a file that cannot be written is left as it is."""
     return _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
                    lambda on_file: (None if "stale" in on_file or stale_loads(on_file) >= STALE_LOADS
-                                    else dict(on_file, stale=round(level, 3))))
+                                    else dict(on_file, stale=round(level, 3), **marks)))
 
 
 def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,

@@ -92,6 +92,14 @@ class AutoPolicy : public DraftPolicy {
     // load, since a slowdown measured into a profile bends its shape as well as its level
     double step_level() const { return n_scale_obs_ > 0 ? verify_scale_ : 1.0; }
     int step_level_observations() const { return n_scale_obs_; }
+    // what the verify batches (2+ rows) cost against the plain steps of their moment, each measured / profiled (1 =
+    // the profile's shape; an EMA), and how many batches taught it since the costs were set; tracked whether or not
+    // batch costs are learned. The level cannot show a profile whose shape is wrong: it learns from every step. Well
+    // above 1, the profile was measured while other work slowed a 1-row step more than a batch (a 2-core Xeon VM's
+    // pair profile read T(1) = 100, T(8) = 253 ms; quiet, the steps ran at 86 and 299), and the policy drafts as if
+    // batches were cheaper than they are: profile.py then has it measured again at the next load
+    double batch_shape() const { return n_shape_obs_ > 0 ? shape_ : 1.0; }
+    int batch_shape_observations() const { return n_shape_obs_; }
 
     // a new prompt. The n-gram sources over the text start again from their priors (and from their first
     // exploration): what one text copied says little about the next, and carrying it over made a prompt's speed
@@ -184,6 +192,11 @@ class AutoPolicy : public DraftPolicy {
     bool learn_shape_ = false;
     double size_factor(int rows) const; // rows: the rows a batch decodes (padded)
     void observe_cost(double seen_ms, int n_rows);
+    double plain_ratio_ = 1.0; // plain steps' measured / profiled cost (an EMA), for batch_shape
+    int n_plain_obs_ = 0;
+    double shape_ = 1.0; // see batch_shape
+    int n_shape_obs_ = 0;
+    void observe_shape(double ratio, int n_rows); // a step's measured / profiled cost
     double c_context_row_ = 0.0;                               // see set_context_row_cost
     double c_row_read_ = 0.0;                                  // see set_row_read_cost
     int n_past_ = 0;                                           // the context of the last choice

@@ -126,6 +126,7 @@ class Engine {
     void set_policy_state(const AutoPolicy & state);
     // "auto"'s level (plain steps' measured / profiled cost) and how many steps taught it, without copying the state
     std::pair<double, int> step_level() const;
+    std::pair<double, int> batch_shape() const; // AutoPolicy::batch_shape and its observations
     // saved KV states of earlier prompts (prompt_cache.h): at most `bytes` (0 = off; reset() empties it)
     void set_prompt_cache_bytes(size_t bytes);
     size_t prompt_cache_bytes() const;
