@@ -158,8 +158,8 @@ void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
 void AutoPolicy::observe_shape(double ratio, int n_rows) {
     // a step far off its moment's plain steps (the process was preempted) counts as ratio_min or ratio_max of them
     if (n_rows == 1) {
-        const double r = n_plain_obs_ == 0 ? ratio
-                                           : std::min(ratio_max * plain_ratio_, std::max(ratio_min * plain_ratio_, ratio));
+        const double lo = ratio_min * plain_ratio_, hi = ratio_max * plain_ratio_;
+        const double r = n_plain_obs_ == 0 ? ratio : std::min(hi, std::max(lo, ratio));
         const double w = std::max(ema_cost, 1.0 / ++n_plain_obs_);
         plain_ratio_ = (1.0 - w) * plain_ratio_ + w * r;
         return;
