@@ -83,7 +83,7 @@ STALE_STEPS = 32
 # 253 ms, plausible and with a level of 0.86; quiet, its steps ran at 86, 134 and 299 ms (T(2) = 1.56 T(1), against
 # the profile's 1.23), so "auto" drafted as if batches cost 20-40% less than they do. Once STALE_BATCHES verify
 # batches have shown them costing more than STALE_SHAPE x the profile's shape against the plain steps of their moment
-# (AutoPolicy::batch_shape; 1.20 on those steps, 0.95-1.05 on a profile measured quiet), the profile is marked stale
+# (AutoPolicy::batch_shape; 1.16-1.30 on those steps, 1.04-1.07 on a profile measured quiet), the profile is marked stale
 # too. Only too cheap: a profile that overprices batches (measured quiet, run busy) drafts too little, never slower
 STALE_SHAPE = 1.12
 STALE_BATCHES = 24
