@@ -225,8 +225,25 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     assert on_file["stale"] == 0.95 and on_file["stale_shape"] == 1.3 and profile.cached(*key) is None
     assert any("verify batches cost 1.30 x" in r.getMessage() and "measured again at the next load" in r.getMessage()
                for r in caplog.records)
+    # a drafter set later takes these costs with both marks: from its own file holding them, or from the profile
+    pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args[2:])
+    pair_file.write_text(json.dumps(dict(plain, draft_token_ms=0.05)))
+    llm._known_profile = judged  # as LLM._check_profile keeps it
+    llm.set_draft(tiny["draft"], ngram=True)
+    for prof in (llm.profile, json.loads(pair_file.read_text())):
+        assert prof["stale"] == 0.95 and prof["stale_shape"] == 1.3, prof
+    pair_file.unlink()
+    llm.set_draft(tiny["draft"], ngram=True)
+    for prof in (llm.profile, json.loads(pair_file.read_text())):
+        assert prof["stale"] == 0.95 and prof["stale_shape"] == 1.3, prof
     again = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)  # measured again: no marks, counted
     assert "stale" not in again.profile and "stale_shape" not in again.profile and again.profile["stale_loads"] == 1
+    assert again.profile["stale_for"] == "shape"  # ... for the shape: the count waits for the batches to judge it
+    assert profile.mark_if_stale(Steps(1.0, 100, 1.05, profile.STALE_BATCHES - 1), again.profile, *args) is None
+    assert again.profile["stale_loads"] == 1 and json.loads(path.read_text())["stale_loads"] == 1
+    assert profile.mark_if_stale(Steps(1.0, 100, 1.05, profile.STALE_BATCHES), again.profile, *args) is None
+    assert not {"stale_loads", "stale_for"} & (set(again.profile) | set(json.loads(path.read_text())))
+    again.profile["stale_loads"] = 1
     # measured again at STALE_LOADS loads in a row and still bent: kept as it is, with a warning
     caplog.clear()
     with caplog.at_level("WARNING", logger="specllm.profile"):
@@ -304,13 +321,19 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     costs["now"] = busy
     assert load().profile["stale_loads"] == 2 and json.loads(ngram_file.read_text())["noisy"] == 1
     assert load().profile["stale_loads"] == 2  # measured again (busy once more): not counted as stale
-    # a quiet profile the steps agree with: the count starts again
+    # a quiet profile the steps agree with: the count starts again, at once where the level was why ...
     costs["now"] = [1e-4 * (1.0 + 0.5 * n) for n in range(48)]  # far cheaper than the steps: never stale
     rewrite(verify_ms=costs["now"][:len(json.loads(ngram_file.read_text())["verify_ms"])], stale_loads=2)
     ngram_file.write_text(json.dumps({k: v for k, v in json.loads(ngram_file.read_text()).items() if k != "noisy"}))
     llm = load()
-    assert llm.profile["stale_loads"] == 2
-    # ... once the batches have shown the shape too (STALE_BATCHES): till then the count stays
+    assert llm.profile["stale_loads"] == 2 and "stale_for" not in llm.profile
+    llm.generate("the cat sat on the mat, the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert llm._engine.batch_shape()[1] < profile.STALE_BATCHES  # the shape not judged yet
+    assert "stale_loads" not in llm.profile and "stale_loads" not in json.loads(ngram_file.read_text())
+    # ... once the batches have shown the shape too (STALE_BATCHES) where the shape was: till then the count stays
+    rewrite(stale_loads=2, stale_for="shape")
+    llm = load()
+    assert llm.profile["stale_loads"] == 2 and llm.profile["stale_for"] == "shape"
     for _ in range(20):
         llm.generate("the cat sat on the mat, the cat sat on the mat", max_tokens=60, ignore_eos=True)
         if llm._engine.batch_shape()[1] >= profile.STALE_BATCHES:

@@ -17,6 +17,7 @@ constexpr double ema_shape = 0.05;  // weight of a new batch cost observation, o
 constexpr double size_prior = 4.0;  // a size's own factor counts as this many observations against all sizes' ...
 constexpr int size_own_max = 16;    // ... and its own observations count at most this many
 constexpr double ratio_min = 0.33, ratio_max = 3.0; // one step's measured / expected (a preempted step is not a cost)
+constexpr double shape_step = 1.25; // one batch moves batch_shape's EMA as if it read at most this x (or 1/this) of it
 } // namespace
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -167,7 +168,10 @@ void AutoPolicy::observe_shape(double ratio, int n_rows) {
     if (n_plain_obs_ == 0) { // no plain step of this moment to compare with yet
         return;
     }
-    const double r = std::min(ratio_max, std::max(ratio_min, ratio / plain_ratio_));
+    // ... and a batch far off the shape so far (preempted, or its moment's plain steps were) counts as shape_step x
+    // it: one batch at 3 x cannot lift a quiet profile's 1.05 past profile.STALE_SHAPE (1.12), six in a row can
+    const double r = std::min({ratio_max, shape_ * shape_step,
+                               std::max({ratio_min, shape_ / shape_step, ratio / plain_ratio_})});
     const double w = std::max(ema_shape, 1.0 / ++n_shape_obs_);
     shape_ = (1.0 - w) * shape_ + w * r;
 }

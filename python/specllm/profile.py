@@ -88,6 +88,8 @@ STALE_STEPS = 32
 STALE_SHAPE = 1.12
 STALE_BATCHES = 24
 STALE_LOADS = 3
+STALE_MARKS = ("stale", "stale_shape")  # a profile's marks (why: the level, or the batches' shape) ...
+COUNT_KEYS = ("stale_loads", "stale_for")  # ... and the count of loads that measured it again ("shape": for that)
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
                     # 0.6-1.4 of a profile measured a second earlier
 
@@ -161,8 +163,8 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     while not judged stale (check again after the next generation); once judged, the profile with its mark ("stale":
     the level; "stale_shape": the batches' shape, if that is why), which a drafter set later takes its verify costs
     from, or prof as it is if it was measured again at STALE_LOADS loads in a row already. A profile measured again
-    that the steps agree with (the level, and the shape once judged) loses its count (in prof and its files): the
-    loads in a row start again."""
+    that the steps agree with (the level; and the shape once judged, where the shape was why: "stale_for") loses its
+    count (in prof and its files): the loads in a row start again."""
     if prof["verify_ms"][0] < STALE_MIN_MS:
         return None
     level, steps = engine.step_level()
@@ -171,11 +173,14 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     shape, batches = engine.batch_shape()
     bent = batches >= STALE_BATCHES and shape > STALE_SHAPE
     if level >= STALE_LEVEL and not bent:
-        if "stale_loads" in prof and batches >= STALE_BATCHES:  # the shape judged too: the steps agree
+        # the steps agree: with the level, where that was why it was measured again, and with the shape judged too
+        # where the shape was (stale_for; a machine that never drafts 24 batches keeps the count of those)
+        if "stale_loads" in prof and (batches >= STALE_BATCHES or prof.get("stale_for") != "shape"):
             _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
-                    lambda on_file: ({k: v for k, v in on_file.items() if k != "stale_loads"}
+                    lambda on_file: ({k: v for k, v in on_file.items() if k not in COUNT_KEYS}
                                      if "stale_loads" in on_file and "stale" not in on_file else None))
-            del prof["stale_loads"]
+            for k in COUNT_KEYS:
+                prof.pop(k, None)
         return None
     why = (f"decoding steps run at {level:.2f} of what this machine's cost profile says" if level < STALE_LEVEL else
            f"verify batches cost {shape:.2f} x what this machine's cost profile says against its plain steps")
@@ -244,20 +249,24 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     sizes = sizes_for(verify_rows)
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
-    if (prof is not None and known is not None and "stale" in known and "stale" not in prof
-            and mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows)):
-        prof = dict(prof, stale=known["stale"])  # the same costs, judged stale under another drafter
+    if prof is not None and known is not None and "stale" in known and "stale" not in prof:
+        marks = {k: known[k] for k in STALE_MARKS if k in known}  # the same costs, judged stale under another drafter
+        if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows,
+                      **{k: v for k, v in marks.items() if k != "stale"}):
+            prof = dict(prof, **marks)
     if prof is None:
         on_file = _read(path, verify_rows)
         before = noisy_loads(on_file)  # loads that found the cached profile busy
         # loads in a row that measured again a profile found stale (STALE_LOADS), kept through a busy measurement
         count = stale_loads(on_file) + (on_file is not None and "stale" in on_file)
         carried = {"stale_loads": count} if count else {}
+        if count and ("stale_shape" in on_file if "stale" in on_file else on_file.get("stale_for") == "shape"):
+            carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
         if known is not None and known.get("sizes") == sizes:
             verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
             # ... and its marks: costs judged stale are measured again at the next load, with the others
-            carried = {k: known[k] for k in ("stale", "stale_loads") if k in known}
+            carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
                      "draft (once per model, machine, thread count and mode; up to 40 s on a 2-core CPU)",
