@@ -97,6 +97,10 @@ void register_policy(py::module_ & m) {
         .def_property_readonly("learn_batch_costs", &AutoPolicy::learn_batch_costs)
         .def("batch_factor", &AutoPolicy::batch_factor, py::arg("n"))
         .def("first_rows", &AutoPolicy::first_rows)
+        .def("forced_choice", [](AutoPolicy & p, int m) {
+            check_range("m", m, 0, 1 << 24);
+            return p.forced_choice(m).k;
+        }, py::arg("m"))
         .def("step_level", &AutoPolicy::step_level)
         .def("step_level_observations", &AutoPolicy::step_level_observations)
         .def("batch_shape", &AutoPolicy::batch_shape)

@@ -250,8 +250,9 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     return best;
 }
 
-Choice AutoPolicy::forced_choice(int m) const {
+Choice AutoPolicy::forced_choice(int m) {
     Choice best;
+    last_first_ = 0;
     double best_rate = margin / (cost_verify(1) + c_row_read_);
     std::array<double, n_max> alpha{};
     alpha.fill(alpha_forced_);

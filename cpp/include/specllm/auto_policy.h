@@ -139,8 +139,9 @@ class AutoPolicy : public DraftPolicy {
     static constexpr double alpha_prior_boundary = 0.54;
     // a draft the grammar forces (grammar_draft.cpp) of m tokens: how many to verify and how, with their own
     // acceptance estimate (the same at every position: a forced text is tokenized right or not), k = 0 when none
-    // beats a plain step; and what became of one
-    Choice forced_choice(int m) const;
+    // beats a plain step; and what became of one. It replaces the step's choice: its batch is one chunk, so the cost
+    // the step teaches is not split at the first_rows choose() gave for a draft its sources did not make
+    Choice forced_choice(int m);
     void observe_forced(int n_drafted, int n_accepted);
     static constexpr double alpha_prior_forced = 0.9;
     double forced_acceptance() const { return alpha_forced_; }
