@@ -166,12 +166,13 @@ def simulate_sequences(policy, index, answers, costs: list[float], chunk: int, m
 
 
 def replayed_policy(flat: list, costs: list[float], chunk: int, carry_over: dict, row_ms: float = 0.0,
-                    boundary_of=None, cut=None):
+                    boundary_of=None, cut=None, policy_costs: list[float] | None = None):
     """A policy that has replayed `flat` ((task, prompt, answer, end, max_tokens) items) in order with the drafting
-    memory on, as one LLM serves them: what it learned there is what the next work starts from."""
+    memory on, as one LLM serves them: what it learned there is what the next work starts from. policy_costs: the
+    profile it drafts with, where the steps cost `costs` (default: the same)."""
     from specllm import _core
 
-    policy, index, memory = new_policy(costs, chunk, row_ms), _core.NgramIndex(2, 4), []
+    policy, index, memory = new_policy(policy_costs or costs, chunk, row_ms), _core.NgramIndex(2, 4), []
     for _, prompt, answer, end, max_tokens in flat:
         policy.new_generation(**carry_over)
         simulate(policy, index, prompt, answer, costs, chunk, True, _core.AutoPolicy.n_max, memory, row_ms, end,
@@ -181,7 +182,8 @@ def replayed_policy(flat: list, costs: list[float], chunk: int, carry_over: dict
 
 
 def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: dict, answers_of: str,
-                   row_ms: float = 0.0, ends: bool = True, boundary_of=None, cut=None, after: list = ()) -> int:
+                   row_ms: float = 0.0, ends: bool = True, boundary_of=None, cut=None, after: list = (),
+                   policy_costs: list[float] | None = None) -> int:
     """`after`: Spec-Bench items the policy replays first (--after), or none: it starts fresh."""
     from specllm import _core
 
@@ -189,7 +191,7 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     print("| sequence | memory | policy, requests 1-2 | policy, 3+ | oracle, 1-2 | oracle, 3+ | memory steps / steps |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for memory_on in (False, True):
-        policy = replayed_policy(list(after), costs, chunk, carry_over, row_ms, boundary_of, cut)
+        policy = replayed_policy(list(after), costs, chunk, carry_over, row_ms, boundary_of, cut, policy_costs)
         rows = simulate_sequences(policy, _core.NgramIndex(2, 4), answers, costs, chunk,
                                   memory_on, _core.AutoPolicy.n_max, carry_over, row_ms, run["meta"].get("max_tokens"),
                                   boundary_of, cut)
@@ -203,17 +205,17 @@ def main_sequences(run: dict, llm, costs: list[float], chunk: int, carry_over: d
     return 0
 
 
-def parse_costs(text: str) -> list[float]:
+def parse_costs(text: str, flag: str = "--costs") -> list[float]:
     """"T(1),T(2),..." (ms; 0 = not measured) -> T(1..49) as the policy fills them in (a size not measured costs
     the next measured one, as the engine pads it)."""
     try:
         given = [float(x) for x in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--costs: comma-separated ms for T(1), T(2), ..., got {text!r}") from None
+        raise SystemExit(f"{flag}: comma-separated ms for T(1), T(2), ..., got {text!r}") from None
     try:
         return list(new_policy(given, 0).verify_costs())
     except ValueError as e:  # T(1) missing or not > 0
-        raise SystemExit(f"--costs: {e}") from None
+        raise SystemExit(f"{flag}: {e}") from None
 
 
 CARRY_OVER = ("carry", "keep", "text_carry", "text_keep")  # AutoPolicy.new_generation's arguments
@@ -295,6 +297,9 @@ def main(argv=None) -> int:
                         "ms (0 = not measured; padded to the next measured size, as the engine does), e.g. the first "
                         "dev VM's fast-mode "
                         "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
+    p.add_argument("--policy-costs", default=None, metavar="T(1),T(2),...",
+                   help="the profile the policy drafts with, where --costs (or this machine's profile) is what the "
+                        "steps cost: what a wrong profile costs, e.g. bench.systems.BUSY_XEON_PAIR (not with --orders)")
     p.add_argument("--memory", action="store_true",
                    help="a drafting memory of the earlier prompts' answers in run order, as bench.run's default system "
                         "keeps (one LLM; a prompt never finds its own answer there)")
@@ -314,6 +319,9 @@ def main(argv=None) -> int:
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
     args = p.parse_args(argv)
+    if args.policy_costs is not None and args.orders > 0:
+        p.error("--policy-costs is not used by --orders: leave one out")
+    policy_costs = None if args.policy_costs is None else parse_costs(args.policy_costs, "--policy-costs")
 
     import specllm
     from specllm import _core
@@ -348,7 +356,7 @@ def main(argv=None) -> int:
                 with open(args.after) as f:
                     after = items(json.load(f), set())
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
-                                  boundary_of, cut, after)
+                                  boundary_of, cut, after, policy_costs)
         flat.extend(items(run, seen))
     if args.orders > 0:
         print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms,
@@ -366,7 +374,7 @@ def main(argv=None) -> int:
     every: list[float] = []
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
-            policy = new_policy(costs, chunk, row_ms)
+            policy = new_policy(policy_costs or costs, chunk, row_ms)
         sims, oracles, tot = [], [], [0, 0, 0, 0, 0]
         for prompt, answer, end, max_tokens in pairs:
             policy.new_generation(**carry_over)  # as Engine::start

@@ -927,6 +927,28 @@ def test_simulate_takes_another_machines_costs():
     for bad in ("fast", "0,86", ""):
         with pytest.raises(SystemExit, match="--costs"):
             parse_costs(bad)
+        with pytest.raises(SystemExit, match="--policy-costs"):
+            parse_costs(bad, "--policy-costs")
+
+
+def test_simulate_charges_a_policy_that_drafts_with_a_wrong_profile_what_the_steps_cost():
+    # --policy-costs: the policy drafts with one profile while each step is charged another's costs. Costed by a flat
+    # (GPU-like) profile it drafts a copy whose every third token is wrong; charged the CPU's steep costs that loses
+    # to the policy that knows them
+    from bench.simulate import new_policy, replayed_policy, simulate
+    from specllm import _core
+
+    cpu = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    flat = [58.0 + 1.0 * n for n in range(49)]
+    prompt = list(range(100, 400))
+    answer = [7, 8] + [p + (i % 3 == 2) for i, p in enumerate(prompt[:150])]
+    got = {}
+    for name, profile in (("right", cpu), ("flat", flat)):
+        got[name] = simulate(new_policy(profile, 49), _core.NgramIndex(2, 4), prompt, answer, cpu, 49, True, 48)
+    assert got["flat"][2] > got["right"][2]  # drafted more ...
+    assert got["flat"][0] > got["right"][0]  # ... and took longer, charged the same costs
+    assert got["flat"][1] == got["right"][1]  # the same plain time
+    assert replayed_policy([], cpu, 49, {}, policy_costs=flat).verify_costs()[:3] == pytest.approx(flat[:3])
 
 
 def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():
