@@ -299,7 +299,8 @@ def main(argv=None) -> int:
                         "profile: 54,86,108,115,147,172,198,291,0,0,0,0,0,0,0,365")
     p.add_argument("--policy-costs", default=None, metavar="T(1),T(2),...",
                    help="the profile the policy drafts with, where --costs (or this machine's profile) is what the "
-                        "steps cost: what a wrong profile costs, e.g. bench.systems.BUSY_XEON_PAIR (not with --orders)")
+                        "steps cost: what a wrong profile costs, e.g. bench.systems.BUSY_XEON_PAIR (not with --orders; "
+                        "the policy is told the context cost the steps are charged, --context-ms)")
     p.add_argument("--memory", action="store_true",
                    help="a drafting memory of the earlier prompts' answers in run order, as bench.run's default system "
                         "keeps (one LLM; a prompt never finds its own answer there)")
@@ -346,6 +347,9 @@ def main(argv=None) -> int:
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
+            if policy_costs is not None:
+                print(f"the policy drafts with T(1..8) = {', '.join(f'{c:.0f}' for c in policy_costs[:8])}, "
+                      f"T(16) = {policy_costs[15]:.0f} ms (--policy-costs; the same context cost)")
         def items(run: dict, seen: set) -> list:  # (task, prompt, answer, end, max_tokens) of a Spec-Bench run
             return [(t, prompt, answer, None if args.no_end else end, run["meta"].get("max_tokens"))
                     for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True)]

@@ -933,22 +933,25 @@ def test_simulate_takes_another_machines_costs():
 
 def test_simulate_charges_a_policy_that_drafts_with_a_wrong_profile_what_the_steps_cost():
     # --policy-costs: the policy drafts with one profile while each step is charged another's costs. Costed by a flat
-    # (GPU-like) profile it drafts a copy whose every third token is wrong; charged the CPU's steep costs that loses
-    # to the policy that knows them
-    from bench.simulate import new_policy, replayed_policy, simulate
+    # (GPU-like) profile it drafts long runs of a copy whose every 4th token differs; charged the CPU's steep costs
+    # it loses to plain decoding, where the policy that knows them gains
+    from bench.simulate import main, new_policy, replayed_policy, simulate
     from specllm import _core
 
     cpu = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
     flat = [58.0 + 1.0 * n for n in range(49)]
     prompt = list(range(100, 400))
-    answer = [7, 8] + [p + (i % 3 == 2) for i, p in enumerate(prompt[:150])]
+    answer = [7, 8] + [p + 1000 * (i % 4 == 3) for i, p in enumerate(prompt[:150])]
     got = {}
     for name, profile in (("right", cpu), ("flat", flat)):
         got[name] = simulate(new_policy(profile, 49), _core.NgramIndex(2, 4), prompt, answer, cpu, 49, True, 48)
-    assert got["flat"][2] > got["right"][2]  # drafted more ...
-    assert got["flat"][0] > got["right"][0]  # ... and took longer, charged the same costs
-    assert got["flat"][1] == got["right"][1]  # the same plain time
+    assert got["flat"][3] > 0 and got["right"][3] > 0  # both drafted and had drafts accepted ...
+    assert got["flat"][2] > 2 * got["right"][2]  # ... the flat profile drafted far more ...
+    assert got["right"][0] < got["right"][1] < got["flat"][0]  # ... and lost to plain (ms, plain ms) where it gained
+    # replayed_policy drafts with policy_costs; a replay whose policy never drafts is charged what the steps cost
     assert replayed_policy([], cpu, 49, {}, policy_costs=flat).verify_costs()[:3] == pytest.approx(flat[:3])
+    with pytest.raises(SystemExit):
+        main(["no-such-run.json", "--orders", "2", "--policy-costs", "58,60"])  # --orders does not use it
 
 
 def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():

@@ -329,7 +329,16 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     assert llm.profile["stale_loads"] == 2 and "stale_for" not in llm.profile
     llm.generate("the cat sat on the mat, the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert llm._engine.batch_shape()[1] < profile.STALE_BATCHES  # the shape not judged yet
+    assert llm._engine.step_level()[1] >= profile.STALE_STEPS  # judged by the level
     assert "stale_loads" not in llm.profile and "stale_loads" not in json.loads(ngram_file.read_text())
+    # ... yet a shape found bent later on counts on from it, so marks that take turns (the level, then the shape)
+    # still reach STALE_LOADS
+    monkeypatch.setattr(profile, "STALE_SHAPE", 1.12)
+    judged = profile.mark_if_stale(Steps(1.0, 100, 1.3, 40), llm.profile, llm.model_path, [""], *args)
+    monkeypatch.setattr(profile, "STALE_SHAPE", float("inf"))
+    on_file = json.loads(ngram_file.read_text())
+    assert judged["stale_loads"] == on_file["stale_loads"] == 2 and on_file["stale_shape"] == 1.3
+    ngram_file.write_text(json.dumps({k: v for k, v in on_file.items() if k not in ("stale", "stale_shape")}))
     # ... once the batches have shown the shape too (STALE_BATCHES) where the shape was: till then the count stays
     rewrite(stale_loads=2, stale_for="shape")
     llm = load()

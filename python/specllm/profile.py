@@ -179,22 +179,26 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
             _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
                     lambda on_file: ({k: v for k, v in on_file.items() if k not in COUNT_KEYS}
                                      if "stale_loads" in on_file and "stale" not in on_file else None))
+            if batches < STALE_BATCHES:  # kept here: a shape judged bent later on counts on from it, not from 0
+                prof["stale_loads_cleared"] = prof["stale_loads"]
             for k in COUNT_KEYS:
                 prof.pop(k, None)
         return None
     why = (f"decoding steps run at {level:.2f} of what this machine's cost profile says" if level < STALE_LEVEL else
            f"verify batches cost {shape:.2f} x what this machine's cost profile says against its plain steps")
-    if stale_loads(prof) >= STALE_LOADS:
+    count = max(stale_loads(prof), prof.get("stale_loads_cleared", 0))
+    if count >= STALE_LOADS:
         log.warning("%s, and it was measured again at %d loads in a row already (each while the machine was busy?): "
-                    "kept as it is; delete the profile files in %s to measure again", why, stale_loads(prof),
-                    _cache_dir())
+                    "kept as it is; delete the profile files in %s to measure again", why, count, _cache_dir())
         return prof
-    shape_mark = {"stale_shape": round(shape, 3)} if level >= STALE_LEVEL else {}
-    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows, **shape_mark)
+    marks = {"stale_shape": round(shape, 3)} if level >= STALE_LEVEL else {}
+    if "stale_loads_cleared" in prof:  # the count the level's agreement cleared from the files, written back
+        marks["stale_loads"] = count
+    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows, **marks)
     if marked:
         log.warning("%s (it was measured while the machine was slower or busy): it will be measured again at the next "
                     "load (%s)", why, ", ".join(map(str, marked)))
-    return dict(prof, stale=round(level, 3), **shape_mark)
+    return dict(prof, stale=round(level, 3), **marks)
 
 
 def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
