@@ -1,5 +1,6 @@
 """Speculative sampling follows the target's distribution beyond the first two tokens (test_sampling.py): at later
-positions after partial accepts, for the bonus token after a full accept, with n-gram (one-hot) drafts, and for
+positions after partial accepts (also under repetition penalties), for the bonus token after a full accept, with
+n-gram (one-hot) drafts, and for
 temperature, top-p and min-p against an independent numpy reference of the warped distribution. A deliberately wrong
 verifier must fail these tests too.
 
@@ -110,6 +111,34 @@ def test_later_positions_follow_the_target_distribution(tiny, make_llm, plain_he
         assert kinds[ACCEPTED] > 0.3 * N and kinds[REJECTED] > 0.1 * N, (i, kinds)
     stat, bound, msg = homogeneity(spec, plain_hello, 3, 5)
     assert stat < bound, f"speculative sampling does not follow the target's distribution at later positions: {msg}"
+
+
+# --- under repetition penalties: each verified row is penalized by the tokens before it, the accepted drafts included
+# (llama.cpp's penalties sampler; test_penalties.py checks coupled sampling's text against plain sampling's)
+PENALTIES = dict(repeat_penalty=1.6, frequency_penalty=0.6, presence_penalty=0.4)
+
+
+@pytest.fixture(scope="module")
+def plain_penalized(tiny, make_llm):
+    return sample(make_llm(tiny["target"]), PROMPT, range(N), max_tokens=6, **SAMPLING, **PENALTIES)
+
+
+@pytest.mark.parametrize("acceptance", MODES)
+def test_later_positions_follow_the_penalized_target_distribution(tiny, make_llm, plain_hello, plain_penalized,
+                                                                  acceptance):
+    llm = speculative(make_llm, tiny["target"], tiny["near_draft"])
+    spec = sample(llm, PROMPT, range(N, 2 * N), max_tokens=6, draft_length=K, acceptance=acceptance, **SAMPLING,
+                  **PENALTIES)
+    first = Counter(steps[0] for _, _, steps in spec)
+    assert sum(n for (d, a), n in first.items() if 0 < a < d) > 0.2 * N, first  # partial accepts
+    for i in (3, 4):
+        kinds = kinds_at(spec, i)
+        assert kinds[ACCEPTED] > 0.2 * N and kinds[REJECTED] > 0.1 * N, (i, kinds)
+    stat, bound, msg = homogeneity(spec, plain_penalized, 3, 5)
+    assert stat < bound, f"speculative sampling does not follow the penalized target's distribution: {msg}"
+    # the check can fail: the penalties move the joint of positions 3 and 4 far from the unpenalized target's
+    stat, bound, msg = homogeneity(spec, plain_hello, 3, 5)
+    assert stat > 2 * bound, f"the penalties do not move positions 3 and 4 enough to be tested: {msg}"
 
 
 # --- the bonus token after a full accept
