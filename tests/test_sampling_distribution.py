@@ -1,8 +1,7 @@
 """Speculative sampling follows the target's distribution beyond the first two tokens (test_sampling.py): at later
 positions after partial accepts (also under repetition penalties), for the bonus token after a full accept, with
-n-gram (one-hot) drafts, and for
-temperature, top-p and min-p against an independent numpy reference of the warped distribution. A deliberately wrong
-verifier must fail these tests too.
+n-gram (one-hot) drafts, and for temperature, top-p and min-p against an independent numpy reference of the warped
+distribution. A deliberately wrong verifier must fail these tests too.
 
 Every test is chi-square at the 1e-4 level (helpers.chi2_critical) on fixed seeds, so the outcome is reproducible. With
 coupled acceptance a seed gives exactly plain sampling's text (test_seed.py): each sample uses its own N seeds
