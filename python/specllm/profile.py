@@ -87,6 +87,11 @@ STALE_STEPS = 32
 # too. Only too cheap: a profile that overprices batches (measured quiet, run busy) drafts too little, never slower
 STALE_SHAPE = 1.12
 STALE_BATCHES = 24
+# ... judged only while the steps run at most STALE_SHAPE_LEVEL x the profile's costs: a machine slower now than when it
+# was profiled is the busy one now, and what its batches cost says nothing against a profile measured quiet (under a
+# test suite's load, the Xeon VM's steps ran at 4.15 x a quiet profile, batches read 1.185, and the profile was marked
+# and measured again there, busy)
+STALE_SHAPE_LEVEL = 1.15
 STALE_LOADS = 3
 STALE_MARKS = ("stale", "stale_shape")  # a profile's marks (why: the level, or the batches' shape) ...
 COUNT_KEYS = ("stale_loads", "stale_for")  # ... and the count of loads that measured it again ("shape": for that)
@@ -159,7 +164,8 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     """After a generation: if STALE_STEPS+ steps since the drafter was set (`since`: the engine's count then) have
     shown the engine's level below STALE_LEVEL (prof was measured while the machine was slower), or STALE_BATCHES+
     verify batches since the costs were set have cost more than STALE_SHAPE x the profile's shape (it was measured
-    while other work slowed its plain steps more than its batches), marks its files (mark_stale) and warns. None
+    while other work slowed its plain steps more than its batches; judged while the level is at most
+    STALE_SHAPE_LEVEL), marks its files (mark_stale) and warns. None
     while not judged stale (check again after the next generation); once judged, the profile with its mark ("stale":
     the level; "stale_shape": the batches' shape, if that is why), which a drafter set later takes its verify costs
     from, or prof as it is if it was measured again at STALE_LOADS loads in a row already. A profile measured again
@@ -171,15 +177,16 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     if steps - since < STALE_STEPS:
         return None
     shape, batches = engine.batch_shape()
-    bent = batches >= STALE_BATCHES and shape > STALE_SHAPE
+    judged = batches >= STALE_BATCHES and level <= STALE_SHAPE_LEVEL  # the shape: enough batches, not busier now
+    bent = judged and shape > STALE_SHAPE
     if level >= STALE_LEVEL and not bent:
         # the steps agree: with the level, where that was why it was measured again, and with the shape judged too
         # where the shape was (stale_for; a machine that never drafts 24 batches keeps the count of those)
-        if "stale_loads" in prof and (batches >= STALE_BATCHES or prof.get("stale_for") != "shape"):
+        if "stale_loads" in prof and (judged or prof.get("stale_for") != "shape"):
             _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
                     lambda on_file: ({k: v for k, v in on_file.items() if k not in COUNT_KEYS}
                                      if "stale_loads" in on_file and "stale" not in on_file else None))
-            if batches < STALE_BATCHES:  # kept here: a shape judged bent later on counts on from it, not from 0
+            if not judged:  # kept here: a shape judged bent later on counts on from it, not from 0
                 prof["stale_loads_cleared"] = prof["stale_loads"]
             for k in COUNT_KEYS:
                 prof.pop(k, None)
