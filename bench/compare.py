@@ -27,18 +27,19 @@ def _by_key(records: list) -> dict:
     return by
 
 
-def compare(a: dict, b: dict, system: str, reference: str = "plain") -> dict:
+def compare(a: dict, b: dict, system: str, reference: str = "plain", system_b: str | None = None) -> dict:
     """{"same", "runs", "prompts": [(task, id, turn, speed-up a, speed-up b)], "median_diff", "max_diff",
-    "within_005"}"""
+    "within_005"}. system_b: the system of run b (default: the same; e.g. the same settings under a new name)."""
+    system_b = system_b or system
     ra, rb = _by_key(a["records"]), _by_key(b["records"])
-    keys = [k for k in ra if k in rb and system in ra[k] and system in rb[k]]
-    same = sum(all(ra[k][system][f] == rb[k][system][f] for f in DECISION) for k in keys)
+    keys = [k for k in ra if k in rb and system in ra[k] and system_b in rb[k]]
+    same = sum(all(ra[k][system][f] == rb[k][system_b][f] for f in DECISION) for k in keys)
     ratios = {0: collections.defaultdict(list), 1: collections.defaultdict(list)}
     for k in keys:
-        for i, run in enumerate((ra, rb)):
+        for i, (run, name) in enumerate(((ra, system), (rb, system_b))):
             x = run[k]
             if reference in x and x[reference]["gen_tps"] > 0:
-                ratios[i][k[:3]].append(x[system]["gen_tps"] / x[reference]["gen_tps"])
+                ratios[i][k[:3]].append(x[name]["gen_tps"] / x[reference]["gen_tps"])
     prompts = [(*k, statistics.median(ratios[0][k]), statistics.median(ratios[1][k]))
                for k in sorted(ratios[0]) if ratios[1].get(k)]
     diffs = [abs(p[3] - p[4]) for p in prompts]
@@ -52,21 +53,26 @@ def main(argv=None) -> int:
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--system", default="hybrid", help="the system compared (default: %(default)s)")
+    p.add_argument("--system-b", default=None,
+                   help="the system of the second run, if it ran the same settings under another name (default: "
+                        "--system)")
     args = p.parse_args(argv)
     try:
         a, b = (json.load(open(path, encoding="utf-8")) for path in (args.a, args.b))
     except (OSError, ValueError) as e:
         print(f"cannot read a bench.run result: {e}", file=sys.stderr)
         return 2
-    c = compare(a, b, args.system)
+    system_b = args.system_b or args.system
+    c = compare(a, b, args.system, system_b=system_b)
     if not c["runs"]:
-        print(f"no (prompt, turn, round) of system {args.system} is in both runs", file=sys.stderr)
+        print(f"no (prompt, turn, round) of system {args.system} (and {system_b} in the second run) is in both runs",
+              file=sys.stderr)
         return 1
     for task, pid, turn, x, y in c["prompts"]:
         print(f"{task:15s} {pid}:{turn}  {x:.2f}  {y:.2f}  {x - y:+.2f}")
     print(f"same decisions and text: {c['same']} of {c['runs']} runs; per prompt |difference| median "
           f"{c['median_diff']:.3f}, max {c['max_diff']:.3f}, {c['within_005']} of {len(c['prompts'])} within 0.05")
-    sa, sb = a["summary"].get(args.system, {}), b["summary"].get(args.system, {})
+    sa, sb = a["summary"].get(args.system, {}), b["summary"].get(system_b, {})
     for task in sa:
         if task in sb and sa[task].get("speedup") is not None and sb[task].get("speedup") is not None:
             print(f"{task:15s} {sa[task]['speedup']:.2f}  {sb[task]['speedup']:.2f}")

@@ -797,6 +797,17 @@ def test_compare_finds_the_same_decisions_and_the_spread(tmp_path, capsys):
     assert "same decisions and text: 4 of 4" in capsys.readouterr().out
     assert compare.main([str(a), str(tmp_path / "missing.json")]) == 2
     assert compare.main([str(a), str(b), "--system", "nope"]) == 1
+    # the second run's system under another name (the same settings): --system-b
+    renamed = run(11.0)
+    for r in renamed["records"]:
+        r["system"] = "hybrid-again" if r["system"] == "hybrid" else r["system"]
+    renamed["summary"] = {"hybrid-again": renamed["summary"]["hybrid"]}
+    b.write_text(json.dumps(renamed))
+    assert compare.main([str(a), str(b)]) == 1  # no hybrid in b
+    capsys.readouterr()
+    assert compare.main([str(a), str(b), "--system-b", "hybrid-again"]) == 0
+    out = capsys.readouterr().out
+    assert "p1:0  1.20  1.10  +0.10" in out and "1 of 2 within 0.05" in out and "qa              1.20  1.10" in out
 
 
 def test_replayed_answers_come_from_the_run_s_own_prompts_and_the_system_asked_for():
