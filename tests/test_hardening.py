@@ -220,7 +220,7 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
         for seen in (Steps(1.0, 100, 1.05, 100), Steps(1.0, 100, 1.5, profile.STALE_BATCHES - 1),
                      Steps(1.0, profile.STALE_STEPS - 1, 1.5, 100), Steps(1.0, 100, 0.6, 100),
                      Steps(profile.STALE_SHAPE_LEVEL + 0.01, 100, 1.5, 100), Steps(4.15, 100, 1.185, 100)):
-            assert profile.mark_if_stale(seen, llm.profile, *args) is None, vars(seen)
+            assert profile.mark_if_stale(seen, dict(llm.profile), *args) is None, vars(seen)
         assert json.loads(path.read_text()) == plain and not caplog.records
         judged = profile.mark_if_stale(Steps(0.95, 100, 1.3, 40), llm.profile, *args)
     assert judged["stale"] == 0.95 and judged["stale_shape"] == 1.3
@@ -228,6 +228,13 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     assert on_file["stale"] == 0.95 and on_file["stale_shape"] == 1.3 and profile.cached(*key) is None
     assert any("verify batches cost 1.30 x" in r.getMessage() and "measured again at the next load" in r.getMessage()
                for r in caplog.records)
+    # a busy spell's batches stay in the shape after the level has come back: judged again STALE_BATCHES batches on
+    busy = dict(plain)
+    assert profile.mark_if_stale(Steps(4.15, 100, 1.185, 40), busy, *args) is None
+    assert profile.mark_if_stale(Steps(1.0, 100, 1.185, 40 + profile.STALE_BATCHES - 1), busy, *args) is None
+    assert profile.mark_if_stale(Steps(1.0, 100, 1.185, 40 + profile.STALE_BATCHES), busy, *args)["stale_shape"] == 1.185
+    assert profile.mark_if_stale(Steps(profile.STALE_SHAPE_LEVEL, 100, 1.3, 40), dict(plain), *args) is not None
+    assert "busy_batches" not in json.loads(path.read_text())
     # a drafter set later takes these costs with both marks: from its own file holding them, or from the profile
     pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args[2:])
     pair_file.write_text(json.dumps(dict(plain, draft_token_ms=0.05)))
@@ -245,14 +252,15 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     for unjudged in (Steps(1.0, 100, 1.05, profile.STALE_BATCHES - 1), Steps(1.5, 100, 1.05, 100)):
         assert profile.mark_if_stale(unjudged, again.profile, *args) is None
         assert again.profile["stale_loads"] == 1 and json.loads(path.read_text())["stale_loads"] == 1
-    assert profile.mark_if_stale(Steps(1.0, 100, 1.05, profile.STALE_BATCHES), again.profile, *args) is None
+    # judged STALE_BATCHES batches after the busy check (at batch 100): the steps agree
+    assert profile.mark_if_stale(Steps(1.0, 100, 1.05, 100 + profile.STALE_BATCHES), again.profile, *args) is None
     assert not {"stale_loads", "stale_for"} & (set(again.profile) | set(json.loads(path.read_text())))
     again.profile["stale_loads"] = 1
     # measured again at STALE_LOADS loads in a row and still bent: kept as it is, with a warning
     caplog.clear()
     with caplog.at_level("WARNING", logger="specllm.profile"):
         kept = dict(again.profile, stale_loads=profile.STALE_LOADS)
-        assert profile.mark_if_stale(Steps(1.0, 100, 1.3, 40), kept, *args) == kept
+        assert profile.mark_if_stale(Steps(1.0, 100, 1.3, 200), kept, *args) == kept
     assert any("kept as it is" in r.getMessage() for r in caplog.records)
 
 

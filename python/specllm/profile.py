@@ -177,7 +177,12 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     if steps - since < STALE_STEPS:
         return None
     shape, batches = engine.batch_shape()
-    judged = batches >= STALE_BATCHES and level <= STALE_SHAPE_LEVEL  # the shape: enough batches, not busier now
+    # the shape: judged on STALE_BATCHES+ batches since the last check that found the machine busier than profiled
+    # (the level follows about the last 10 plain steps, the shape about the last 20 batches: a busy spell's batches
+    # stay in the shape after the level has come back), and not while it is busier now
+    if level > STALE_SHAPE_LEVEL:
+        prof["busy_batches"] = batches  # in this LLM's profile only (never written: load_or_measure's keys)
+    judged = batches - prof.get("busy_batches", 0) >= STALE_BATCHES and level <= STALE_SHAPE_LEVEL
     bent = judged and shape > STALE_SHAPE
     if level >= STALE_LEVEL and not bent:
         # the steps agree: with the level, where that was why it was measured again, and with the shape judged too
