@@ -266,10 +266,10 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
     prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
     if prof is not None and known is not None and "stale" in known and "stale" not in prof:
-        marks = {k: known[k] for k in STALE_MARKS if k in known}  # the same costs, judged stale under another drafter
+        shape_mark = {"stale_shape": known["stale_shape"]} if "stale_shape" in known else {}
         if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows,
-                      **{k: v for k, v in marks.items() if k != "stale"}):
-            prof = dict(prof, **marks)
+                      **shape_mark):
+            prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
     if prof is None:
         on_file = _read(path, verify_rows)
         before = noisy_loads(on_file)  # loads that found the cached profile busy
