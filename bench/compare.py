@@ -1,11 +1,12 @@
 """Two runs of bench.run on the same prompts: did the system decide the same, and how far apart are its speed-ups?
 
     python -m bench.compare bench/results/fresh-lockstep/2026-11-23-vm.json \\
-        bench/results/fresh-lockstep-again/2026-11-23-vm.json [--system hybrid]
+        bench/results/fresh-lockstep-again/2026-11-23-vm.json [--system hybrid] [--system-b NAME]
 
 Per (prompt, turn, round): the same steps, drafted and accepted tokens and text in both runs? Per prompt and turn:
 the median speed-up over the reference (plain) in each run, and their difference; then the median and largest
 |difference| and how many are within 0.05 (issue 15's stability goal), and the per-task speed-ups of both runs.
+--system-b: run b's system, where it ran under another name (the same settings, or the one compared with).
 """
 from __future__ import annotations
 

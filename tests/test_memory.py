@@ -308,3 +308,51 @@ def test_a_memory_the_draft_model_outbids_still_learns_from_its_steps(tiny, make
     assert c.stats.k_histogram.get(0, 0) <= 2, c.stats
     after = [llm._engine.acceptance_estimate(s)[0] for s in memory]
     assert sum(a - b for a, b in zip(after, before)) > 1.0, (before, after, c.stats)
+
+
+def test_a_memory_emptied_or_replaced_starts_its_estimates_over(tiny, make_llm, tmp_path):
+    # what "auto" learned about drafting from the memory belongs to the outputs it held: reset(), clear_memory(),
+    # set_memory and load_memory send the memory's estimates back to their priors, as a new process has them, so
+    # that an LLM whose memory was emptied drafts as a new one does; reset(keep_memory=True) keeps them
+    from specllm import _core
+
+    n_buckets = 5
+    memory_sources = range(1 + 2 * n_buckets, _core.AutoPolicy.n_sources)
+    priors = [_core.AutoPolicy().acceptance(s) for s in memory_sources]
+
+    def estimates(llm):
+        return [llm._engine.acceptance_estimate(s) for s in memory_sources]
+
+    def taught(llm):
+        llm.reset()
+        llm._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])  # GPU-like: drafting pays
+        for p in (PROMPT, OTHER, PROMPT, OTHER):
+            c = llm.generate(p, max_tokens=N)
+        assert c.stats.n_memory_steps > 0 and estimates(llm) != priors
+        return estimates(llm)
+
+    llm = make(make_llm, tiny)
+    learned = taught(llm)
+    llm.reset(keep_memory=True)
+    assert estimates(llm) == learned
+    llm.reset()
+    assert estimates(llm) == priors
+    taught(llm)
+    llm.clear_memory()
+    assert estimates(llm) == priors and llm.memory_size == 0
+    taught(llm)
+    memory = llm._engine.memory()
+    llm.save_memory(tmp_path / "m.bin")
+    llm.load_memory(tmp_path / "m.bin")
+    assert estimates(llm) == priors and llm._engine.memory() == memory
+    taught(llm)
+    llm._engine.set_memory(memory)
+    assert estimates(llm) == priors
+
+    # emptied, it drafts as a new LLM does: the same steps on a prompt and on the prompt again (from the memory)
+    taught(llm)
+    llm.clear_memory()
+    fresh = make(make_llm, tiny)
+    fresh._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
+    runs = [[one.generate(p, max_tokens=N).stats.k_histogram for p in (PROMPT, PROMPT)] for one in (llm, fresh)]
+    assert runs[0] == runs[1]

@@ -109,7 +109,7 @@ void register_engine(py::module_ & m) {
              "batch or step")
         .def("clear_interrupt", &Engine::clear_interrupt)
         .def_property_readonly("interrupted", &Engine::interrupted)
-        .def("reset", &Engine::reset, py::call_guard<py::gil_scoped_release>())
+        .def("reset", &Engine::reset, py::arg("keep_memory") = false, py::call_guard<py::gil_scoped_release>())
         .def("memory", &Engine::memory, py::call_guard<py::gil_scoped_release>())
         .def("set_memory", &Engine::set_memory, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())

@@ -90,6 +90,16 @@ void AutoPolicy::forget_draft_model() {
     c_catchup_ = 0.0;
 }
 
+void AutoPolicy::forget_memory() {
+    for (int s = 1 + 2 * n_buckets; s < n_sources; ++s) {
+        alpha_[s].fill(alpha_prior_ngram[s - 1]);
+        n_obs_[s].fill(0);
+        since_tried_[s] = 0;
+        explore_after_[s] = explore_first;
+        drafted_[s] = false;
+    }
+}
+
 bool AutoPolicy::beats_plain(int source, const double * alpha) const {
     const double plain = margin / (cost_verify(1) + c_row_read_);
     int first = 0;

@@ -468,9 +468,12 @@ void Engine::cancel() {
     }
 }
 
-void Engine::reset() {
+void Engine::reset(bool keep_memory) {
     std::lock_guard<std::mutex> lock(mutex_);
-    memory_.clear();
+    if (!keep_memory) {
+        memory_.clear();
+        auto_.forget_memory();
+    }
     prompt_cache_.clear();
     if (prompt_cache_.store()) {
         prompt_cache_.store()->remove_all();

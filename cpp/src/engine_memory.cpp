@@ -35,11 +35,13 @@ void Engine::set_memory(const std::vector<llama_token> & tokens) {
         }
     }
     memory_.assign(tokens);
+    auto_.forget_memory();
 }
 
 void Engine::clear_memory() {
     std::lock_guard<std::mutex> lock(mutex_);
     memory_.clear();
+    auto_.forget_memory();
 }
 
 void Engine::set_memory_tokens(int n) {

@@ -319,17 +319,14 @@ class LLM:
 
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless
-        keep_memory, the drafting memory."""
+        keep_memory, the drafting memory with what "auto" learned about its drafts (as in a new process)."""
         with Call(self._gate):
-            saved = self._engine.memory() if keep_memory else None
-            self._engine.reset()
-            if saved:
-                self._engine.set_memory(saved)
+            self._engine.reset(bool(keep_memory))
             self._memory_changed()
 
     # --- the drafting memory (earlier outputs the n-gram drafter looks up)
     def clear_memory(self) -> None:
-        """Forget earlier outputs (the KV cache stays)."""
+        """Forget earlier outputs and what "auto" learned about drafting from them (the KV cache stays)."""
         with Call(self._gate):
             self._engine.clear_memory()
             self._memory_changed()
@@ -343,8 +340,8 @@ class LLM:
 
     def load_memory(self, path: Union[str, os.PathLike]) -> None:
         """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
-        larger than memory_tokens keeps its newest outputs. Raises MemoryFileError for a file that is not one,
-        is damaged, or fits another vocabulary."""
+        larger than memory_tokens keeps its newest outputs; what "auto" learned about the memory it replaces starts
+        over. Raises MemoryFileError for a file that is not one, is damaged, or fits another vocabulary."""
         path = _text("path", os.fspath(path))
         tokens = memory.load(path, self._engine.target.n_vocab)
         with Call(self._gate):

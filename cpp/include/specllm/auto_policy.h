@@ -65,6 +65,9 @@ class AutoPolicy : public DraftPolicy {
     // e tokens pays e of them and a plain step one
     void set_row_read_cost(double ms) { c_row_read_ = ms; }
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
+    // the drafting memory was emptied or replaced (reset, clear_memory, a loaded memory): its sources' estimates go
+    // back to their priors and first exploration, as in a new process, since what they learned was about other text
+    void forget_memory();
     // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
     // `keep`, so a model left out after poor prompts is tried again a few prompts later where its prior pays
     void left_out_draft_model(double keep = default_keep);

@@ -109,8 +109,10 @@ class Engine {
     // cannot be (a typed error), the old one stays. Not during a generation
     void set_drafter(DraftKind kind, const ModelOptions & draft, const NgramOptions & ngram);
     void cancel();              // end the generation now (the KV cache stays consistent)
-    void reset();               // forget every cached prefix, and the drafting memory
-    // the drafting memory: earlier outputs, separated by -1 (what a saved memory holds); set_memory replaces it
+    // forget every cached prefix and, unless keep_memory, the drafting memory with what "auto" learned of it
+    void reset(bool keep_memory = false);
+    // the drafting memory: earlier outputs, separated by -1 (what a saved memory holds); set_memory replaces it.
+    // Replacing or clearing it sends the memory's acceptance estimates back to their priors (AutoPolicy::forget_memory)
     std::vector<llama_token> memory() const;
     void set_memory(const std::vector<llama_token> & tokens);
     void clear_memory();
