@@ -316,8 +316,7 @@ def test_a_memory_emptied_or_replaced_starts_its_estimates_over(tiny, make_llm, 
     # that an LLM whose memory was emptied drafts as a new one does; reset(keep_memory=True) keeps them
     from specllm import _core
 
-    n_buckets = 5
-    memory_sources = range(1 + 2 * n_buckets, _core.AutoPolicy.n_sources)
+    memory_sources = [_core.AutoPolicy.source_of(True, m, False, True) for m in (2, 3, 5, 10, 20)]
     priors = [_core.AutoPolicy().acceptance(s) for s in memory_sources]
 
     def estimates(llm):

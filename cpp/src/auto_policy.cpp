@@ -91,7 +91,7 @@ void AutoPolicy::forget_draft_model() {
 }
 
 void AutoPolicy::forget_memory() {
-    for (int s = 1 + 2 * n_buckets; s < n_sources; ++s) {
+    for (int s = source_of(true, 1, false, true); s < n_sources; ++s) { // the memory's sources come last
         alpha_[s].fill(alpha_prior_ngram[s - 1]);
         n_obs_[s].fill(0);
         since_tried_[s] = 0;
