@@ -206,6 +206,21 @@ def test_auto_policy_with_measured_costs(tiny, make_llm, plain, tmp_path, monkey
     assert len([t for t in fast.profile["verify_ms"] if t > 0]) == len(specllm.profile.SIZES), fast.profile
 
 
+def test_the_profile_times_one_row_beside_every_size(tiny, make_llm):
+    """Engine.profile_verify times a 1-row step right before each size and keeps each size as T(n) / T(1) of its pair
+    (times the least T(1)): T(1) comes out whether it was asked for or not, sizes not asked for stay 0, and a size
+    that does not fit the context is left out."""
+    engine = load(tiny, make_llm)._engine
+    costs = engine.profile_verify([4, 6], 2)
+    assert len(costs) == 6 and costs[0] > 0 and costs[3] > 0 and costs[5] > 0, costs
+    assert costs[1] == costs[2] == costs[4] == 0, costs
+    both = engine.profile_verify([1, 3], 1)
+    assert len(both) == 3 and both[0] > 0 and both[1] == 0 and both[2] > 0, both
+    assert engine.profile_verify([engine.target.n_ctx], 1) == []  # 32 tokens of context + n_ctx rows do not fit
+    with pytest.raises(specllm.InvalidOptionError, match="batch sizes must be >= 1"):
+        engine.profile_verify([0, 2], 1)
+
+
 def test_a_prompt_longer_than_a_batch(tiny, make_llm):
     prompt = " ".join(PROMPTS) * 3  # several hundred tokens: prefill in several batches of 64
     want = make_llm(tiny["target"], n_ctx=1024).generate(prompt, max_tokens=N)

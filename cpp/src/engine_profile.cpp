@@ -38,10 +38,21 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
     std::vector<llama_token> toks((size_t) n_max + n_prefix,
                                   llama_vocab_bos(target_->vocab()) >= 0 ? llama_vocab_bos(target_->vocab()) : 0);
     target_->decode(toks.data(), n_prefix, false);
-    std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
-    // rounds over all sizes rather than size after size, so that a burst of load elsewhere on the machine does
-    // not bend the curve's shape; the minimum over rounds is kept. Round 0 only warms up the small (cheap)
-    // sizes; a large one counts from round 0 and skips the last round (n_reps runs either way)
+    auto time_rows = [&](int n) {
+        const double t0 = now_ms();
+        target_->decode(toks.data(), n, true);
+        const double dt = now_ms() - t0;
+        target_->truncate(n_prefix);
+        return dt;
+    };
+    // each size n > 1 is timed right after a 1-row step, and its cost kept as T(n) / T(1) of that pair: on a
+    // shared VM the machine's speed moves by 1.5x within a minute, and the minimum of each size taken at its own
+    // moment bent the curve (a 2-core EPYC read T(8) = 4.4 T(1) at one load, 7.2 T(1) at the next). The ratio's
+    // median over the rounds times the least T(1) of all pairs is the profile. Rounds go over all sizes, so that
+    // a burst of load reaches one round of each; round 0 warms up the small sizes only, a large one (> 8 rows)
+    // counts from round 0 and skips the last round (n_reps rounds of each either way)
+    std::vector<std::vector<double>> ratios((size_t) n_max);
+    double t1_min = 0.0;
     const int n_rounds = 1 + std::max(1, n_reps);
     for (int r = 0; r < n_rounds; ++r) {
         for (int n : sizes) {
@@ -49,15 +60,27 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
             if (n > n_max || (large && r == n_rounds - 1)) {
                 continue;
             }
-            const double t0 = now_ms();
-            target_->decode(toks.data(), n, true);
-            const double dt = now_ms() - t0;
-            target_->truncate(n_prefix);
+            const double t1 = time_rows(1);
+            const double tn = n > 1 ? time_rows(n) : t1;
             if (r > 0 || large) {
-                double & c = costs[(size_t) n - 1];
-                c = c > 0.0 ? std::min(c, dt) : dt;
+                t1_min = t1_min > 0.0 ? std::min(t1_min, t1) : t1;
+                ratios[(size_t) n - 1].push_back(tn / t1);
             }
         }
+    }
+    std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
+    for (int n = 1; n <= n_max; ++n) {
+        std::vector<double> & rs = ratios[(size_t) n - 1];
+        if (n == 1 || rs.empty()) { // T(1): timed with every size, asked for or not
+            continue;
+        }
+        std::sort(rs.begin(), rs.end());
+        const size_t m = rs.size() / 2;
+        const double median = rs.size() % 2 ? rs[m] : 0.5 * (rs[m - 1] + rs[m]);
+        costs[(size_t) n - 1] = t1_min * median;
+    }
+    if (!costs.empty()) {
+        costs[0] = t1_min;
     }
     target_->clear();
     history_.clear();
