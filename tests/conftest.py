@@ -2,8 +2,10 @@
 
 import os
 import pathlib
+import shutil
 import signal
 import sys
+import tempfile
 
 import pytest
 
@@ -12,6 +14,39 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # for `models.tiny`; `specllm` itself is the installed package
 
 TINY_CACHE = pathlib.Path.home() / ".cache" / "specllm" / "test-models"
+
+# the suite's cost profiles go to a directory of its own, removed at the end: a profile measured while the tests load
+# the machine, written into the user's cache (~/.cache/specllm/profiles), is what their specllm drafted with after a
+# test run (a CI run's real-model tests wrote busy profiles of the Qwen pair there). A SPECLLM_PROFILES the caller
+# set is kept. Under CI the session fails if a file in the user's cache changed while it ran
+USER_PROFILES = pathlib.Path.home() / ".cache" / "specllm" / "profiles"
+OWN_PROFILES = None
+if "SPECLLM_PROFILES" not in os.environ:
+    OWN_PROFILES = tempfile.mkdtemp(prefix="specllm-test-profiles-")
+    os.environ["SPECLLM_PROFILES"] = OWN_PROFILES
+
+
+def _user_profiles() -> dict:
+    try:
+        return {p.name: p.stat().st_mtime_ns for p in USER_PROFILES.iterdir()}
+    except OSError:
+        return {}
+
+
+def pytest_sessionstart(session):
+    session.config._specllm_user_profiles = _user_profiles()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if OWN_PROFILES is not None:
+        shutil.rmtree(OWN_PROFILES, ignore_errors=True)
+    before = getattr(session.config, "_specllm_user_profiles", None)
+    if os.environ.get("SPECLLM_CI") and before is not None and OWN_PROFILES is not None:
+        changed = sorted(k for k, v in _user_profiles().items() if before.get(k) != v)
+        if changed:
+            sys.stderr.write(f"CI: the tests wrote into the user's cost profiles ({USER_PROFILES}): "
+                             f"{', '.join(changed)}\n")
+            session.exitstatus = 1
 REAL_TARGET, REAL_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 

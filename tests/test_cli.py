@@ -36,6 +36,7 @@ def env(tmp_path):
     """A fresh HOME and model cache: the history file, the cost profiles and the cache stay out of the user's."""
     e = dict(os.environ, HOME=str(tmp_path), SPECLLM_CACHE=str(tmp_path / "models"))
     e.pop("NO_COLOR", None)
+    e.pop("SPECLLM_PROFILES", None)  # the profiles under this HOME (the suite's own directory otherwise)
     return e
 
 
