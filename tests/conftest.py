@@ -14,6 +14,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # for `models.tiny`; `specllm` itself is the installed package
 
 TINY_CACHE = pathlib.Path.home() / ".cache" / "specllm" / "test-models"
+REAL_TARGET, REAL_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 # the suite's cost profiles go to a directory of its own, removed at the end: a profile measured while the tests load
 # the machine, written into the user's cache (~/.cache/specllm/profiles), is what their specllm drafted with after a
@@ -33,21 +34,19 @@ def _user_profiles() -> dict:
         return {}
 
 
-def pytest_sessionstart(session):
-    session.config._specllm_user_profiles = _user_profiles()
+USER_PROFILES_BEFORE = _user_profiles()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if OWN_PROFILES is not None:
-        shutil.rmtree(OWN_PROFILES, ignore_errors=True)
-    before = getattr(session.config, "_specllm_user_profiles", None)
-    if os.environ.get("SPECLLM_CI") and before is not None and OWN_PROFILES is not None:
-        changed = sorted(k for k, v in _user_profiles().items() if before.get(k) != v)
+    if OWN_PROFILES is None:
+        return
+    shutil.rmtree(OWN_PROFILES, ignore_errors=True)
+    if os.environ.get("SPECLLM_CI"):
+        changed = sorted(k for k, v in _user_profiles().items() if USER_PROFILES_BEFORE.get(k) != v)
         if changed:
             sys.stderr.write(f"CI: the tests wrote into the user's cost profiles ({USER_PROFILES}): "
                              f"{', '.join(changed)}\n")
             session.exitstatus = 1
-REAL_TARGET, REAL_DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
 
 @pytest.fixture(scope="session")

@@ -45,12 +45,12 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
         target_->truncate(n_prefix);
         return dt;
     };
-    // each size n > 1 is timed right after a 1-row step, and its cost kept as T(n) / T(1) of that pair: on a
-    // shared VM the machine's speed moves by 1.5x within a minute, and the minimum of each size taken at its own
-    // moment bent the curve (a 2-core EPYC read T(8) = 4.4 T(1) at one load, 7.2 T(1) at the next). The ratio's
-    // median over the rounds times the least T(1) of all pairs is the profile. Rounds go over all sizes, so that
-    // a burst of load reaches one round of each; round 0 warms up the small sizes only, a large one (> 8 rows)
-    // counts from round 0 and skips the last round (n_reps rounds of each either way)
+    // each size n > 1 is timed right after a 1-row step and kept as T(n) / T(1) of that pair (median over the
+    // rounds), times the least T(1) of all pairs: the least of 2 tries read T(1) ~20% dear on a 2-core EPYC (86-96
+    // ms against 70-76 from ~44), so batches looked cheaper against a plain step than they are; pairing also keeps
+    // a drift of the machine's speed between sizes out of the ratios. Rounds go over all sizes, so that a burst of
+    // load reaches one round of each; round 0 warms up the small sizes only, a large one (> 8 rows) counts from
+    // round 0 and skips the last round (n_reps rounds of each either way)
     std::vector<std::vector<double>> ratios((size_t) n_max);
     double t1_min = 0.0;
     const int n_rounds = 1 + std::max(1, n_reps);
@@ -64,23 +64,23 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
             const double tn = n > 1 ? time_rows(n) : t1;
             if (r > 0 || large) {
                 t1_min = t1_min > 0.0 ? std::min(t1_min, t1) : t1;
-                ratios[(size_t) n - 1].push_back(tn / t1);
+                if (n > 1) {
+                    ratios[(size_t) n - 1].push_back(tn / t1);
+                }
             }
         }
     }
     std::vector<double> costs((size_t) n_max, 0.0); // 0 = not measured (the policy interpolates)
-    for (int n = 1; n <= n_max; ++n) {
-        std::vector<double> & rs = ratios[(size_t) n - 1];
-        if (n == 1 || rs.empty()) { // T(1): timed with every size, asked for or not
-            continue;
-        }
-        std::sort(rs.begin(), rs.end());
-        const size_t m = rs.size() / 2;
-        const double median = rs.size() % 2 ? rs[m] : 0.5 * (rs[m - 1] + rs[m]);
-        costs[(size_t) n - 1] = t1_min * median;
+    if (n_max > 0) {
+        costs[0] = t1_min; // timed with every size, asked for or not
     }
-    if (!costs.empty()) {
-        costs[0] = t1_min;
+    for (int n = 2; n <= n_max; ++n) {
+        std::vector<double> & rs = ratios[(size_t) n - 1];
+        if (!rs.empty()) {
+            std::sort(rs.begin(), rs.end());
+            const size_t m = rs.size() / 2;
+            costs[(size_t) n - 1] = t1_min * (rs.size() % 2 ? rs[m] : 0.5 * (rs[m - 1] + rs[m]));
+        }
     }
     target_->clear();
     history_.clear();
