@@ -307,6 +307,10 @@ def main(argv=None) -> int:
     p.add_argument("--context-ms", type=float, default=None,
                    help="ms a verify row adds per token of context beyond the profile's, told to the policy and charged "
                         "to every batch (default: this machine's profile's context_row_ms; 0: context costs nothing)")
+    p.add_argument("--policy-context-ms", type=float, default=None,
+                   help="what the policy is told a row adds per token of context, where --context-ms (or the "
+                        "profile's) is what the steps are charged: what a context cost measured high or low costs "
+                        "(Spec-Bench runs only)")
     p.add_argument("--no-end", action="store_true",
                    help="never draft past an answer's last token (as replays did before 2026-11-25: they knew where "
                         "each answer ends, which the engine does not)")
@@ -323,6 +327,8 @@ def main(argv=None) -> int:
     if args.policy_costs is not None and args.orders > 0:
         p.error("--policy-costs is not used by --orders: leave one out")
     policy_costs = None if args.policy_costs is None else parse_costs(args.policy_costs, "--policy-costs")
+    if args.policy_context_ms is not None and args.orders > 0:
+        p.error("--policy-context-ms is not used by --orders: leave one out")
 
     import specllm
     from specllm import _core
@@ -347,6 +353,9 @@ def main(argv=None) -> int:
             print(f"T(1..8) = {', '.join(f'{c:.0f}' for c in costs[:8])}, T(16) = {costs[15]:.0f}, "
                   f"T(32) = {costs[31]:.0f} ms; verify chunks of {chunk} rows; a row adds {row_ms:.4f} ms per token "
                   "of context")
+            if args.policy_context_ms is not None:
+                print(f"the policy is told a row adds {args.policy_context_ms:.4f} ms per token of context "
+                      "(--policy-context-ms)")
             if policy_costs is not None:
                 print(f"the policy drafts with T(1..8) = {', '.join(f'{c:.0f}' for c in policy_costs[:8])}, "
                       f"T(16) = {policy_costs[15]:.0f} ms (--policy-costs; the same context cost)")
@@ -355,6 +364,8 @@ def main(argv=None) -> int:
                     for t, prompt, answer, end in plain_answers(llm, run, seen, args.answers, ends=True)]
 
         if "sequence" in run["records"][0]:  # a bench.multicall run
+            if args.policy_context_ms is not None:
+                p.error("--policy-context-ms replays Spec-Bench runs only (bench.run), not bench.multicall's")
             after = []
             if args.after is not None:
                 with open(args.after) as f:
@@ -378,7 +389,8 @@ def main(argv=None) -> int:
     every: list[float] = []
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
-            policy = new_policy(policy_costs or costs, chunk, row_ms)
+            policy = new_policy(policy_costs or costs, chunk,
+                                row_ms if args.policy_context_ms is None else args.policy_context_ms)
         sims, oracles, tot = [], [], [0, 0, 0, 0, 0]
         for prompt, answer, end, max_tokens in pairs:
             policy.new_generation(**carry_over)  # as Engine::start

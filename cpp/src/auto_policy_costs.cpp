@@ -94,7 +94,15 @@ double AutoPolicy::cost_verify(int n) const {
     // every cost is the profile's times the level, what the context adds included (a machine that runs slower now
     // runs its attention slower), so the choices do not depend on how fast the machine runs now: only on the
     // profile, and on the batch factors where they are learned
-    return level() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
+    return scale() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
+}
+
+double AutoPolicy::context_factor() const {
+    return 1.0 + c_context_plain_ * std::max(0, n_past_ - profile_context);
+}
+
+double AutoPolicy::scale() const {
+    return level() * context_factor();
 }
 
 double AutoPolicy::level() const {
@@ -129,15 +137,16 @@ void AutoPolicy::set_learn_batch_costs(bool on) {
 
 void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the level,
-    // which follows the context and the machine's speed. Where batch costs are learned, a batch's measured / profiled
-    // cost (what its rows add with the context apart) against the level is its size's factor: on a 2-core EPYC a
+    // the machine's speed (the context's factor apart: set_context_plain_rise). Where batch costs are learned, a
+    // batch's measured / profiled cost (what its rows add with the context apart) against the level is its size's
+    // factor: on a 2-core EPYC a
     // profile taken at a quiet moment read T(5) = 2.7 T(1), and under load a batch of 5 cost 3.0-3.3 plain steps. A
     // step verified in chunks teaches only the factor over all sizes
     if (verify_ms <= 0.0 || n_rows <= 0) {
         return;
     }
-    const double seen = std::max(0.1 * verify_ms, verify_ms - level() * context_rows(n_rows, last_first_));
-    const double profiled = cost_rows(n_rows, last_first_);
+    const double seen = std::max(0.1 * verify_ms, verify_ms - scale() * context_rows(n_rows, last_first_));
+    const double profiled = cost_rows(n_rows, last_first_) * context_factor(); // the level: the machine's speed
     observe_shape(seen / profiled, n_rows);
     if (n_rows == 1 || !learn_shape_) { // the profile's shape: one level from every step
         // a running mean from the first step on (the profile was measured at another moment), then an EMA
@@ -187,7 +196,7 @@ double AutoPolicy::cost_catchup(int lag) const {
         return 0.0;
     }
     const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]);
-    return level() * c * extra;
+    return scale() * c * extra;
 }
 
 double AutoPolicy::cost_draft(int source, int k) const {
@@ -197,7 +206,7 @@ double AutoPolicy::cost_draft(int source, int k) const {
         // before, weighed a draft against a tiny test model's 0.1 ms steps, and the choices moved with timing)
         return 0.0004 * k * cost_verify(1);
     }
-    return level() * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]) * k;
+    return scale() * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]) * k;
 }
 
 int AutoPolicy::chunk_rows(int r0, int n_rows, int first) const {

@@ -28,25 +28,35 @@ MAX_MEASURES = 3  # a profile that looks busy is measured again, at most this ma
 NOISY_LOADS = 3   # ... and if it still does, once more at each later load, until this many loads found it so: a
                   # machine busy for a moment does not keep its profile for good, one always busy measures 5 times
 SHORT_CONTEXT = 32    # the context T(n) is measured at (Engine.profile_verify's default prefix)
-LONG_CONTEXT = 1024   # ... and the context the cost of a row of context is measured at
+LONG_CONTEXT = 1024   # ... and the context what the context adds is measured at
 CONTEXT_ROWS = 16     # the batch size that measurement uses (exact mode: its largest chunk)
+CONTEXT_REPS = 5      # ... and its rounds at each context (3 before 2026-11-29, below)
 
 
-def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
-    """ms that each verify row after the first adds per token of context beyond SHORT_CONTEXT: T(1) and T(n) at a
-    long context against the short profile. The policy scales T(n) by one level that the steps keep up to date;
-    this is what a batch's rows add beyond it (each attends to the whole context), at the profile's moment (the
-    level scales it too). 0 if the context is too small to measure."""
+def context_costs(engine, sizes: list, verify_ms: list) -> tuple[float, float]:
+    """What the context adds to the profile's costs, measured at LONG_CONTEXT against SHORT_CONTEXT, back to back:
+    (row_ms, plain_rise). plain_rise: how much a plain step's cost rises per token of context beyond SHORT_CONTEXT,
+    as a fraction of T(1); the policy scales every cost by 1 + plain_rise x (context - 32), so that the level it
+    learns from the steps is the machine's speed alone. row_ms: what each verify row after the first adds per token
+    of context beyond that scaling (each row attends to the whole context), at the profile's T(1), so that a batch
+    of n rows at the long context costs what was measured there: T(1) x (1 + rise x 992) x (T(n) / T(1) + row_ms x
+    (n - 1) x 992 / T(1)). (0.0, 0.0) if the context is too small to measure.
+
+    Each T(n) / T(1) is the median of its pairs (Engine.profile_verify). On a 2-core EPYC, T(n) at 32 to 3,072
+    tokens scaled as T(1) did (the rows' own term -0.006 to +0.003 ms over n = 2-16, median 0.000), and the term measured
+    the way before (T(n) long minus the scaled T(n) short, 3 rounds, clipped at 0; not divided by the scale the
+    policy multiplies it by) read 0.0103 in the profile the benchmarks used and 0 to 0.0068 in eight measurements
+    minutes apart: one T(16) moves 10-25% between rounds there, and the clip kept only the high readings."""
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
     if n < 2 or prefix < 8 * SHORT_CONTEXT:
-        return 0.0
-    # short and long measured back to back (the profile's own T(1), taken seconds earlier, moves by 10% on a
-    # shared machine, and the term is the small difference of two ratios)
-    short = engine.profile_verify([1, n], N_REPS + 1, SHORT_CONTEXT)
-    long = engine.profile_verify([1, n], N_REPS + 1, prefix)
-    scale = long[0] / short[0]
-    return max(0.0, (long[n - 1] - scale * short[n - 1]) / ((n - 1) * (prefix - SHORT_CONTEXT)))
+        return 0.0, 0.0
+    short = engine.profile_verify([1, n], CONTEXT_REPS, SHORT_CONTEXT)
+    long = engine.profile_verify([1, n], CONTEXT_REPS, prefix)
+    span = prefix - SHORT_CONTEXT
+    rise = max(0.0, (long[0] / short[0] - 1.0) / span)
+    row_ms = max(0.0, verify_ms[0] * (long[n - 1] / long[0] - short[n - 1] / short[0]) / ((n - 1) * span))
+    return row_ms, rise
 
 
 def increasing(verify_ms, tolerance: float = 0.9) -> bool:
@@ -95,6 +105,7 @@ STALE_SHAPE_LEVEL = 1.15
 STALE_LOADS = 3
 STALE_MARKS = ("stale", "stale_shape")  # a profile's marks (why: the level, or the batches' shape) ...
 COUNT_KEYS = ("stale_loads", "stale_for")  # ... and the count of loads that measured it again ("shape": for that)
+CONTEXT_KEYS = ("context_row_ms", "context_plain_rise")  # a profile without one is measured again (context_costs)
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
                     # 0.6-1.4 of a profile measured a second earlier
 
@@ -127,7 +138,7 @@ def _read(path: Path, verify_rows: int) -> dict | None:
     try:
         prof = json.loads(path.read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
-                and isinstance(prof.get("context_row_ms"), float)):
+                and all(isinstance(prof.get(k), float) for k in CONTEXT_KEYS)):
             return prof
     except (OSError, ValueError, AttributeError):
         pass
@@ -279,7 +290,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         if count and ("stale_shape" in on_file if "stale" in on_file else on_file.get("stale_for") == "shape"):
             carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
         if known is not None and known.get("sizes") == sizes:
-            verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
+            verify_ms, context = known["verify_ms"], {k: known.get(k, 0.0) for k in CONTEXT_KEYS}
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
             # ... and its marks: costs judged stale are measured again at the next load, with the others
             carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
@@ -299,9 +310,9 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                             ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
                             "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
                             f"({path})")
-            context_ms = context_row_cost(engine, sizes, verify_ms)
-        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
-                "context_row_ms": float(context_ms), **carried}
+            context = dict(zip(CONTEXT_KEYS, map(float, context_costs(engine, sizes, verify_ms))))
+        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3), **context,
+                **carried}
         if not plausible(verify_ms):
             prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
         try:
@@ -310,6 +321,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             pass
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
+    engine.set_context_plain_rise(prof["context_plain_rise"])
     if prof.get("draft_token_ms"):
         engine.set_draft_token_cost(prof["draft_token_ms"])
     return prof
