@@ -602,6 +602,18 @@ def test_batch_shape_shows_a_profile_whose_batches_are_too_cheap():
     for _ in range(3):  # ... nor three in a row
         p.update(3, 3, True, 0.0, 10 * 147.0, 0, 4)
     assert p.batch_shape() < 1.07
+    # steps at a long context do not teach it (what the context adds is measured apart, and its error is not the
+    # shape's): batches at 2,000 tokens costing 10 x leave it as it was
+    shape, n = p.batch_shape(), p.batch_shape_observations()
+    for _ in range(30):
+        p.choose(8, False, False, 0, n_past=2000)
+        p.update(0, 0, True, 0.0, 86.3)
+        p.choose(8, False, False, 0, n_past=2000)
+        p.update(3, 3, True, 0.0, 10 * 147.0, 0, 4)
+    assert p.batch_shape() == shape and p.batch_shape_observations() == n
+    p.choose(8, False, False, 0, n_past=512)  # at 512 tokens they do
+    p.update(3, 3, True, 0.0, 147.0, 0, 4)
+    assert p.batch_shape_observations() == n + 1
     # a machine slower at everything (1.3 x) keeps the shape, once the plain steps have shown the new moment
     for _ in range(100):
         p.update(0, 0, True, 0.0, 1.3 * 86.3)

@@ -18,6 +18,11 @@ constexpr double size_prior = 4.0;  // a size's own factor counts as this many o
 constexpr int size_own_max = 16;    // ... and its own observations count at most this many
 constexpr double ratio_min = 0.33, ratio_max = 3.0; // one step's measured / expected (a preempted step is not a cost)
 constexpr double shape_step = 1.25; // one batch moves batch_shape's EMA as if it read at most this x (or 1/this) of it
+// batch_shape judges the profile's T(n), measured at 32 tokens: steps at a longer context are left out, where what the
+// context adds (measured apart, to +-0.002 ms per row per token on a 2-core EPYC: 8% of a 16-row batch at 2,000
+// tokens) would count as the shape's. Before the context's rise was known (set_context_plain_rise), the level took
+// the context in and kept long prompts out alike (profile.STALE_SHAPE_LEVEL)
+constexpr int shape_context_max = 512;
 } // namespace
 
 void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
@@ -147,7 +152,9 @@ void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     }
     const double seen = std::max(0.1 * verify_ms, verify_ms - scale() * context_rows(n_rows, last_first_));
     const double profiled = cost_rows(n_rows, last_first_) * context_factor(); // the level: the machine's speed
-    observe_shape(seen / profiled, n_rows);
+    if (n_past_ <= shape_context_max) {
+        observe_shape(seen / profiled, n_rows);
+    }
     if (n_rows == 1 || !learn_shape_) { // the profile's shape: one level from every step
         // a running mean from the first step on (the profile was measured at another moment), then an EMA
         const double w = std::max(ema_cost, 1.0 / ++n_scale_obs_);

@@ -107,7 +107,8 @@ class AutoPolicy : public DraftPolicy {
     // batch costs are learned. The level cannot show a profile whose shape is wrong: it learns from every step. Well
     // above 1, the profile was measured while other work slowed a 1-row step more than a batch (a 2-core Xeon VM's
     // pair profile read T(1) = 100, T(8) = 253 ms; quiet, the steps ran at 86 and 299), and the policy drafts as if
-    // batches were cheaper than they are: profile.py then has it measured again at the next load
+    // batches were cheaper than they are: profile.py then has it measured again at the next load. Only steps at a
+    // context of at most 512 tokens teach it (the profile's T(n) was measured at 32; auto_policy_costs.cpp)
     double batch_shape() const { return n_shape_obs_ > 0 ? shape_ : 1.0; }
     int batch_shape_observations() const { return n_shape_obs_; }
 
