@@ -965,6 +965,39 @@ def test_simulate_charges_a_policy_that_drafts_with_a_wrong_profile_what_the_ste
         main(["no-such-run.json", "--orders", "2", "--policy-costs", "58,60"])  # --orders does not use it
 
 
+def test_simulate_tells_the_policy_another_context_cost_than_it_charges():
+    # --policy-context-ms: what a context cost measured high costs. Told 0.05 ms per row per token where batches are
+    # charged nothing for the context, the policy drafts less of a copy at 3,000 tokens, and the replay is slower
+    from bench.simulate import main, new_policy, simulate
+    from specllm import _core
+
+    cpu = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    prompt = list(range(100, 3100))
+    answer = [7, 8] + prompt[:120]
+    got = {}
+    for told in (0.0, 0.05):
+        got[told] = simulate(new_policy(cpu, 49, told), _core.NgramIndex(2, 4), prompt, answer, cpu, 49, True, 48)
+    assert got[0.05][2] < got[0.0][2] and got[0.05][0] > got[0.0][0]  # fewer tokens drafted, more ms
+    with pytest.raises(SystemExit):
+        main(["no-such-run.json", "--orders", "2", "--policy-context-ms", "0.01"])  # --orders does not use it
+
+
+def test_context_costs_reads_the_rows_term_beyond_the_plain_steps_rise(tmp_path):
+    from bench.context_costs import main, rows_term
+
+    # T(n) at 1,024 tokens = 1.2 x T(n) at 32: the rows add nothing beyond the rise
+    short = {1: 50.0, 4: 110.0, 16: 380.0}
+    t = {32: short, 1024: {n: 1.2 * v for n, v in short.items()}}
+    assert rows_term(t, 1024, 4) == pytest.approx(0.0) and rows_term(t, 1024, 16) == pytest.approx(0.0)
+    # ... and where 16 rows add 15 x 992 x 0.003 ms more, the term is 0.003 at the profile's T(1)
+    t[1024] = {1: 60.0, 4: 132.0, 16: 456.0 + 60.0 / 50.0 * 15 * 992 * 0.003}
+    assert rows_term(t, 1024, 16) == pytest.approx(0.003)
+    for bad in (["--rounds", "0"], ["--repeat", "-1"], ["--threads", "0"]):
+        with pytest.raises(SystemExit):
+            main(bad + ["--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_simulate_drafts_past_the_end_of_an_answer_as_the_engine_does():
     # the engine does not know where an answer ends: a copy that the answer stops short of is drafted on to
     # max_tokens and rejected where the model ends its turn; replays that knew the end never paid for it

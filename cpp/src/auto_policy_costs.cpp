@@ -19,9 +19,10 @@ constexpr int size_own_max = 16;    // ... and its own observations count at mos
 constexpr double ratio_min = 0.33, ratio_max = 3.0; // one step's measured / expected (a preempted step is not a cost)
 constexpr double shape_step = 1.25; // one batch moves batch_shape's EMA as if it read at most this x (or 1/this) of it
 // batch_shape judges the profile's T(n), measured at 32 tokens: steps at a longer context are left out, where what the
-// context adds (measured apart, to +-0.002 ms per row per token on a 2-core EPYC: 8% of a 16-row batch at 2,000
-// tokens) would count as the shape's. Before the context's rise was known (set_context_plain_rise), the level took
-// the context in and kept long prompts out alike (profile.STALE_SHAPE_LEVEL)
+// context adds (measured apart: 0-0.012 ms per row per token in six measurements on a 2-core EPYC, against 0-0.004
+// in grids of T(n) at 32-3,072 tokens; 0.004 is ~20% of a 16-row batch at 2,000 tokens) would count as the shape's.
+// Before the context's rise was known (set_context_plain_rise), the level took the context in and kept long prompts
+// out alike (profile.STALE_SHAPE_LEVEL)
 constexpr int shape_context_max = 512;
 } // namespace
 

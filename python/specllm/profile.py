@@ -43,10 +43,12 @@ def context_costs(engine, sizes: list, verify_ms: list) -> tuple[float, float]:
     (n - 1) x 992 / T(1)). (0.0, 0.0) if the context is too small to measure.
 
     Each T(n) / T(1) is the median of its pairs (Engine.profile_verify). On a 2-core EPYC, T(n) at 32 to 3,072
-    tokens scaled as T(1) did (the rows' own term -0.006 to +0.003 ms over n = 2-16, median 0.000), and the term measured
-    the way before (T(n) long minus the scaled T(n) short, 3 rounds, clipped at 0; not divided by the scale the
-    policy multiplies it by) read 0.0103 in the profile the benchmarks used and 0 to 0.0068 in eight measurements
-    minutes apart: one T(16) moves 10-25% between rounds there, and the clip kept only the high readings."""
+    tokens rose almost as T(1) did (the rows' own term -0.006 to +0.004 ms over n = 2-16 in two grids, medians 0.000
+    and 0.002; `python -m bench.context_costs`). Measured the way before (T(n) long minus the scaled T(n) short, 3
+    rounds, not divided by the scale the policy multiplies it by) the term read 0.0103 in the profile the benchmarks
+    used and 0 to 0.0068 in eight measurements minutes apart; this way 0 to 0.0121 in six, the rise 0.000001 to
+    0.00027: the VM's speed moves between the two halves, and the clip at 0 keeps the high readings. Noisy, but no
+    longer off by the level's factor."""
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
     if n < 2 or prefix < 8 * SHORT_CONTEXT:

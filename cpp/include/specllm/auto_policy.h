@@ -62,8 +62,8 @@ class AutoPolicy : public DraftPolicy {
     double context_row_cost() const { return c_context_row_; }
     // how much a plain step's cost rises per token of context beyond the profile's, as a fraction of T(1): every
     // cost is scaled by 1 + rise x (context - 32), so the level learned from the steps is the machine's speed alone.
-    // Without it the level took in the context too (a plain step at 3,000 tokens costs 1.33 T(1) on a 2-core EPYC,
-    // 0.00011 per token), so a profile measured while the machine was slower (level < 0.7) went unseen on long
+    // Without it the level took in the context too (a plain step at 2,000-3,000 tokens costs 1.3-1.55 T(1) on a
+    // 2-core EPYC), so a profile measured while the machine was slower (level < 0.7) went unseen on long
     // prompts, and the batches' shape (judged while the level is at most 1.15) was never judged there
     void set_context_plain_rise(double per_token) { c_context_plain_ = per_token; }
     double context_plain_rise() const { return c_context_plain_; }
