@@ -8,9 +8,9 @@
 // text), or from the memory of earlier generations) and takes the best: a source that does not pay is not used. verify(n) is T(n) for one batch, or, when verification
 // runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
 // T(n) comes from a profile at load (cached per machine), times the context's factor (measured with the profile) and
-// one level learned online (the machine's speed now against the profile's moment), which scale every cost alike, so the n-gram choices depend on the profile and the text, never on
-// the clock; optionally a factor per batch size, learned from the verify batches, follows how a batch costs against a
-// plain step now (set_learn_batch_costs). The draft model's costs (per token and per catch-up token, over the level)
+// one level learned online (the machine's speed now against the profile's moment), which scale every cost alike, so
+// the n-gram choices depend on the profile and the text, never on the clock; optionally a factor per batch size,
+// learned from the verify batches, follows how a batch costs against a plain step now (set_learn_batch_costs). The draft model's costs (per token and per catch-up token, over the level)
 // and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
 // the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
@@ -193,7 +193,8 @@ class AutoPolicy : public DraftPolicy {
     std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
     double verify_scale_ = 1.0;                                // a plain step, measured / profiled at its context
     int n_scale_obs_ = 0; // steps that taught it (plain ones; every step where batch costs are not learned)
-    double level() const; // the machine's speed against the profile: verify_scale_, or the batches' own before a plain step
+    double level() const; // the machine's speed against the profile: verify_scale_ (or the batches' own before a
+                          // plain step)
     // a batch of m decoded rows costs size_factor(m) * level() * T(m): what batches cost against their profile
     // (measured / profiled), per size (own_ratio_, n_own_) and over all batch sizes (batch_ratio_, n_batch_obs_),
     // divided by the level when used
