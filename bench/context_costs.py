@@ -1,14 +1,14 @@
 """What the context adds to a verify batch on this machine: T(n) at several contexts, and how well the profile's
-two context terms (profile.context_costs) describe it.
+context term (profile.context_row_cost) describes it.
 
     python -m bench.context_costs --rounds 2 --repeat 6       # ~10 min on a 2-core CPU, 4k context
 
 For each round and context c, Engine.profile_verify times every size beside a 1-row step (T(n) = the least T(1) x
 the median of the pairs' T(n) / T(1)). The table gives T(1) at c over T(1) at 32 (the plain step's rise, which
-the policy scales every cost by) and, per n, what the rows add beyond that rise in ms per row per token
-((T(n, c) / T(1, c) - T(n, 32) / T(1, 32)) x T(1, 32) / ((n - 1) (c - 32)), the policy's context_row_ms): about 0
-where a batch's cost grows with the context as a plain step's does. Then `--repeat` measurements of the two terms
-as a load measures them, to show their spread. Costs move with the machine's load: run it on a quiet machine.
+the level the policy learns from the steps takes in) and, per n, what the rows add beyond that rise in ms per row
+per token ((T(n, c) / T(1, c) - T(n, 32) / T(1, 32)) x T(1, 32) / ((n - 1) (c - 32)), the policy's context_row_ms): about 0
+where a batch's cost grows with the context as a plain step's does. Then `--repeat` measurements of the term as a
+load measures it, to show its spread. Costs move with the machine's load: run it on a quiet machine.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="rounds over all contexts (medians are taken)")
-    p.add_argument("--repeat", type=int, default=6, help="measurements of profile.context_costs afterwards")
+    p.add_argument("--repeat", type=int, default=6, help="measurements of profile.context_row_cost afterwards")
     p.add_argument("--out", default=None, help="write the measurements to this JSON file")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.repeat < 0 or args.threads < 1:
@@ -61,20 +61,17 @@ def main(argv=None) -> int:
     terms = []
     if args.repeat:
         verify_ms = engine.profile_verify(profile.SIZES, profile.N_REPS)
-        print(f"\nprofile.context_costs, {args.repeat} times (T(1) = {verify_ms[0]:.1f} ms):")
+        print(f"\nprofile.context_row_cost, {args.repeat} times (T(1) = {verify_ms[0]:.1f} ms):")
         for _ in range(args.repeat):
-            row_ms, rise = profile.context_costs(engine, profile.SIZES, verify_ms)
-            terms.append({"context_row_ms": row_ms, "context_plain_rise": rise})
-            print(f"  context_row_ms {row_ms:.4f}, context_plain_rise {rise:.6f}", flush=True)
-        for k in ("context_row_ms", "context_plain_rise"):
-            vals = [x[k] for x in terms]
-            print(f"{k}: median {statistics.median(vals):.6f}, range {min(vals):.6f}-{max(vals):.6f}")
+            terms.append(profile.context_row_cost(engine, profile.SIZES, verify_ms))
+            print(f"  context_row_ms {terms[-1]:.4f}", flush=True)
+        print(f"context_row_ms: median {statistics.median(terms):.4f}, range {min(terms):.4f}-{max(terms):.4f}")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(out.suffix + ".tmp")  # whole or not at all
         tmp.write_text(json.dumps({"target": llm.model_path, "threads": args.threads, "grid": measured,
-                                   "context_costs": terms}, indent=1))
+                                   "context_row_ms": terms}, indent=1))
         os.replace(tmp, out)
     return 0
 

@@ -151,12 +151,6 @@ void register_engine(py::module_ & m) {
             }
             e.auto_policy().set_context_row_cost(ms);
         })
-        .def("set_context_plain_rise", [](Engine & e, double per_token) {
-            if (!std::isfinite(per_token) || per_token < 0.0) {
-                throw py::value_error("the context's rise of a plain step must be a finite fraction per token >= 0");
-            }
-            e.auto_policy().set_context_plain_rise(per_token);
-        })
         .def("policy_state", &Engine::policy_state, py::call_guard<py::gil_scoped_release>(),
              "a copy of what \"auto\" has learned so far (acceptance estimates, costs, level); set_policy_state puts "
              "it back, so that a prompt run again (a benchmark's rounds) starts where its first run started")

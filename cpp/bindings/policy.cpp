@@ -110,14 +110,6 @@ void register_policy(py::module_ & m) {
             p.set_context_row_cost(ms);
         })
         .def("context_row_cost", &AutoPolicy::context_row_cost)
-        .def("set_context_plain_rise", [](AutoPolicy & p, double per_token) {
-            if (!std::isfinite(per_token) || per_token < 0.0) {
-                throw py::value_error("per_token must be a finite fraction of T(1) >= 0, got " +
-                                      std::to_string(per_token));
-            }
-            p.set_context_plain_rise(per_token);
-        })
-        .def("context_plain_rise", &AutoPolicy::context_plain_rise)
         .def("set_row_read_cost", [](AutoPolicy & p, double ms) {
             check_ms("ms", ms);
             p.set_row_read_cost(ms);

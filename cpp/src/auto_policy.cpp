@@ -304,10 +304,10 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
     // the draft model's costs are kept over the level, as T(n) is: a machine that runs slower now drafts slower too
     if (s == 0 && o.draft_ms > 0.0 && o.n_catchup <= 1) { // a catch-up after plain steps is not the per-token cost
-        const double per_token = o.draft_ms / o.n_drafted / scale();
+        const double per_token = o.draft_ms / o.n_drafted / level();
         c_model_ = c_model_ > 0.0 ? (1.0 - ema_cost) * c_model_ + ema_cost * per_token : per_token;
     } else if (s == 0 && o.draft_ms > 0.0 && o.n_catchup > 2 && c_model_ > 0.0) {
-        const double per_token = std::max(0.0, o.draft_ms / scale() - c_model_ * o.n_drafted) / o.n_catchup;
+        const double per_token = std::max(0.0, o.draft_ms / level() - c_model_ * o.n_drafted) / o.n_catchup;
         c_catchup_ = c_catchup_ > 0.0 ? (1.0 - ema_cost) * c_catchup_ + ema_cost * per_token : per_token;
     }
     const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome

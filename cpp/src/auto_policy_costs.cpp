@@ -18,11 +18,13 @@ constexpr double size_prior = 4.0;  // a size's own factor counts as this many o
 constexpr int size_own_max = 16;    // ... and its own observations count at most this many
 constexpr double ratio_min = 0.33, ratio_max = 3.0; // one step's measured / expected (a preempted step is not a cost)
 constexpr double shape_step = 1.25; // one batch moves batch_shape's EMA as if it read at most this x (or 1/this) of it
-// batch_shape judges the profile's T(n), measured at 32 tokens: steps at a longer context are left out, where what the
-// context adds (measured apart: 0-0.012 ms per row per token in six measurements on a 2-core EPYC, against 0-0.004
-// in grids of T(n) at 32-3,072 tokens; 0.004 is ~20% of a 16-row batch at 2,000 tokens) would count as the shape's.
-// Before the context's rise was known (set_context_plain_rise), the level took the context in and kept long prompts
-// out alike (profile.STALE_SHAPE_LEVEL)
+// the stale checks' level (step_level) and batch_shape judge the profile, measured at 32 tokens: steps at a longer
+// context are left out. There a plain step costs more (1.3-1.55 T(1) at 2,000-3,000 tokens on a 2-core EPYC), which
+// the level takes in, so it read as a faster machine and hid a profile measured busy; and what a batch's rows add
+// with the context (measured apart: 0-0.012 ms per row per token in six measurements there, against 0-0.004 in grids
+// of T(n) at 32-3,072 tokens; 0.004 is ~20% of a 16-row batch at 2,000 tokens) would count as a bent shape. Measuring
+// the plain step's rise with the profile instead (tried 2026-11-29) read 0.000001-0.0004 per token: at 3,000 tokens,
+// a level anywhere from 0.6 to 1.55 on the same machine
 constexpr int shape_context_max = 512;
 } // namespace
 
@@ -97,18 +99,10 @@ std::vector<double> AutoPolicy::verify_costs() const {
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    // every cost is the profile's times the context's factor and the level, what the rows add with the context
-    // included (a machine that runs slower now runs its attention slower), so the choices do not depend on how fast
+    // every cost is the profile's times the level, what the rows add with the context included (a machine that runs
+    // slower now runs its attention slower), so the choices do not depend on how fast
     // the machine runs now: only on the profile, and on the batch factors where they are learned
-    return scale() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
-}
-
-double AutoPolicy::context_factor() const {
-    return 1.0 + c_context_plain_ * std::max(0, n_past_ - profile_context);
-}
-
-double AutoPolicy::scale() const {
-    return level() * context_factor();
+    return level() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
 }
 
 double AutoPolicy::level() const {
@@ -143,22 +137,27 @@ void AutoPolicy::set_learn_batch_costs(bool on) {
 
 void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the level,
-    // the machine's speed (the context's factor apart: set_context_plain_rise). Where batch costs are learned, a
+    // which follows the context and the machine's speed. Where batch costs are learned, a
     // batch's measured / profiled cost (what its rows add with the context apart) against the level is its size's
     // factor: on a 2-core EPYC a profile taken at a quiet moment read T(5) = 2.7 T(1), and under load a batch of 5
     // cost 3.0-3.3 plain steps. A step verified in chunks teaches only the factor over all sizes
     if (verify_ms <= 0.0 || n_rows <= 0) {
         return;
     }
-    const double seen = std::max(0.1 * verify_ms, verify_ms - scale() * context_rows(n_rows, last_first_));
-    const double profiled = cost_rows(n_rows, last_first_) * context_factor(); // the level: the machine's speed
-    if (n_past_ <= shape_context_max) {
+    const double seen = std::max(0.1 * verify_ms, verify_ms - level() * context_rows(n_rows, last_first_));
+    const double profiled = cost_rows(n_rows, last_first_);
+    const bool short_context = n_past_ <= shape_context_max; // what the stale checks judge (step_level, the shape)
+    if (short_context) {
         observe_shape(seen / profiled, n_rows);
     }
     if (n_rows == 1 || !learn_shape_) { // the profile's shape: one level from every step
         // a running mean from the first step on (the profile was measured at another moment), then an EMA
         const double w = std::max(ema_cost, 1.0 / ++n_scale_obs_);
         verify_scale_ = (1.0 - w) * verify_scale_ + w * (seen / profiled);
+        if (short_context) {
+            const double ws = std::max(ema_cost, 1.0 / ++n_short_obs_);
+            short_scale_ = (1.0 - ws) * short_scale_ + ws * (seen / profiled);
+        }
         return;
     }
     const double lvl = level(); // a step far off what it should cost (the process was preempted) is not a cost
@@ -203,7 +202,7 @@ double AutoPolicy::cost_catchup(int lag) const {
         return 0.0;
     }
     const double c = c_catchup_ > 0.0 ? c_catchup_ : 0.5 * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]);
-    return scale() * c * extra;
+    return level() * c * extra;
 }
 
 double AutoPolicy::cost_draft(int source, int k) const {
@@ -213,7 +212,7 @@ double AutoPolicy::cost_draft(int source, int k) const {
         // before, weighed a draft against a tiny test model's 0.1 ms steps, and the choices moved with timing)
         return 0.0004 * k * cost_verify(1);
     }
-    return scale() * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]) * k;
+    return level() * (c_model_ > 0.0 ? c_model_ : 0.5 * t_verify_[1]) * k;
 }
 
 int AutoPolicy::chunk_rows(int r0, int n_rows, int first) const {

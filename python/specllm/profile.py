@@ -33,32 +33,28 @@ CONTEXT_ROWS = 16     # the batch size that measurement uses (exact mode: its la
 CONTEXT_REPS = 5      # ... and its rounds at each context (3 before 2026-11-29, below)
 
 
-def context_costs(engine, sizes: list, verify_ms: list) -> tuple[float, float]:
-    """What the context adds to the profile's costs, measured at LONG_CONTEXT against SHORT_CONTEXT, back to back:
-    (row_ms, plain_rise). plain_rise: how much a plain step's cost rises per token of context beyond SHORT_CONTEXT,
-    as a fraction of T(1); the policy scales every cost by 1 + plain_rise x (context - 32), so that the level it
-    learns from the steps is the machine's speed alone. row_ms: what each verify row after the first adds per token
-    of context beyond that scaling (each row attends to the whole context), at the profile's T(1), so that a batch
-    of n rows at the long context costs what was measured there: T(1) x (1 + rise x 992) x (T(n) / T(1) + row_ms x
-    (n - 1) x 992 / T(1)). (0.0, 0.0) if the context is too small to measure.
+def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
+    """ms that each verify row after the first adds per token of context beyond SHORT_CONTEXT, beyond the plain
+    step's own rise: the policy scales every cost by one level that the steps keep up to date (the context's rise and
+    the machine's speed), and adds this times that level for each row after the first (each attends to the whole
+    context). So it is T(1) x the rise of T(n) / T(1) from SHORT_CONTEXT to LONG_CONTEXT (each the median of its
+    pairs, measured back to back) per row per token: a batch of n rows at the long context then costs what was
+    measured there. 0 if the context is too small to measure.
 
-    Each T(n) / T(1) is the median of its pairs (Engine.profile_verify). On a 2-core EPYC, T(n) at 32 to 3,072
-    tokens rose almost as T(1) did (the rows' own term -0.006 to +0.004 ms over n = 2-16 in two grids, medians 0.000
-    and 0.002; `python -m bench.context_costs`). Measured the way before (T(n) long minus the scaled T(n) short, 3
-    rounds, not divided by the scale the policy multiplies it by) the term read 0.0103 in the profile the benchmarks
-    used and 0 to 0.0068 in eight measurements minutes apart; this way 0 to 0.0121 in six, the rise 0.000001 to
-    0.00027: the VM's speed moves between the two halves, and the clip at 0 keeps the high readings. Noisy, but no
-    longer off by the level's factor."""
+    On a 2-core EPYC, T(n) at 32 to 3,072 tokens rose almost as T(1) did (this term -0.006 to +0.004 ms over n = 2-16
+    in two grids, medians 0.000 and 0.002; `python -m bench.context_costs`). Measured before 2026-11-29 as T(n) long
+    minus T(n) short scaled by T(1)'s rise (3 rounds), the term was not divided by the level the policy multiplies it
+    by; it read 0.0103 in the profile the benchmarks used and 0 to 0.0068 in eight measurements minutes apart. This
+    way 0 to 0.0121 in six: the VM's speed moves between the two halves, and the clip at 0 keeps the high readings.
+    Noisy, but no longer off by the level's factor."""
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
     if n < 2 or prefix < 8 * SHORT_CONTEXT:
-        return 0.0, 0.0
+        return 0.0
     short = engine.profile_verify([1, n], CONTEXT_REPS, SHORT_CONTEXT)
     long = engine.profile_verify([1, n], CONTEXT_REPS, prefix)
-    span = prefix - SHORT_CONTEXT
-    rise = max(0.0, (long[0] / short[0] - 1.0) / span)
-    row_ms = max(0.0, verify_ms[0] * (long[n - 1] / long[0] - short[n - 1] / short[0]) / ((n - 1) * span))
-    return row_ms, rise
+    rise = long[n - 1] / long[0] - short[n - 1] / short[0]
+    return max(0.0, verify_ms[0] * rise / ((n - 1) * (prefix - SHORT_CONTEXT)))
 
 
 def increasing(verify_ms, tolerance: float = 0.9) -> bool:
@@ -88,6 +84,8 @@ def plausible(verify_ms, increase: float = 1.2) -> bool:
 # on file is marked stale and measured again at the next load (measuring now would clear the KV cache and hold up the
 # next request for 10-40 s). One measured again this way at STALE_LOADS loads in a row is kept (each load ran under
 # contention; delete the file)
+# (The level the checks read is learned from steps at a context of at most 512 tokens only, AutoPolicy::step_level: the
+# costs' own level takes in the context, and at 3,000 tokens read 1.3-1.55 on a quiet machine as fast as its profile)
 STALE_LEVEL = 0.7
 STALE_STEPS = 32
 # The level learns from every step, batches included, so a profile whose shape is wrong escapes it: measured while other
@@ -107,7 +105,6 @@ STALE_SHAPE_LEVEL = 1.15
 STALE_LOADS = 3
 STALE_MARKS = ("stale", "stale_shape")  # a profile's marks (why: the level, or the batches' shape) ...
 COUNT_KEYS = ("stale_loads", "stale_for")  # ... and the count of loads that measured it again ("shape": for that)
-CONTEXT_KEYS = ("context_row_ms", "context_plain_rise")  # a profile without one is measured again (context_costs)
 STALE_MIN_MS = 2.0  # ... for a profile whose T(1) is at least this: steps of 0.1 ms (the tests' tiny models) run at
                     # 0.6-1.4 of a profile measured a second earlier
 
@@ -140,7 +137,7 @@ def _read(path: Path, verify_rows: int) -> dict | None:
     try:
         prof = json.loads(path.read_text())
         if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
-                and all(isinstance(prof.get(k), float) for k in CONTEXT_KEYS)):
+                and isinstance(prof.get("context_row_ms"), float)):
             return prof
     except (OSError, ValueError, AttributeError):
         pass
@@ -292,13 +289,14 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         if count and ("stale_shape" in on_file if "stale" in on_file else on_file.get("stale_for") == "shape"):
             carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
         if known is not None and known.get("sizes") == sizes:
-            verify_ms, context = known["verify_ms"], {k: known.get(k, 0.0) for k in CONTEXT_KEYS}
+            verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
             before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
             # ... and its marks: costs judged stale are measured again at the next load, with the others
             carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
         else:
             log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
-                     "draft (once per model, machine, thread count and mode; up to 40 s on a 2-core CPU)",
+                     "draft (once per model, machine, thread count and mode; about a minute on a 2-core CPU, half "
+                     "that in exact mode)",
                      ", ".join(map(str, sizes)))
             attempts = 1 if before else MAX_MEASURES
             for attempt in range(attempts):
@@ -312,9 +310,9 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                             ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
                             "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
                             f"({path})")
-            context = dict(zip(CONTEXT_KEYS, map(float, context_costs(engine, sizes, verify_ms))))
-        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3), **context,
-                **carried}
+            context_ms = context_row_cost(engine, sizes, verify_ms)
+        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
+                "context_row_ms": float(context_ms), **carried}
         if not plausible(verify_ms):
             prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
         try:
@@ -323,7 +321,6 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             pass
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
-    engine.set_context_plain_rise(prof["context_plain_rise"])
     if prof.get("draft_token_ms"):
         engine.set_draft_token_cost(prof["draft_token_ms"])
     return prof

@@ -7,10 +7,10 @@
 // match means a copy in progress, and by kind: clean, doubtful (an ambiguous key or a copy from the generated
 // text), or from the memory of earlier generations) and takes the best: a source that does not pay is not used. verify(n) is T(n) for one batch, or, when verification
 // runs in chunks (exact mode), the chunks' costs weighted by the probability that each is reached.
-// T(n) comes from a profile at load (cached per machine), times the context's factor (measured with the profile) and
-// one level learned online (the machine's speed now against the profile's moment), which scale every cost alike, so
-// the n-gram choices depend on the profile and the text, never on the clock; optionally a factor per batch size,
-// learned from the verify batches, follows how a batch costs against a plain step now (set_learn_batch_costs). The draft model's costs (per token and per catch-up token, over the level)
+// T(n) comes from a profile at load (cached per machine), times one level learned online (the context length and the
+// machine's speed), which scales every cost alike, so the n-gram choices depend on the profile and the text, never on
+// the clock; optionally a factor per batch size, learned from the verify batches, follows how a batch costs against a
+// plain step now (set_learn_batch_costs). The draft model's costs (per token and per catch-up token, over the level)
 // and alpha_j are tracked online. An untried draft position counts with the
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
 // the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
@@ -60,13 +60,6 @@ class AutoPolicy : public DraftPolicy {
     // 2-core EPYC: T(16) = 5.16 T(1) at 32 tokens, 5.81 T(1) at 900), which the one online scale cannot follow
     void set_context_row_cost(double ms) { c_context_row_ = ms; }
     double context_row_cost() const { return c_context_row_; }
-    // how much a plain step's cost rises per token of context beyond the profile's, as a fraction of T(1): every
-    // cost is scaled by 1 + rise x (context - 32), so the level learned from the steps is the machine's speed alone.
-    // Without it the level took in the context too (a plain step at 2,000-3,000 tokens costs 1.3-1.55 T(1) on a
-    // 2-core EPYC), so a profile measured while the machine was slower (level < 0.7) went unseen on long
-    // prompts, and the batches' shape (judged while the level is at most 1.15) was never judged there
-    void set_context_plain_rise(double per_token) { c_context_plain_ = per_token; }
-    double context_plain_rise() const { return c_context_plain_; }
     // ms each verify row the verifier reads costs beyond T(n) in this generation (a grammar that masks every row
     // whole: grammar.h). Rows are read up to the first rejected draft, one per emitted token, so a step that emits
     // e tokens pays e of them and a plain step one
@@ -99,16 +92,20 @@ class AutoPolicy : public DraftPolicy {
     // what the steps cost now against the profile (measured / profiled; a running mean, then an EMA) and how many
     // steps taught it (0 = none yet: level 1). Far below 1 after many steps, the profile was measured while the
     // machine ran slower than it does now (busy, or on battery): profile.py then has it measured again at the next
-    // load, since a slowdown measured into a profile bends its shape as well as its level
-    double step_level() const { return n_scale_obs_ > 0 ? verify_scale_ : 1.0; }
-    int step_level_observations() const { return n_scale_obs_; }
+    // load, since a slowdown measured into a profile bends its shape as well as its level. Learned from the steps at
+    // a context of at most 512 tokens only, alike but apart from the level the costs are scaled by: that one takes
+    // the context in too (a plain step at 2,000-3,000 tokens costs 1.3-1.55 T(1) on a 2-core EPYC), and read as the
+    // machine's speed it hid a busy profile on long prompts and kept the batches' shape from being judged there
+    double step_level() const { return n_short_obs_ > 0 ? short_scale_ : 1.0; }
+    int step_level_observations() const { return n_short_obs_; }
     // what the verify batches (2+ rows) cost against the plain steps of their moment, each measured / profiled (1 =
     // the profile's shape; an EMA), and how many batches taught it since the costs were set; tracked whether or not
     // batch costs are learned. The level cannot show a profile whose shape is wrong: it learns from every step. Well
     // above 1, the profile was measured while other work slowed a 1-row step more than a batch (a 2-core Xeon VM's
     // pair profile read T(1) = 100, T(8) = 253 ms; quiet, the steps ran at 86 and 299), and the policy drafts as if
     // batches were cheaper than they are: profile.py then has it measured again at the next load. Only steps at a
-    // context of at most 512 tokens teach it (the profile's T(n) was measured at 32; auto_policy_costs.cpp)
+    // context of at most 512 tokens teach it, as step_level (the profile's T(n) was measured at 32;
+    // auto_policy_costs.cpp)
     double batch_shape() const { return n_shape_obs_ > 0 ? shape_ : 1.0; }
     int batch_shape_observations() const { return n_shape_obs_; }
 
@@ -191,10 +188,11 @@ class AutoPolicy : public DraftPolicy {
 
     std::array<double, n_max + 2> t_verify_{};                // t_verify_[n]: ms for n tokens (profiled shape)
     std::array<int, n_max + 2> pad_to_{};                     // pad_to_[n]: rows decoded for a batch of n
-    double verify_scale_ = 1.0;                                // a plain step, measured / profiled at its context
+    double verify_scale_ = 1.0;                                // a plain step, measured / profiled: grows with the context
     int n_scale_obs_ = 0; // steps that taught it (plain ones; every step where batch costs are not learned)
-    double level() const; // the machine's speed against the profile: verify_scale_ (or the batches' own before a
-                          // plain step)
+    double short_scale_ = 1.0; // verify_scale_ from the steps at a context of at most 512 tokens (step_level) ...
+    int n_short_obs_ = 0;      // ... and how many taught it
+    double level() const; // what the choices scale T(n) by: verify_scale_, or the batches' own before a plain step
     // a batch of m decoded rows costs size_factor(m) * level() * T(m): what batches cost against their profile
     // (measured / profiled), per size (own_ratio_, n_own_) and over all batch sizes (batch_ratio_, n_batch_obs_),
     // divided by the level when used
@@ -211,9 +209,6 @@ class AutoPolicy : public DraftPolicy {
     int n_shape_obs_ = 0;
     void observe_shape(double ratio, int n_rows); // a step's measured / profiled cost
     double c_context_row_ = 0.0;                               // see set_context_row_cost
-    double c_context_plain_ = 0.0;                             // see set_context_plain_rise
-    double context_factor() const; // 1 + c_context_plain_ x the context beyond the profile's
-    double scale() const;          // level() x context_factor(): what the profile's costs are multiplied by now
     double c_row_read_ = 0.0;                                  // see set_row_read_cost
     int n_past_ = 0;                                           // the context of the last choice
     double context_extra(int n) const;                         // ms the context adds to a batch of n rows
