@@ -632,8 +632,8 @@ class ContextMachine:
 
 @pytest.mark.parametrize("rise,row_ms", [(0.0, 0.0), (0.00011, 0.0), (0.00011, 0.004), (0.0, 0.01)])
 def test_the_policy_costs_what_the_context_measurement_saw(rise, row_ms):
-    # measured the way before, a machine whose batches rise with the context as its plain step does (rows' own term
-    # 0, as on the 2-core EPYC) read a term of its own: the level was not divided out. Now the policy, given the
+    # measured the way before, the term of a machine whose plain step rises with the context came out that rise times
+    # too large (the policy multiplies it by the level, which takes the rise in). Now the policy, given the
     # profile's T(n) and the measured term, with plain steps at the long context teaching it its level, costs T(1)
     # and T(16) there as the machine does
     machine = ContextMachine(rise, row_ms)

@@ -99,9 +99,9 @@ std::vector<double> AutoPolicy::verify_costs() const {
 }
 
 double AutoPolicy::cost_verify(int n) const {
-    // every cost is the profile's times the level, what the rows add with the context included (a machine that runs
-    // slower now runs its attention slower), so the choices do not depend on how fast
-    // the machine runs now: only on the profile, and on the batch factors where they are learned
+    // every cost is the profile's times the level, what the context adds included (a machine that runs slower now
+    // runs its attention slower), so the choices do not depend on how fast the machine runs now: only on the
+    // profile, and on the batch factors where they are learned
     return level() * (size_factor(decoded_rows(n)) * t_verify_[std::min(n, n_max + 1)] + context_extra(n));
 }
 
@@ -137,10 +137,10 @@ void AutoPolicy::set_learn_batch_costs(bool on) {
 
 void AutoPolicy::observe_cost(double verify_ms, int n_rows) {
     // the profile gives the shape of T(n) on a short context. A plain step's measured / profiled cost is the level,
-    // which follows the context and the machine's speed. Where batch costs are learned, a
-    // batch's measured / profiled cost (what its rows add with the context apart) against the level is its size's
-    // factor: on a 2-core EPYC a profile taken at a quiet moment read T(5) = 2.7 T(1), and under load a batch of 5
-    // cost 3.0-3.3 plain steps. A step verified in chunks teaches only the factor over all sizes
+    // which follows the context and the machine's speed. Where batch costs are learned, a batch's measured / profiled
+    // cost (what its rows add with the context apart) against the level is its size's factor: on a 2-core EPYC a
+    // profile taken at a quiet moment read T(5) = 2.7 T(1), and under load a batch of 5 cost 3.0-3.3 plain steps. A
+    // step verified in chunks teaches only the factor over all sizes
     if (verify_ms <= 0.0 || n_rows <= 0) {
         return;
     }
