@@ -25,7 +25,9 @@ CONTEXTS = [32, 512, 1024, 2048, 3072]
 
 def rows_term(t: dict, c: int, n: int) -> float:
     """ms per row per token that n rows add at context c beyond the plain step's rise (t[c][n]: T(n) at c)."""
-    return (t[c][n] / t[c][1] - t[32][n] / t[32][1]) * t[32][1] / ((n - 1) * (c - 32))
+    from specllm.profile import rows_term as term
+
+    return term(t[32][1], t[32][1], t[32][n], t[c][1], t[c][n], n, c)
 
 
 def main(argv=None) -> int:

@@ -53,8 +53,13 @@ def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
         return 0.0
     short = engine.profile_verify([1, n], CONTEXT_REPS, SHORT_CONTEXT)
     long = engine.profile_verify([1, n], CONTEXT_REPS, prefix)
-    rise = long[n - 1] / long[0] - short[n - 1] / short[0]
-    return max(0.0, verify_ms[0] * rise / ((n - 1) * (prefix - SHORT_CONTEXT)))
+    return max(0.0, rows_term(verify_ms[0], short[0], short[n - 1], long[0], long[n - 1], n, prefix))
+
+
+def rows_term(t1: float, short_1: float, short_n: float, long_1: float, long_n: float, n: int, context: int) -> float:
+    """ms per row per token that n rows add at `context` tokens beyond the plain step's rise, at a profile whose T(1)
+    is t1: T(1) x the rise of T(n) / T(1) from SHORT_CONTEXT, per row after the first and token beyond it."""
+    return t1 * (long_n / long_1 - short_n / short_1) / ((n - 1) * (context - SHORT_CONTEXT))
 
 
 def increasing(verify_ms, tolerance: float = 0.9) -> bool:
