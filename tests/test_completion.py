@@ -89,6 +89,27 @@ def test_repetition_penalties_as_in_process_generation(server, local):
     assert status == 400 and r["error"]["param"].startswith("frequency_penalty"), r
 
 
+def test_logit_bias_in_llama_servers_forms_as_in_process_generation(server, local):
+    # [[id, bias]], [[text, false]] (each of the text's tokens banned), {"id": bias}; and OpenAI's form on
+    # /v1/completions. The settings echo them as llama-server does ([{"token", "bias"}], a ban's bias null)
+    free = local.generate(PROMPT, max_tokens=24)
+    first = free.tokens[0]
+    word = local.detokenize([first])
+    ids = local.tokenize(word, False)
+    want = local.generate(PROMPT, max_tokens=24, logit_bias={t: float("-inf") for t in ids})
+    assert want.text != free.text
+    for bias in ([[word, False]], [[t, False] for t in ids]):
+        status, r = post(server.url, prompt=PROMPT, n_predict=24, temperature=0, logit_bias=bias)
+        assert status == 200 and r["content"] == want.text, (bias, r)
+    assert {"token": first, "bias": None} in r["generation_settings"]["logit_bias"]
+    want = local.generate(PROMPT, max_tokens=24, logit_bias={first: -7.5})
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, temperature=0, logit_bias={str(first): -7.5})
+    assert status == 200 and r["content"] == want.text, r
+    status, r = post(server.url, "/v1/completions", prompt=PROMPT, max_tokens=24, temperature=0,
+                     logit_bias={str(first): -7.5})
+    assert status == 200 and r["choices"][0]["text"] == want.text, r
+
+
 def test_streamed_as_llama_server_streams(server, local):
     want = local.generate(PROMPT, max_tokens=24)
     events = stream(server.url, prompt=PROMPT, n_predict=24, temperature=0, return_tokens=True)
@@ -162,6 +183,12 @@ def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, lo
     (dict(prompt="the", samplers=["top_k", "nonsense"]), "samplers", "invalid_value"),
     (dict(prompt="the", n_predict=-2), "n_predict", None),
     (dict(prompt="the", top_p=0), "top_p", None),
+    (dict(prompt="the", logit_bias={"5": "x"}), "logit_bias", "invalid_value"),
+    (dict(prompt="the", logit_bias={"5": True}), "logit_bias", "invalid_value"),
+    (dict(prompt="the", logit_bias={"99999999": 1}), "logit_bias", "invalid_value"),
+    (dict(prompt="the", logit_bias=[[5]]), "logit_bias", "invalid_value"),
+    (dict(prompt="the", logit_bias=[[None, 1]]), "logit_bias", "invalid_value"),
+    (dict(prompt="the", logit_bias="5"), "logit_bias", None),
 ])
 def test_bad_requests_are_400s_that_name_the_field(server, body, param, code):
     status, r = post(server.url, **body)

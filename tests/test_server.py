@@ -220,6 +220,20 @@ def test_chat_penalties_equal_llm_chat(client, local):
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, presence_penalty=-2.5)
 
 
+def test_chat_logit_bias_equals_llm_chat(client, local):
+    # OpenAI's {"token id": bias}: -100 all but bans a token, greedy and streamed
+    free = local.chat(MESSAGES, max_tokens=40)
+    first = free.tokens[0]
+    want = local.chat(MESSAGES, max_tokens=40, logit_bias={first: -100})
+    assert want.text != free.text
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                       logit_bias={str(first): -100})
+    assert r.choices[0].message.content == want.text
+    chunks = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                            logit_bias={str(first): -100}, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+
+
 def test_stop_strings(client, local):
     full = local.chat(MESSAGES, max_tokens=60).text
     stop = full[20:23]
@@ -379,7 +393,9 @@ def test_a_restarted_server_reads_a_long_system_prompt_back_from_its_prompt_cach
     ({"extra_body": {"grammar": "root ::= ("}}, "grammar"),
     ({"extra_body": {"grammar": 'word ::= "x"'}}, "grammar"),  # no root rule
     ({"extra_body": {"grammar": 'root ::= "x"'}, "response_format": {"type": "json_object"}}, "grammar"),
-    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"logit_bias": {"5": "ten"}}, "logit_bias"),
+    ({"logit_bias": {"-3": 1}}, "logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias"),
     ({"extra_body": {"draft_length": 99}}, "draft_length"),
     ({"extra_body": {"draft_length": "fast"}}, "draft_length"),
     ({"extra_body": {"acceptance": "maybe"}}, "acceptance"),

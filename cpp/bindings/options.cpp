@@ -38,6 +38,7 @@ void register_options(py::module_ & m) {
         .def_readwrite("frequency_penalty", &SamplingOptions::frequency_penalty)
         .def_readwrite("presence_penalty", &SamplingOptions::presence_penalty)
         .def_readwrite("penalty_last_n", &SamplingOptions::penalty_last_n)
+        .def_readwrite("logit_bias", &SamplingOptions::logit_bias)
         .def_readwrite("rejection", &SamplingOptions::rejection);
 
     py::class_<GenerateOptions>(m, "GenerateOptions")

@@ -113,6 +113,12 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
         throw InvalidArgument("draft_p_min must be in [0, 1]");
     }
     check_sampling_options(opts.sampling);
+    for (const auto & [id, bias] : opts.sampling.logit_bias) {
+        if (id < 0 || id >= target_->n_vocab()) {
+            throw InvalidArgument("logit_bias: token id " + std::to_string(id) + " is not in the model's vocabulary "
+                                  "(0.." + std::to_string(target_->n_vocab() - 1) + ")");
+        }
+    }
     if (opts.logprobs < -1 || opts.logprobs > max_top_logprobs) {
         throw InvalidArgument("logprobs must be -1 (none) or the number of most likely tokens to list, 0.." +
                               std::to_string(max_top_logprobs) + ", got " + std::to_string(opts.logprobs));

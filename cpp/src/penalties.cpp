@@ -4,9 +4,13 @@ namespace specllm {
 
 void PenaltyWindow::reset(const SamplingOptions & s, const llama_token * seq, size_t n) {
     s_ = &s;
-    cap_ = s.penalty_last_n < 0 ? 0 : (size_t) s.penalty_last_n;
+    penalize_ = penalizes(s);
     window_.clear();
     counts_.clear();
+    if (!penalize_) {
+        return;
+    }
+    cap_ = s.penalty_last_n < 0 ? 0 : (size_t) s.penalty_last_n;
     const size_t from = cap_ > 0 && n > cap_ ? n - cap_ : 0;
     for (size_t i = from; i < n; ++i) {
         push(seq[i]);
@@ -14,6 +18,9 @@ void PenaltyWindow::reset(const SamplingOptions & s, const llama_token * seq, si
 }
 
 void PenaltyWindow::push(llama_token t) {
+    if (!penalize_) {
+        return;
+    }
     if (cap_ > 0 && window_.size() == cap_) {
         const llama_token old = window_.front();
         window_.pop_front();
@@ -34,6 +41,11 @@ const float * PenaltyWindow::apply(const float * logits, int n_vocab, std::vecto
         float & l = out[(size_t) id];
         l = l <= 0.0f ? l * s_->repeat_penalty : l / s_->repeat_penalty;
         l -= (float) count * s_->frequency_penalty + s_->presence_penalty;
+    }
+    for (const auto & [id, bias] : s_->logit_bias) {
+        if (id >= 0 && id < n_vocab) {
+            out[(size_t) id] += bias;
+        }
     }
     return out.data();
 }

@@ -191,6 +191,12 @@ void check_sampling_options(const SamplingOptions & o) {
     if (!std::isfinite(o.frequency_penalty) || !std::isfinite(o.presence_penalty)) {
         throw InvalidArgument("frequency_penalty and presence_penalty must be finite numbers (0 = off)");
     }
+    for (const auto & [id, bias] : o.logit_bias) {
+        if (std::isnan(bias) || bias == INFINITY) {
+            throw InvalidArgument("logit_bias: the bias of token " + std::to_string(id) + " must be a finite number "
+                                  "(or -inf to ban the token), got " + std::to_string(bias));
+        }
+    }
     if (o.penalty_last_n < -1) {
         throw InvalidArgument("penalty_last_n must be >= -1 (-1 = the whole context, 0 = off), got " +
                               std::to_string(o.penalty_last_n));

@@ -375,7 +375,9 @@ class LLM:
         chat template applied (as in llama-cpp-python; chat() is the conversation API, and `specllm-cli generate`
         uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
         min_p, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0 and penalty_last_n=64 (llama.cpp's
-        repetition penalties over the last n tokens of prompt and output; -1 = all), seed, stop, draft_length ("auto",
+        repetition penalties over the last n tokens of prompt and output; -1 = all), logit_bias ({token id: bias}
+        added to those tokens' logits, target and draft model alike, after the penalties; -100 all but bans a token,
+        float("-inf") bans it), seed, stop, draft_length ("auto",
         "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
         token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
         rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),

@@ -5,7 +5,7 @@ import math
 import numbers
 import os
 import random
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from . import _core
 from .errors import InvalidOptionError
@@ -58,6 +58,26 @@ def _stops(stop) -> list:
     return [text("stop", s) for s in stop if s]
 
 
+def _logit_bias(value) -> list:
+    """{token id: bias} as the core's (id, bias) pairs: each bias is added to the token's logit (OpenAI's range is
+    -100..100: -100 all but bans a token, 100 all but forces it); float("-inf") bans it."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"logit_bias must be a dict of token id -> bias, got {type(value).__name__}")
+    pairs = []
+    for token, bias in value.items():
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise TypeError(f"logit_bias: keys are token ids (ints; llm.tokenize(text) gives a text's), got "
+                            f"{token!r}")
+        if not 0 <= token <= INT_MAX:
+            raise InvalidOptionError(f"logit_bias: token id {token} is not in the model's vocabulary")
+        b = _float(f"logit_bias[{token}]", bias)
+        if math.isnan(b) or b == float("inf"):
+            raise InvalidOptionError(f"logit_bias[{token}] must be a finite number (or -inf to ban the token), "
+                                     f"got {bias}")
+        pairs.append((int(token), b))
+    return pairs
+
+
 def make_options(
     *,
     max_tokens: int = 256,
@@ -69,6 +89,7 @@ def make_options(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     penalty_last_n: int = 64,
+    logit_bias: Optional[Mapping[int, float]] = None,
     seed: Optional[int] = None,
     stop: Union[str, Sequence[str], None] = None,
     draft_length: DraftLength = "auto",
@@ -107,6 +128,8 @@ def make_options(
         if not math.isfinite(getattr(s, name)):  # as the core's float
             raise InvalidOptionError(f"{name} must be a finite number (0 = off), got {value}")
     s.penalty_last_n = _int("penalty_last_n", penalty_last_n, lo=-1)  # -1: the whole context, 0: off
+    if logit_bias is not None:
+        s.logit_bias = _logit_bias(logit_bias)
     if seed is None:
         seed = random.SystemRandom().randrange(2**63)
     s.seed = _int("seed", seed, lo=0, hi=None) % 2**64
@@ -161,7 +184,7 @@ def make_options(
 
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
-     "presence_penalty", "penalty_last_n", "seed", "stop", "draft_length", "draft_p_min",
+     "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
      "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
 
 

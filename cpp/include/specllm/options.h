@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace specllm {
@@ -41,6 +42,9 @@ struct SamplingOptions {
     float frequency_penalty = 0.0f; // ... minus this times the token's count in the window
     float presence_penalty = 0.0f;  // ... minus this once
     int penalty_last_n = 64;        // the window: the last this many tokens of the context; -1 = all, 0 = off
+    // (token id, bias) pairs: each bias is added to that token's logit after the penalties (OpenAI's and
+    // llama-server's logit_bias; -inf bans the token). Target and draft model alike, so output stays plain's
+    std::vector<std::pair<int32_t, float>> logit_bias;
     // how a sampled draft is accepted. coupled: the target's token at each position is a draw keyed by (seed,
     // position), and the draft (sampled with the same key) is accepted iff it equals it, so the text a seed gives
     // is plain sampling's, whatever k, drafter or machine load. rejection: Leviathan et al.'s rejection sampling

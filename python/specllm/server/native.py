@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Callable, List, Optional, Union
 
@@ -16,7 +17,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from .. import _core
 from ..errors import InvalidOptionError
-from . import jobs
+from . import bias, jobs
 from . import logprobs as lp
 from .errors import APIError
 from .protocol import _Request
@@ -38,7 +39,7 @@ PENALTIES = {"repeat_penalty": ("repeat_penalty", 1.0), "presence_penalty": ("pr
 
 
 REFUSED = {"lora": None, "post_sampling_probs": False, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-           "typical_p": 1.0, "mirostat": 0, "logit_bias": None}
+           "typical_p": 1.0, "mirostat": 0}
 
 
 class NativeFields(_Request):
@@ -71,7 +72,7 @@ class NativeFields(_Request):
     xtc_probability: float = 0.0
     typical_p: float = 1.0
     mirostat: int = 0
-    logit_bias: Optional[Union[list, dict]] = None
+    logit_bias: Optional[Union[list, dict]] = None  # bias.parse: llama-server's forms
 
 
 def ready(request: Request):
@@ -255,6 +256,9 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
     if req.seed is not None and req.seed >= 0:
         opts["seed"] = req.seed % 2**64
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
+    logit_bias = bias.parse(state.llm, req.logit_bias)
+    if logit_bias:
+        opts["logit_bias"] = logit_bias
     if req.n_probs > 0:
         if req.n_probs > _core.max_top_logprobs:
             raise APIError(400, f"n_probs must be between 0 and {_core.max_top_logprobs}, got {req.n_probs}",
@@ -272,6 +276,8 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
     settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items() if k != "max_tokens"}
+    settings["logit_bias"] = [{"token": t, "bias": b if b > -math.inf else None}  # llama-server's form (-inf: null)
+                              for t, b in (logit_bias or {}).items()]
     settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
                     **(settings_extra or {}))
     opts.update(extra or {})

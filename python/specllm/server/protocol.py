@@ -57,7 +57,7 @@ class SamplingFields(_Request):
     repeat_penalty: Optional[float] = Field(None, gt=0)  # llama-server's own
     repeat_last_n: Optional[int] = Field(None, ge=-1, le=2**31 - 1)  # llama-server's own: -1 = all, 0 = off
     # accepted only where they change nothing
-    logit_bias: Optional[Dict[str, float]] = None
+    logit_bias: Optional[Dict[str, Any]] = None  # {"token id": bias}; bias.parse takes llama-server's forms too
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
     functions: Optional[List[Any]] = None
@@ -87,7 +87,6 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
         ("tool_choice", req.tool_choice not in (None, "none", "auto") and not isinstance(req, ChatRequest),
          "tool_choice is served by /v1/chat/completions"),
         ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
-        ("logit_bias", bool(req.logit_bias), "logit_bias is not supported"),
     ]
     if isinstance(req, CompletionRequest):
         checks += [("echo", bool(req.echo), "echo is not supported"),

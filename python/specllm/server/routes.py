@@ -16,6 +16,7 @@ from sse_starlette.sse import EventSourceResponse
 from .. import grammar
 from ..errors import InvalidOptionError
 from . import jobs
+from . import bias
 from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
@@ -74,6 +75,9 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
     if logprobs is not None:
         opts["logprobs"] = logprobs
+    logit_bias = bias.parse(state.llm, req.logit_bias)
+    if logit_bias:
+        opts["logit_bias"] = logit_bias
     try:  # checked now, so that a bad value is a 400 before the request is queued
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
