@@ -8,34 +8,7 @@ import numpy as np
 import pytest
 
 from specllm import InvalidOptionError
-from test_penalties import PROMPT, penalize
-
-
-def reference_greedy(tiny, llm, prompt, logit_bias, max_tokens=40, **penalties):
-    import llama_cpp
-
-    tokens = llm.prompt_tokens(prompt)
-    model = llama_cpp.Llama(model_path=tiny["target"], n_ctx=512, n_threads=1, n_threads_batch=1, logits_all=True,
-                            flash_attn=True, type_k=0, type_v=0, verbose=False)
-    eos = model.token_eos()
-    try:
-        model.eval(tokens[:-1])
-        context, out, last = list(tokens), [], tokens[-1]
-        for _ in range(max_tokens):
-            model.eval([last])
-            row = np.array(model.scores[model.n_tokens - 1], dtype=np.float32)
-            if penalties:
-                row = penalize(row, context[-64:], **penalties)
-            for t, b in logit_bias.items():
-                row[t] += np.float32(b)
-            last = int(np.argmax(row))
-            if last == eos:
-                break
-            out.append(last)
-            context.append(last)
-    finally:
-        model.close()
-    return out
+from test_penalties import PROMPT, reference_greedy
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +26,7 @@ def plain(tiny, make_llm):
 def test_greedy_as_the_reference(tiny, plain):
     llm, free, configs, outs = plain
     for c, out in zip(configs, outs):
-        assert out.tokens == reference_greedy(tiny, llm, PROMPT, c)
+        assert out.tokens == reference_greedy(tiny, llm, PROMPT, logit_bias=c)
         assert out.tokens != free.tokens
         banned = [t for t, b in c.items() if b <= -100]
         assert not set(banned) & set(out.tokens)
@@ -69,7 +42,7 @@ def test_a_large_bias_forces_the_token(tiny, plain):
 def test_with_the_penalties(tiny, plain):
     llm, _, configs, _ = plain
     out = llm.generate(PROMPT, max_tokens=40, logit_bias=configs[1], repeat_penalty=1.3)
-    assert out.tokens == reference_greedy(tiny, llm, PROMPT, configs[1], repeat_penalty=1.3)
+    assert out.tokens == reference_greedy(tiny, llm, PROMPT, logit_bias=configs[1], repeat_penalty=1.3)
 
 
 def test_empty_or_zero_changes_nothing(plain):

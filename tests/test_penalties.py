@@ -28,7 +28,7 @@ def penalize(row, window, repeat_penalty=1.0, frequency_penalty=0.0, presence_pe
     return row
 
 
-def reference_greedy(tiny, llm, prompt, max_tokens=40, penalty_last_n=64, **penalties):
+def reference_greedy(tiny, llm, prompt, max_tokens=40, penalty_last_n=64, logit_bias=None, **penalties):
     import llama_cpp
 
     tokens = llm.prompt_tokens(prompt)
@@ -43,7 +43,10 @@ def reference_greedy(tiny, llm, prompt, max_tokens=40, penalty_last_n=64, **pena
             row = np.array(model.scores[model.n_tokens - 1], dtype=np.float32)
             window = context[max(0, len(context) - penalty_last_n):] if penalty_last_n > 0 else context
             window = window if penalty_last_n else []
-            last = int(np.argmax(penalize(row, window, **penalties)))
+            row = penalize(row, window, **penalties)
+            for t, b in (logit_bias or {}).items():  # after the penalties (test_logit_bias)
+                row[t] += np.float32(b)
+            last = int(np.argmax(row))
             if last == eos:
                 break
             out.append(last)
