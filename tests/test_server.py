@@ -375,7 +375,8 @@ def test_a_restarted_server_reads_a_long_system_prompt_back_from_its_prompt_cach
     ({"max_tokens": -5}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 200}, "n"),  # at most 128 choices (n > 1: test_server_choices)
+    ({"n": 0}, "n"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),  # no <tool_call>
     ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
@@ -459,7 +460,7 @@ def test_raw_bad_input(server):
         assert err["message"] and "Traceback" not in r.text, name
     r = httpx.get(f"{server.url}/v1/nothing", headers=AUTH, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    r = post(server, "/v1/completions", {"prompt": ["a", "b"]})
+    r = post(server, "/v1/completions", {"prompt": ["a", ""]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     check_healthy(server)
 

@@ -72,7 +72,7 @@ class ChatRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, List[str], List[int]]
+    prompt: Union[str, List[Union[str, List[int]]], List[int]]  # a text, texts, token ids, or token id lists
     echo: Optional[bool] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
@@ -81,7 +81,6 @@ class CompletionRequest(SamplingFields):
 def unsupported(req: SamplingFields) -> Optional[tuple]:
     """(param, message) for the first field the request sets that specllm cannot honour, else None."""
     checks = [
-        ("n", req.n not in (None, 1), "n > 1 is not supported: one completion per request"),
         ("tools", bool(req.tools) and not isinstance(req, ChatRequest), "tools are served by /v1/chat/completions"),
         ("functions", bool(req.functions), "functions (the deprecated form of tools) are not supported; use tools"),
         ("tool_choice", req.tool_choice not in (None, "none", "auto") and not isinstance(req, ChatRequest),
@@ -89,8 +88,8 @@ def unsupported(req: SamplingFields) -> Optional[tuple]:
         ("function_call", req.function_call not in (None, "none"), "function_call is not supported"),
     ]
     if isinstance(req, CompletionRequest):
-        checks += [("echo", bool(req.echo), "echo is not supported"),
-                   ("best_of", req.best_of not in (None, 1), "best_of > 1 is not supported")]
+        checks += [("best_of", req.best_of not in (None, 1), "best_of > 1 is not supported (n > 1 is: ask for n "
+                                                                  "completions and choose among them)")]
     for param, bad, message in checks:
         if bad:
             return param, message

@@ -1,27 +1,24 @@
 """OpenAI's chat and completions endpoints (and /v1/models, /health): each request is checked, turned into prompt
 tokens and options, queued as a worker job (jobs.py), and answered from the job's events, as one JSON body or as
-server-sent events. A client that goes away cancels its job, whether it is queued or running. prepare_chat is the
+server-sent events (several choices, `n` or a list of prompts, run one after another: choices.py). A client that
+goes away cancels its job, whether it is queued or running. prepare_chat is the
 chat request's prompt and options, which /v1/responses and /v1/messages serve their requests as."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from typing import AsyncIterator, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sse_starlette.sse import EventSourceResponse
 
 from .. import grammar
 from ..errors import InvalidOptionError
-from . import jobs
-from . import bias
+from . import bias, choices, jobs
 from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
 from .errors import APIError
-from .worker import Job
 
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
@@ -116,63 +113,11 @@ def _grammar(req: p.SamplingFields) -> tuple:
     return (rules if rules is not None else req.grammar), param
 
 
-def _tokens(state, prompt) -> list:
+def _tokens(state, prompt, param: str) -> list:
     try:
         return state.llm.prompt_tokens(prompt)
     except (InvalidOptionError, TypeError) as e:
-        raise jobs.bad_option(e) from None
-
-
-def _usage(stats) -> p.Usage:
-    return p.Usage(prompt_tokens=stats.n_prompt, completion_tokens=stats.n_generated,
-                   total_tokens=stats.n_prompt + stats.n_generated,
-                   prompt_tokens_details=p.PromptTokensDetails(cached_tokens=stats.n_cached))
-
-
-async def _events(request: Request, job: Job, make_chunk, first, include_usage: bool,
-                  draft_length) -> AsyncIterator[str]:
-    """The SSE data lines of a streaming job; leaving early (the client went away) cancels the job."""
-    state = jobs.server_state(request)
-    t0 = time.monotonic()
-    first_text = True
-    released = lp.Released(state.llm.token_bytes)  # logprobs go out with their text (a stop string's never)
-    logprobs = []  # released with their text, not sent yet (the text is held: a tool call may be starting)
-    try:
-        if first is not None:
-            yield first.model_dump_json(exclude_none=True)
-        while True:
-            kind, value = await job.events.get()
-            if kind == "error":
-                err = jobs.generation_error(value)
-                yield json.dumps(err.body())
-                break
-            if kind == "end":
-                break
-            if value.text and first_text:
-                state.metrics.ttft_seconds.observe(time.monotonic() - t0)
-                first_text = False
-            logprobs.extend(released.add(value.logprobs, value.text))
-            chunk = (make_chunk(value.text, value.finish_reason, logprobs)
-                     if value.text or value.finish_reason else None)
-            if chunk is not None:  # None: text held back (a tool call may be starting)
-                logprobs = []
-                yield chunk.model_dump_json(exclude_none=True)
-            if value.finish_reason is not None and include_usage:
-                last = make_chunk(None, None)
-                last.choices = []
-                last.usage = _usage(value.stats)
-                last.speculative = jobs.speculative(value.stats, job, draft_length)
-                yield last.model_dump_json(exclude_none=True)
-        yield "[DONE]"
-    finally:
-        job.cancel()
-        state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-
-
-def _respond_stream(request, job, make_chunk, first, req: p.SamplingFields):
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return EventSourceResponse(_events(request, job, make_chunk, first, include_usage, req.draft_length),
-                               ping=15, sep="\n")
+        raise APIError(400, f"{param}: {e}", "invalid_request_error", param, "invalid_value") from None
 
 
 class Chat(NamedTuple):
@@ -206,7 +151,7 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
         prompt = state.llm.apply_chat_template(messages, tools=tools) + forced
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
-    tokens = _tokens(state, prompt)
+    tokens = _tokens(state, prompt, "messages")
     n_logprobs = lp.chat_request(req)
     opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,
                            call_rules)
@@ -218,85 +163,123 @@ async def chat_completions(request: Request, req: p.ChatRequest):
     state, t0 = jobs.begin(request, req)
     chat = prepare_chat(state, req)
     tools, forced, n_logprobs = chat.tools, chat.forced, chat.n_logprobs
-    job = jobs.submit(request, chat.tokens, chat.opts)
+    runs = choices.plan([(chat.tokens, chat.opts)], req.n)
+    first_job = jobs.submit(request, chat.tokens, chat.opts)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
-        held = tool_calls.reply_stream(tools, forced)
+        def chunker(c: choices.Choice):
+            held = tool_calls.reply_stream(tools, forced)
 
-        def make_chunk(text, finish_reason, logprobs=None):
-            calls = None
-            if held is not None and (text is not None or finish_reason is not None):
-                text = held.feed(text or "")
-                if finish_reason is not None:
-                    rest, calls = held.finish()
-                    text += rest
-                    finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
-                if not text and finish_reason is None:
-                    return None
-            delta = p.Delta(content=text or None if calls else text,
-                            tool_calls=[p.DeltaToolCall(index=i, **c) for i, c in enumerate(calls)] if calls else None)
-            choice = p.ChunkChoice(delta=delta, finish_reason=finish_reason,
-                                   logprobs=lp.chat(logprobs, state.llm.token_bytes)
-                                   if n_logprobs is not None and logprobs is not None else None)
-            return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[choice])
-        first = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id,
-                                      choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
-        return _respond_stream(request, job, make_chunk, first, req)
-    text, last, logprobs = await jobs.collect(request, job)
+            def make_chunk(text, finish_reason, logprobs=None):
+                calls = None
+                if held is not None and (text is not None or finish_reason is not None):
+                    text = held.feed(text or "")
+                    if finish_reason is not None:
+                        rest, calls = held.finish()
+                        text += rest
+                        finish_reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+                    if not text and finish_reason is None:
+                        return None
+                delta = p.Delta(content=text or None if calls else text, tool_calls=[
+                    p.DeltaToolCall(index=i, **call) for i, call in enumerate(calls)] if calls else None)
+                choice = p.ChunkChoice(index=c.index, delta=delta, finish_reason=finish_reason,
+                                       logprobs=lp.chat(logprobs, state.llm.token_bytes)
+                                       if n_logprobs is not None and logprobs is not None else None)
+                return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[choice])
+            head = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[
+                p.ChunkChoice(index=c.index, delta=p.Delta(role="assistant", content=""))])
+            return head, make_chunk
+        return choices.respond_stream(request, first_job, runs, chunker, req)
+    results = await choices.collect_all(request, first_job, runs)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-    content, calls = tool_calls.reply_parts(tools, forced, text)  # content is the whole text when there are no calls
-    finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
-    message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=content)
-    return p.ChatCompletion(id=rid, created=created, model=state.model_id,
-                            choices=[p.ChatChoice(message=message, finish_reason=finish, logprobs=lp.chat(
-                                logprobs, state.llm.token_bytes) if n_logprobs is not None else None)],
-                            usage=_usage(last.stats), speculative=jobs.speculative(last.stats, job, req.draft_length))
+    out = []
+    for c, (text, last, logprobs) in zip(runs, results):
+        logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
+        content, calls = tool_calls.reply_parts(tools, forced, text)  # content: the whole text when no calls
+        finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
+        message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=content)
+        out.append(p.ChatChoice(index=c.index, message=message, finish_reason=finish, logprobs=lp.chat(
+            logprobs, state.llm.token_bytes) if n_logprobs is not None else None))
+    stats = [last.stats for _, last, _ in results]
+    return p.ChatCompletion(id=rid, created=created, model=state.model_id, choices=out,
+                            usage=choices.usage(runs, stats),
+                            speculative=choices.speculative(stats, first_job, req.draft_length))
+
+
+def _prompts(state, req: p.CompletionRequest) -> list:
+    """(tokens, text) of a completions request's prompts: a text, a list of texts, token ids, or a list of token id
+    lists (their text: the ids' text); with suffix, one text (fill in the middle)."""
+    prompt = req.prompt
+    if req.suffix is not None:  # fill in the middle: the prompt is the text before the insertion point
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise APIError(400, "with suffix, prompt must be the text before the insertion point (a string)",
+                           "invalid_request_error", "prompt", "invalid_value")
+        try:
+            return [(state.llm.infill_prompt(prompt, req.suffix, max_tokens=req.max_tokens or 16), prompt)]
+        except (InvalidOptionError, TypeError) as e:
+            raise APIError(400, str(e), "invalid_request_error", "suffix", "invalid_value") from None
+    several = isinstance(prompt, list) and bool(prompt) and all(isinstance(x, (str, list)) for x in prompt)
+    prompts = prompt if several else [prompt]
+    if len(prompts) > choices.MAX_CHOICES:
+        raise APIError(400, f"at most {choices.MAX_CHOICES} prompts per request, got {len(prompts)}",
+                       "invalid_request_error", "prompt", "invalid_value")
+    out = []
+    for i, one in enumerate(prompts):
+        where = f" (prompt {i})" if several else ""
+        if isinstance(one, list) and not all(isinstance(x, int) and not isinstance(x, bool) for x in one):
+            raise APIError(400, f"prompt must be a text, a list of texts, token ids or a list of token id lists"
+                                f"{where}", "invalid_request_error", "prompt", "invalid_value")
+        if not one:
+            raise APIError(400, f"prompt is empty{where}", "invalid_request_error", "prompt", "invalid_value")
+        tokens = _tokens(state, one, "prompt")
+        out.append((tokens, one if isinstance(one, str) else state.llm.detokenize(tokens)))
+    return out
 
 
 @router.post("/v1/completions", response_model=p.TextCompletion)
 async def completions(request: Request, req: p.CompletionRequest):
     state, t0 = jobs.begin(request, req)
-    prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "one prompt per request: a list of several prompts is not supported",
-                           "invalid_request_error", "prompt", "unsupported_parameter")
-        prompt = prompt[0]
-    if req.suffix is not None:  # fill in the middle: the prompt is the text before the insertion point
-        if not isinstance(prompt, str):
-            raise APIError(400, "with suffix, prompt must be the text before the insertion point (a string)",
-                           "invalid_request_error", "prompt", "invalid_value")
-        try:
-            tokens = state.llm.infill_prompt(prompt, req.suffix, max_tokens=req.max_tokens or 16)
-        except (InvalidOptionError, TypeError) as e:
-            raise APIError(400, str(e), "invalid_request_error", "suffix", "invalid_value") from None
-    elif not prompt:
-        raise APIError(400, "prompt is empty", "invalid_request_error", "prompt", "invalid_value")
-    else:
-        tokens = _tokens(state, prompt)
     n_logprobs = lp.completion_request(req)
-    opts = request_options(state, req, len(tokens), req.max_tokens or 16, n_logprobs)
-    job = jobs.submit(request, tokens, opts)
+    if req.echo and n_logprobs is not None:
+        raise APIError(400, "echo with logprobs would need the prompt tokens' logprobs, which specllm does not "
+                            "compute; leave out one of them", "invalid_request_error", "echo", "unsupported_parameter")
+    prompts = _prompts(state, req)
+    runs = choices.plan([(t, request_options(state, req, len(t), req.max_tokens or 16, n_logprobs))
+                         for t, _ in prompts], req.n)
+    n = len(runs) // len(prompts)
+    echo = [prompts[c.index // n][1] if req.echo else "" for c in runs]  # the prompt's text before each choice
+    first_job = jobs.submit(request, runs[0].tokens, runs[0].opts)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    if req.stream:
-        offset = [0]  # text_offset of the next token
 
-        def make_chunk(text, finish_reason, logprobs=None):
-            body = None
-            if n_logprobs is not None and logprobs is not None:
-                body = lp.completion(logprobs, state.llm.token_bytes, offset[0])
-                offset[0] += sum(len(t) for t in body["tokens"])
-            return p.TextCompletion(id=rid, created=created, model=state.model_id,
-                                    choices=[p.TextChoice(text=text or "", finish_reason=finish_reason, logprobs=body)])
-        return _respond_stream(request, job, make_chunk, None, req)
-    text, last, logprobs = await jobs.collect(request, job)
+    def chunk(c, text, finish_reason, body=None):
+        return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=[
+            p.TextChoice(index=c.index, text=text or "", finish_reason=finish_reason, logprobs=body)])
+    if req.stream:
+        def chunker(c: choices.Choice):
+            offset = [0]  # text_offset of the next token
+
+            def make_chunk(text, finish_reason, logprobs=None):
+                body = None
+                if n_logprobs is not None and logprobs is not None:
+                    body = lp.completion(logprobs, state.llm.token_bytes, offset[0])
+                    offset[0] += sum(len(t) for t in body["tokens"])
+                return chunk(c, text, finish_reason, body)
+            return (chunk(c, echo[c.index], None) if echo[c.index] else None), make_chunk
+        return choices.respond_stream(request, first_job, runs, chunker, req)
+    results = await choices.collect_all(request, first_job, runs)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-    body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
-    return p.TextCompletion(id=rid, created=created, model=state.model_id,
-                            choices=[p.TextChoice(text=text, finish_reason=last.finish_reason, logprobs=body)],
-                            usage=_usage(last.stats), speculative=jobs.speculative(last.stats, job, req.draft_length))
+    out = []
+    for c, (text, last, logprobs) in zip(runs, results):
+        logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
+        body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
+        out.append(p.TextChoice(index=c.index, text=echo[c.index] + text, finish_reason=last.finish_reason,
+                                logprobs=body))
+    stats = [last.stats for _, last, _ in results]
+    return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=out,
+                            usage=choices.usage(runs, stats),
+                            speculative=choices.speculative(stats, first_job, req.draft_length))
 
 
 @router.get("/v1/models", response_model=p.ModelList)
