@@ -73,6 +73,7 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
     }
     plain_ratio_ = shape_ = 1.0; // batch_shape: against these costs
     n_plain_obs_ = n_shape_obs_ = 0;
+    const auto before = t_verify_;
     for (int n = 1; n <= n_max + 1; ++n) {
         const auto hi = std::lower_bound(n_at.begin(), n_at.end(), n);
         const size_t i = (size_t) (hi - n_at.begin());
@@ -83,6 +84,14 @@ void AutoPolicy::set_verify_costs(const std::vector<double> & costs) {
             t_verify_[n] = t_at[i];
             pad_to_[n] = pad_at[i];
         }
+    }
+    // other costs than before (measured again: LLM.measure_costs): what the steps taught against the old ones is
+    // void, the levels start again as at a load. The same costs set again (a drafter swapped in) keep them
+    if (before[1] > 0.0 && before != t_verify_) {
+        verify_scale_ = short_scale_ = batch_ratio_ = 1.0;
+        n_scale_obs_ = n_short_obs_ = n_batch_obs_ = 0;
+        own_ratio_.fill(0.0);
+        n_own_.fill(0);
     }
 }
 

@@ -60,6 +60,11 @@ std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n
             if (n > n_max || (large && r == n_rounds - 1)) {
                 continue;
             }
+            if (interrupt_.load()) { // from another thread (a server's request came): the old costs stay
+                target_->clear();
+                history_.clear();
+                throw Cancelled("the cost measurement was interrupted");
+            }
             const double t1 = time_rows(1);
             const double tn = n > 1 ? time_rows(n) : t1;
             if (r > 0 || large) {

@@ -82,6 +82,10 @@ def make_parser() -> argparse.ArgumentParser:
                         "decoding them again (an editor's rotating chunks of other files; the moved tokens' cache was "
                         "computed after other text, so the output can differ from a fresh prompt's); 256 is what "
                         "llama.vscode suggests (default: 0, off)")
+    g.add_argument("--remeasure-after", type=cli_args.nonnegative_float, default=10.0, metavar="S",
+                   help="once the steps judge the cost profile stale (measured while the machine was busy), measure it "
+                        "again after S seconds without a request; a request interrupts it (default: 10; 0: never, "
+                        "until the next start)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
 
@@ -229,7 +233,8 @@ def run_serve(args) -> int:
         return LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
 
     serve(load, host=args.host, port=args.port, api_key=api_key, cors_origins=args.cors_origin,
-          max_queue=args.max_queue, cache_reuse=args.cache_reuse, log_level=args.log_level)
+          max_queue=args.max_queue, cache_reuse=args.cache_reuse, remeasure_after=args.remeasure_after,
+          log_level=args.log_level)
     return 0
 
 

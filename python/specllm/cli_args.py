@@ -24,6 +24,13 @@ def nonnegative_int(s: str) -> int:
     return n
 
 
+def nonnegative_float(s: str) -> float:
+    v = float(s)
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
+    return v
+
+
 def _temperature(s: str) -> float:
     t = float(s)
     if not 0 <= t < float("inf"):

@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _core, gguf_check, infill, logs, memory, profile
 from . import chat_template as chat_templates
-from .errors import InvalidOptionError, SpecLLMError
+from .errors import Cancelled, InvalidOptionError, SpecLLMError
 from .options import _int, check_load, make_options
 from .options import text as _text
 from .results import Completion, Stats
@@ -182,6 +182,8 @@ class LLM:
         self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
         self._stale_checked = False  # the drafter's profile was judged stale (profile.STALE_LEVEL): not judged again
         self._steps_before = 0  # steps that taught the policy's level before the drafter was set
+        self._measure_lock = threading.Lock()  # guards _measuring: stop_measuring interrupts only a measurement
+        self._measuring = False
         self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)
@@ -413,6 +415,50 @@ class LLM:
         self.last_stats = stats
         self._memory_changed()
         self._check_profile()
+
+    @property
+    def profile_stale(self) -> bool:
+        """Whether this LLM's steps have judged its cost profile stale (measured while the machine ran slower, or
+        its batches' shape bent by other work): measure_costs() takes a new one now, as the next load would."""
+        return self.profile is not None and "stale" in (self._known_profile or {})
+
+    def measure_costs(self) -> bool:
+        """Measures this machine's verify costs (and the draft model's token cost) again, as a load does for a
+        profile on file judged stale, writes them to the profile cache and drafts by them from the next call on:
+        what the steps had taught the policy against the old costs starts again. About a minute on a 2-core CPU;
+        clears the KV cache (the prompt cache keeps its states); waits for a running generation. stop_measuring()
+        from another thread ends it within one timed step: the costs stay as they were and False is returned. A
+        server calls it while idle once its profile was judged stale (`specllm-cli serve --remeasure-after`).
+        Counts as a load that measured again (profile.STALE_LOADS: a profile measured again at 3 loads in a row and
+        still judged stale is kept)."""
+        if self.profile is None:  # no drafter, or profile_costs=False
+            return False
+        o = self._opts.target
+        with Call(self._gate):
+            with self._measure_lock:
+                self._measuring = True
+            try:
+                prof = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "", o.n_threads,
+                                               o.n_gpu_layers, o.repack, self._opts.verify_rows, measure=True)
+            except Cancelled:
+                profile.log.info("measuring the cost profile again was interrupted; the costs stay as they were")
+                return False
+            finally:
+                with self._measure_lock:  # an interrupt meant for the measurement is not left for a generation
+                    self._measuring = False
+                    self._engine.clear_interrupt()
+                logs.drain()
+            self.profile = self._known_profile = prof
+            self._stale_checked = False
+            self._steps_before = self._engine.step_level()[1]  # 0: the levels start again (new costs)
+            return True
+
+    def stop_measuring(self) -> None:
+        """From any thread: a measure_costs() in progress ends within one timed step (it returns False); nothing
+        otherwise (a generation is not interrupted)."""
+        with self._measure_lock:
+            if self._measuring:
+                self._engine.interrupt()
 
     def _check_profile(self) -> None:
         """A cost profile the steps have run far below is marked, to be measured again at the next load."""

@@ -272,14 +272,16 @@ def _write(path: Path, prof: dict) -> None:
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
-                    verify_rows: int = 0, known: dict | None = None, swapped: bool = False) -> dict:
+                    verify_rows: int = 0, known: dict | None = None, swapped: bool = False,
+                    measure: bool = False) -> dict:
     """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now. `known`: a
     profile of the same target and settings with another drafter, whose verify costs are taken instead of
     measured (measuring clears the target's KV cache). swapped: the drafter changed under a live KV cache, so a
-    profile on file is taken as it is even if busy (a busy one is measured again at a load, never here)."""
+    profile on file is taken as it is even if busy (a busy one is measured again at a load, never here). measure:
+    measured now whatever is on file (LLM.measure_costs), counted as a load that measured a stale profile again."""
     sizes = sizes_for(verify_rows)
     path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
-    prof = cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
+    prof = None if measure else cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
     if prof is not None and known is not None and "stale" in known and "stale" not in prof:
         shape_mark = {"stale_shape": known["stale_shape"]} if "stale_shape" in known else {}
         if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows,

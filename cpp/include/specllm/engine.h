@@ -147,7 +147,8 @@ class Engine {
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
     // size n that fits the context after n_prefix tokens, 0 for sizes not measured; and the draft model's per-token
-    // time. Clears the KV caches
+    // time. Clears the KV caches. interrupt() from another thread ends profile_verify within one timed pair
+    // (throws Cancelled; the interrupt stays until clear_interrupt)
     std::vector<double> profile_verify(const std::vector<int> & sizes, int n_reps, int n_prefix = 32);
     double profile_draft(int n_reps);
 

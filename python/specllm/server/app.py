@@ -116,17 +116,22 @@ KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
                cors_origins: Sequence[str] = (), max_queue: int = 16, max_body: int = DEFAULT_MAX_BODY,
-               cache_reuse: int = 0) -> FastAPI:
+               cache_reuse: int = 0, remeasure_after: float = 10.0) -> FastAPI:
     """An ASGI app serving llm over the OpenAI API. llm: a loaded LLM, or a function that loads one (called on
     the worker thread at startup; /health answers 503 until it returns). The app owns a worker thread while it
     runs (its lifespan): run it under uvicorn or another ASGI server, or drive it with starlette's TestClient.
-    cache_reuse: every request's cache_reuse unless it gives n_cache_reuse (llama-server's --cache-reuse)."""
+    cache_reuse: every request's cache_reuse unless it gives n_cache_reuse (llama-server's --cache-reuse).
+    remeasure_after: idle seconds before a cost profile the steps judged stale is measured again (worker.py); 0:
+    never (until the next start)."""
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"max_queue must be an int >= 1, got {max_queue!r}")
     if isinstance(cache_reuse, bool) or not isinstance(cache_reuse, int) or cache_reuse < 0:
         raise ValueError(f"cache_reuse must be an int >= 0, got {cache_reuse!r}")
+    if isinstance(remeasure_after, bool) or not isinstance(remeasure_after, (int, float)) or not \
+            0 <= remeasure_after < float("inf"):
+        raise ValueError(f"remeasure_after must be a number of seconds >= 0 (0: never), got {remeasure_after!r}")
     metrics = Metrics()
-    worker = Worker(llm, max_queue, metrics)
+    worker = Worker(llm, max_queue, metrics, remeasure_after=float(remeasure_after))
     state = State(worker, metrics, model_id, max_queue)
     state.cache_reuse = cache_reuse
 

@@ -40,6 +40,9 @@ class Metrics:
                                       registry=r)
         self.request_seconds = Histogram("specllm_request_seconds", "time from the request to its last byte",
                                          ["endpoint"], buckets=_LATENCY, registry=r)
+        self.profile_measured = Counter("specllm_cost_profile_remeasured",
+                                        "stale cost profiles measured again while idle, by outcome (measured, or "
+                                        "interrupted by a request)", ["outcome"], registry=r)
 
     def finished(self, stats, finish_reason) -> None:
         if stats is None:

@@ -6,6 +6,11 @@ place (it stays in the queue until the worker skips it, but a new request is not
 A job's events (chunks, the end, an error) go to the request's asyncio queue on the event loop. job.cancel() may
 be called from the event loop at any time (the client went away): a queued job is skipped, a running one stops
 within one speculative step (one prompt batch during prompt processing) through Stream.cancel().
+
+Once the LLM's steps have judged its cost profile stale (LLM.profile_stale: measured while the machine was busy),
+the worker measures it again after `remeasure_after` seconds without a job (LLM.measure_costs) instead of drafting
+by it until the next start; a job that comes meanwhile interrupts the measurement within one timed step and runs,
+and the next idle spell tries again after twice the wait (up to an hour).
 """
 from __future__ import annotations
 
@@ -105,7 +110,8 @@ class Job:
 class Worker:
     """Owns the LLM (or loads it from a factory on its own thread) and runs jobs in order."""
 
-    def __init__(self, llm: Union[LLM, Callable[[], LLM]], max_queue: int, metrics: Metrics):
+    def __init__(self, llm: Union[LLM, Callable[[], LLM]], max_queue: int, metrics: Metrics,
+                 remeasure_after: float = 10.0):
         self.llm: Optional[LLM] = llm if isinstance(llm, LLM) else None
         self._factory = None if isinstance(llm, LLM) else llm
         self.load_error: Optional[BaseException] = None
@@ -113,6 +119,9 @@ class Worker:
         self.on_ready: Optional[Callable[[LLM], None]] = None  # called on the worker thread once it is loaded
         self.metrics = metrics
         self.max_queue = max_queue
+        self.remeasure_after = remeasure_after  # idle seconds before a stale profile is measured again; 0: never
+        self._idle_wait = remeasure_after  # doubled by each interrupted measurement
+        self._measuring = False
         self._waiting: collections.deque = collections.deque()  # Jobs, and None to stop the thread
         self._cond = threading.Condition()
         self._running: Optional[Job] = None
@@ -146,6 +155,8 @@ class Worker:
                 raise QueueFull
             self._waiting.append(job)
             self._cond.notify()
+            if self._measuring:  # the job runs now; the measurement waits for the next idle spell
+                self.llm.stop_measuring()
         self.metrics.queue_depth.set(live + 1)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -157,6 +168,8 @@ class Worker:
             self._waiting.clear()
             self._waiting.append(None)
             self._cond.notify()
+            if self._measuring:
+                self.llm.stop_measuring()
         for job in dropped:
             job.cancel(ServerStopping())
             job.post("end")
@@ -165,6 +178,35 @@ class Worker:
                 self._running.cancel(ServerStopping())
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _remeasure_due(self, idle_from: float) -> Optional[float]:
+        """Seconds until a stale profile is to be measured again (<= 0: now), None if it is not (under _cond)."""
+        if self.llm is None or self.remeasure_after <= 0 or not self.llm.profile_stale:
+            return None
+        return idle_from + self._idle_wait - time.monotonic()
+
+    def _measure(self) -> None:
+        log.info("the cost profile was judged stale (measured while the machine was busy?): measuring it again "
+                 "while no request waits")
+        t0 = time.monotonic()
+        try:
+            done = self.llm.measure_costs()
+        except Exception:  # a decode error while measuring: the old costs stay, the server goes on
+            log.exception("measuring the cost profile again failed; the costs stay as they were")
+            done = False
+        finally:
+            with self._cond:
+                self._measuring = False
+        if done:
+            self._idle_wait = self.remeasure_after
+            self.metrics.profile_measured.labels(outcome="measured").inc()
+            log.info("measured the cost profile again in %.1f s: T(1) = %.1f ms", time.monotonic() - t0,
+                     self.llm.profile["verify_ms"][0])
+        else:
+            self._idle_wait = min(3600.0, 2 * self._idle_wait)
+            self.metrics.profile_measured.labels(outcome="interrupted").inc()
+            log.info("measuring the cost profile again was interrupted by a request; trying again after %.0f s "
+                     "without one", self._idle_wait)
 
     def _loop(self) -> None:
         if self._factory is not None:
@@ -181,10 +223,21 @@ class Worker:
                 self.on_ready(self.llm)
         while True:
             with self._cond:
+                idle_from = time.monotonic()
                 while not self._waiting:
-                    self._cond.wait()
-                job = self._waiting.popleft()
-                live = self._live()
+                    due = self._remeasure_due(idle_from)
+                    if due is not None and due <= 0:
+                        self._measuring = True
+                        break
+                    self._cond.wait(due)
+                if self._measuring:
+                    job = None
+                else:
+                    job = self._waiting.popleft()
+                    live = self._live()
+            if self._measuring:
+                self._measure()
+                continue
             self.metrics.queue_depth.set(live)
             if job is None:
                 return

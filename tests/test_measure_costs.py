@@ -1,0 +1,151 @@
+"""A cost profile the steps judged stale is measured again without a restart: LLM.measure_costs() in-process
+(interruptible from another thread by stop_measuring(), the old costs kept then), and `specllm-cli serve`, which
+measures it while no request waits (--remeasure-after) and lets a request that comes meanwhile interrupt it."""
+
+import contextlib
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+import specllm
+from specllm import _core, profile
+
+from serving import Server
+
+SLOW = [1000.0 + 500.0 * n for n in range(48)]  # 1 s a step: the tiny models' take well under 10 ms
+
+
+def _stale_llm(tiny, tmp_path, monkeypatch, model="target", **kw):
+    """An LLM whose profile on file is 100-1000 x too dear, judged stale by a generation."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    with monkeypatch.context() as m:
+        m.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps, n_prefix=32: SLOW[:max(sizes)])
+        specllm.LLM(tiny[model], "ngram", n_threads=1, n_ctx=256, **kw)
+    llm = specllm.LLM(tiny[model], "ngram", n_threads=1, n_ctx=256, **kw)  # from the file, as it is
+    assert llm.profile["verify_ms"][0] == SLOW[0] and not llm.profile_stale
+    llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
+    assert llm.profile_stale
+    (path,) = tmp_path.glob("*.json")
+    assert "stale" in json.loads(path.read_text())
+    return llm, path
+
+
+def test_a_stale_profile_is_measured_again_in_process(tiny, tmp_path, monkeypatch):
+    llm, path = _stale_llm(tiny, tmp_path, monkeypatch)
+    want = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256).generate("the cat", max_tokens=30).tokens
+    assert llm._engine.step_level()[1] >= profile.STALE_STEPS
+    assert llm.measure_costs() is True
+    on_file = json.loads(path.read_text())
+    assert llm.profile["verify_ms"][0] < 100.0 and on_file["verify_ms"] == llm.profile["verify_ms"]
+    assert "stale" not in on_file and on_file["stale_loads"] == 1  # counted as a load that measured it again
+    assert not llm.profile_stale
+    assert llm._engine.verify_costs()[0] == pytest.approx(llm.profile["verify_ms"][0])
+    assert llm._engine.step_level() == (1.0, 0)  # what the steps taught against the old costs starts again
+    assert llm.generate("the cat", max_tokens=30).tokens == want  # drafting by the new costs
+    # no drafter, or no profiling: nothing to measure
+    assert specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256).measure_costs() is False
+    assert specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=False).measure_costs() is False
+
+
+def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
+    # the slow tiny model takes ~3 s to measure: interrupted from another thread well before that
+    llm, path = _stale_llm(tiny, tmp_path, monkeypatch, model="slow")
+    before = json.loads(path.read_text())
+    result = []
+    t = threading.Thread(target=lambda: result.append(llm.measure_costs()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not llm._measuring and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    llm.stop_measuring()
+    t.join(10)
+    assert result == [False] and time.monotonic() - t0 < 1.0
+    assert llm.profile["verify_ms"][0] == SLOW[0] and llm.profile_stale
+    assert json.loads(path.read_text()) == before  # nothing written: the next idle spell or load measures it
+    out = llm.generate("the cat", max_tokens=8)  # the interrupt was not left for the generation
+    assert out.finish_reason == "length"
+    llm.stop_measuring()  # outside a measurement: nothing happens
+    assert llm.generate("the cat", max_tokens=8).finish_reason == "length"
+
+
+@contextlib.contextmanager
+def _slow_profile_server(tiny, tmp_path, *extra):
+    """A server of the slow tiny model whose profile on file says its steps cost 20 x what they do (stopped at the
+    end)."""
+    env = {"SPECLLM_PROFILES": str(tmp_path / "profiles")}
+    args = ("--model", tiny["slow"], "--draft", "ngram", "--threads", "1", "--ctx", "1024")
+    s = Server(*args, env=env, log_path=tmp_path / "first.log").wait_healthy()
+    assert s.stop(signal.SIGINT) == 0, s.log()
+    (path,) = (tmp_path / "profiles").glob("*.json")
+    prof = json.loads(path.read_text())
+    real = prof["verify_ms"][0]
+    path.write_text(json.dumps(dict(prof, verify_ms=[20 * v for v in prof["verify_ms"]])))
+    s = Server(*args, *extra, env=env, log_path=tmp_path / "server.log").wait_healthy()
+    try:
+        yield s, path, real
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()
+
+
+def _judge(s):
+    r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "the cat sat on the mat", "max_tokens": 60,
+                                                    "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_the_server_measures_a_stale_profile_again_while_idle(tiny, tmp_path):
+    with _slow_profile_server(tiny, tmp_path, "--remeasure-after", "0.5") as (s, path, real):
+        _judge(s)  # its steps show the profile 20 x too dear: judged stale, then measured while idle
+        assert s.wait_metric("specllm_cost_profile_remeasured_total", 1, timeout=60, outcome="measured") == 1
+        on_file = json.loads(path.read_text())
+        assert "stale" not in on_file and on_file["verify_ms"][0] < 5 * real, (on_file, real)
+        assert "measured the cost profile again" in s.log()
+        _judge(s)  # and serves on
+
+
+def test_a_request_interrupts_the_measurement(tiny, tmp_path):
+    with _slow_profile_server(tiny, tmp_path, "--remeasure-after", "0.2") as (s, path, real):
+        _judge(s)
+        deadline = time.monotonic() + 30
+        while "measuring it again while no request waits" not in s.log() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "the cat", "max_tokens": 4}, timeout=30)
+        assert r.status_code == 200 and time.monotonic() - t0 < 2.0, (r.text, time.monotonic() - t0)
+        assert s.metric("specllm_cost_profile_remeasured_total", outcome="interrupted") == 1
+        assert "stale" in json.loads(path.read_text())  # the old costs kept, on file too
+        # idle again (after twice the wait): measured
+        assert s.wait_metric("specllm_cost_profile_remeasured_total", 1, timeout=60, outcome="measured") == 1
+        assert "stale" not in json.loads(path.read_text())
+
+
+def test_remeasure_after_0_never_measures(tiny, tmp_path):
+    with _slow_profile_server(tiny, tmp_path, "--remeasure-after", "0") as (s, path, real):
+        _judge(s)
+        time.sleep(1.5)
+        assert "stale" in json.loads(path.read_text())
+        assert s.metric("specllm_cost_profile_remeasured_total", outcome="measured") == 0
+
+
+@pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), "10", True])
+def test_a_bad_remeasure_after_is_refused(bad):
+    from specllm.server.app import create_app
+
+    with pytest.raises(ValueError, match="remeasure_after"):
+        create_app(lambda: None, remeasure_after=bad)
+
+
+def test_a_bad_remeasure_after_flag_is_a_usage_error():
+    import subprocess
+    import sys
+
+    for bad in ("-1", "soon", "inf"):
+        r = subprocess.run([sys.executable, "-m", "specllm.cli", "serve", "--remeasure-after", bad],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--remeasure-after" in r.stderr and "Traceback" not in r.stderr, r.stderr
