@@ -68,7 +68,7 @@ def apply_engine_settings(llm, settings: dict) -> None:
     for name, value in settings.items():
         getattr(llm._engine, "set_" + name)(value)
         if name == "verify_costs" and llm.profile is not None:
-            llm.profile = dict(llm.profile, verify_ms=list(value))
+            llm._costs.profile = dict(llm.profile, verify_ms=list(value))
 
 
 @dataclass

@@ -239,7 +239,7 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     # a drafter set later takes these costs with both marks: from its own file holding them, or from the profile
     pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args[2:])
     pair_file.write_text(json.dumps(dict(plain, draft_token_ms=0.05)))
-    llm._known_profile = judged  # as LLM._check_profile keeps it
+    llm._costs.known = judged  # as Costs.check keeps it
     llm.set_draft(tiny["draft"], ngram=True)
     for prof in (llm.profile, json.loads(pair_file.read_text())):
         assert prof["stale"] == 0.95 and prof["stale_shape"] == 1.3, prof
@@ -282,11 +282,11 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
     args = (1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
     (ngram_file,) = tmp_path.glob("*.json")
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
-    assert "stale" in json.loads(ngram_file.read_text()) and llm._stale_checked
+    assert "stale" in json.loads(ngram_file.read_text()) and llm._costs.stale_checked
     llm.set_draft(tiny["draft"], ngram=True)  # the pair's costs: the target's known ones, not measured
     assert len(measured) == 1 and llm.profile["verify_ms"] == slow[:len(llm.profile["verify_ms"])]
     pair_file = profile._path(llm.model_path, llm.draft_path, *args)
-    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
+    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._costs.stale_checked
     assert profile.cached(llm.model_path, llm.draft_path, *args) is None  # measured again at the next load
 
     # measured again, busy once more, at each load: counted, and kept after STALE_LOADS
@@ -298,7 +298,7 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
             llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
         assert llm._engine.step_level()[1] >= profile.STALE_STEPS  # enough steps to judge
         on_file = json.loads(ngram_file.read_text())
-        assert on_file["stale_loads"] == n and llm._stale_checked
+        assert on_file["stale_loads"] == n and llm._costs.stale_checked
         assert ("stale" in on_file) == (n < profile.STALE_LOADS), n
         kept = [r for r in caplog.records if "kept as it is" in r.getMessage()]
         assert bool(kept) == (n == profile.STALE_LOADS), n
@@ -379,7 +379,7 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert "stale" in json.loads(ngram_file.read_text())
     llm.set_draft(tiny["draft"], ngram=True)
-    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
+    assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._costs.stale_checked
 
     # a drafter with its own costs is judged by the steps run with it, not by the level learned before the swap
     pair_file.write_text(json.dumps(dict(json.loads(pair_file.read_text()), verify_ms=[v + 1.0 for v in slow][
@@ -392,14 +392,14 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert llm._engine.step_level()[0] < profile.STALE_LEVEL
     llm.set_draft(tiny["draft"], ngram=True)
-    assert "stale" not in llm.profile and not llm._stale_checked
+    assert "stale" not in llm.profile and not llm._costs.stale_checked
     llm.generate("the cat sat", max_tokens=4, ignore_eos=True)  # too few steps since the swap to judge
     assert "stale" not in json.loads(pair_file.read_text())
     for _ in range(10):  # with a draft model, fewer of the steps are plain ones, which teach the level
         llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
-        if llm._engine.step_level()[1] - llm._steps_before >= profile.STALE_STEPS:
+        if llm._engine.step_level()[1] - llm._costs.steps_before >= profile.STALE_STEPS:
             break
-    assert "stale" in json.loads(pair_file.read_text()) and llm._stale_checked
+    assert "stale" in json.loads(pair_file.read_text()) and llm._costs.stale_checked
 
 
 # --- checked indices

@@ -59,7 +59,7 @@ def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
     t = threading.Thread(target=lambda: result.append(llm.measure_costs()))
     t.start()
     deadline = time.monotonic() + 10
-    while not llm._measuring and time.monotonic() < deadline:
+    while not llm._costs.measuring and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.1)
     t0 = time.monotonic()

@@ -16,9 +16,9 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _core, gguf_check, infill, logs, memory, profile
+from . import _core, costs, gguf_check, infill, logs, memory
 from . import chat_template as chat_templates
-from .errors import Cancelled, InvalidOptionError, SpecLLMError
+from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, check_load, make_options
 from .options import text as _text
 from .results import Completion, Stats
@@ -178,12 +178,6 @@ class LLM:
         self.seed = seed
         self._model = model  # as given: a registry name finds its default draft (set_draft)
         self._opts = opts
-        self._profile_costs = profile_costs
-        self._known_profile: Optional[dict] = None  # the target's verify costs, kept across set_draft
-        self._stale_checked = False  # the drafter's profile was judged stale (profile.STALE_LEVEL): not judged again
-        self._steps_before = 0  # steps that taught the policy's level before the drafter was set
-        self._measure_lock = threading.Lock()  # guards _measuring: stop_measuring interrupts only a measurement
-        self._measuring = False
         self._gate = Gate(float(stream_idle_timeout))
         try:
             self._engine = _core.Engine(opts)
@@ -203,7 +197,7 @@ class LLM:
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
-        self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
+        self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
         self._drafter_loaded(draft, swapped=False)
         if self._memory_file is not None:
             saved = self._memory_file.read(self._engine.target.n_vocab)
@@ -239,21 +233,12 @@ class LLM:
         has_model = opts.draft_kind in (_core.DraftKind.model, _core.DraftKind.hybrid)
         self.draft = draft
         self.draft_path = opts.draft.path if has_model else None
-        self.profile = None
-        if self._profile_costs and opts.draft_kind != _core.DraftKind.none:
-            args = (opts.target.n_threads, opts.target.n_gpu_layers, opts.target.repack, opts.verify_rows)
-            # the target's verify costs from an earlier profile (of this LLM, or cached for this target with the
-            # n-gram drafter): measuring them again would clear the target's KV cache. A busy profile is measured
-            # again at a load only: after a swap it is taken as it is (the conversation's cache stays)
-            known = self._known_profile or profile.cached(self.model_path, "", *args, busy_ok=swapped)
-            self.profile = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "", *args,
-                                                   known=known, swapped=swapped)
-            self._known_profile = self.profile
-            logs.drain()
-        # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is, by the
-        # steps run with it (the level so far was learned against the costs before)
-        self._stale_checked = self.profile is not None and "stale" in self.profile
-        self._steps_before = self._engine.step_level()[1]
+        self._costs.drafter_loaded(self.draft_path, opts.draft_kind != _core.DraftKind.none, swapped)
+
+    @property
+    def profile(self) -> Optional[dict]:
+        """The cost profile of the current drafter (None without one, or with profile_costs=False)."""
+        return self._costs.profile
 
     @property
     def hybrid(self) -> bool:
@@ -414,13 +399,13 @@ class LLM:
     def _finished(self, stats: Stats) -> None:  # the stream still holds the gate
         self.last_stats = stats
         self._memory_changed()
-        self._check_profile()
+        self._costs.check(self.draft_path)
 
     @property
     def profile_stale(self) -> bool:
         """Whether this LLM's steps have judged its cost profile stale (measured while the machine ran slower, or
         its batches' shape bent by other work): measure_costs() takes a new one now, as the next load would."""
-        return self.profile is not None and "stale" in (self._known_profile or {})
+        return self._costs.stale
 
     def measure_costs(self) -> bool:
         """Measures this machine's verify costs (and the draft model's token cost) again, as a load does for a
@@ -430,46 +415,14 @@ class LLM:
         from another thread ends it within one timed step: the costs stay as they were and False is returned. A
         server calls it while idle once its profile was judged stale (`specllm-cli serve --remeasure-after`).
         Counts as a load that measured again (profile.STALE_LOADS: a profile measured again at 3 loads in a row and
-        still judged stale is kept)."""
-        if self.profile is None:  # no drafter, or profile_costs=False
-            return False
-        o = self._opts.target
+        still judged stale is kept). False without a drafter or with profile_costs=False."""
         with Call(self._gate):
-            with self._measure_lock:
-                self._measuring = True
-            try:
-                prof = profile.load_or_measure(self._engine, self.model_path, self.draft_path or "", o.n_threads,
-                                               o.n_gpu_layers, o.repack, self._opts.verify_rows, measure=True)
-            except Cancelled:
-                profile.log.info("measuring the cost profile again was interrupted; the costs stay as they were")
-                return False
-            finally:
-                with self._measure_lock:  # an interrupt meant for the measurement is not left for a generation
-                    self._measuring = False
-                    self._engine.clear_interrupt()
-                logs.drain()
-            self.profile = self._known_profile = prof
-            self._stale_checked = False
-            self._steps_before = self._engine.step_level()[1]  # 0: the levels start again (new costs)
-            return True
+            return self._costs.measure(self.draft_path)
 
     def stop_measuring(self) -> None:
         """From any thread: a measure_costs() in progress ends within one timed step (it returns False); nothing
         otherwise (a generation is not interrupted)."""
-        with self._measure_lock:
-            if self._measuring:
-                self._engine.interrupt()
-
-    def _check_profile(self) -> None:
-        """A cost profile the steps have run far below is marked, to be measured again at the next load."""
-        if self.profile is not None and not self._stale_checked:
-            o = self._opts.target
-            judged = profile.mark_if_stale(self._engine, self.profile, self.model_path, [self.draft_path or "", ""],
-                                           o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows,
-                                           self._steps_before)
-            if judged is not None:  # a drafter set later takes these verify costs with the mark (load_or_measure)
-                self._stale_checked = True
-                self._known_profile = judged
+        self._costs.stop()
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])

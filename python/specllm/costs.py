@@ -1,0 +1,89 @@
+"""The cost profile an LLM drafts by: taken from the cache (or measured) when a drafter is set, judged after each
+generation (profile.mark_if_stale), and measured again on request (LLM.measure_costs). profile.py measures and
+keeps the files; Costs is the LLM's part: which profile is in use, whether its steps judged it stale, and the
+measurement another thread may interrupt."""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from . import logs, profile
+from .errors import Cancelled
+
+
+class Costs:
+    def __init__(self, engine, opts, model_path: str, enabled: bool):
+        self._engine = engine
+        self._opts = opts  # the LLM's load options (set_draft changes their drafter in place)
+        self._model_path = model_path
+        self._enabled = enabled  # LLM(profile_costs=...)
+        self.profile: Optional[dict] = None  # the cost profile of the current drafter (None without one)
+        self.known: Optional[dict] = None  # the target's verify costs, kept across set_draft
+        self.stale_checked = False  # the drafter's profile was judged stale (profile.STALE_LEVEL): not judged again
+        self.steps_before = 0  # steps that taught the policy's level before the drafter was set
+        self._lock = threading.Lock()  # guards measuring: stop() interrupts only a measurement
+        self.measuring = False
+
+    def _args(self) -> tuple:
+        o = self._opts.target
+        return o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows
+
+    def drafter_loaded(self, draft_path: Optional[str], has_drafter: bool, swapped: bool) -> None:
+        """A drafter was set (at load, or swapped in under a live KV cache): its profile from the cache, or measured."""
+        self.profile = None
+        if self._enabled and has_drafter:
+            args = self._args()
+            # the target's verify costs from an earlier profile (of this LLM, or cached for this target with the
+            # n-gram drafter): measuring them again would clear the target's KV cache. A busy profile is measured
+            # again at a load only: after a swap it is taken as it is (the conversation's cache stays)
+            known = self.known or profile.cached(self._model_path, "", *args, busy_ok=swapped)
+            self.profile = profile.load_or_measure(self._engine, self._model_path, draft_path or "", *args,
+                                                   known=known, swapped=swapped)
+            self.known = self.profile
+            logs.drain()
+        # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is, by the
+        # steps run with it (the level so far was learned against the costs before)
+        self.stale_checked = self.profile is not None and "stale" in self.profile
+        self.steps_before = self._engine.step_level()[1]
+
+    def check(self, draft_path: Optional[str]) -> None:
+        """After a generation: a cost profile the steps have run far below is marked, to be measured again at the
+        next load (or by measure())."""
+        if self.profile is not None and not self.stale_checked:
+            judged = profile.mark_if_stale(self._engine, self.profile, self._model_path, [draft_path or "", ""],
+                                           *self._args(), self.steps_before)
+            if judged is not None:  # a drafter set later takes these verify costs with the mark (load_or_measure)
+                self.stale_checked = True
+                self.known = judged
+
+    @property
+    def stale(self) -> bool:
+        return self.profile is not None and "stale" in (self.known or {})
+
+    def measure(self, draft_path: Optional[str]) -> bool:
+        """LLM.measure_costs (the caller holds the LLM's gate)."""
+        if self.profile is None:  # no drafter, or profile_costs=False
+            return False
+        with self._lock:
+            self.measuring = True
+        try:
+            prof = profile.load_or_measure(self._engine, self._model_path, draft_path or "", *self._args(),
+                                           measure=True)
+        except Cancelled:
+            profile.log.info("measuring the cost profile again was interrupted; the costs stay as they were")
+            return False
+        finally:
+            with self._lock:  # an interrupt meant for the measurement is not left for a generation
+                self.measuring = False
+                self._engine.clear_interrupt()
+            logs.drain()
+        self.profile = self.known = prof
+        self.stale_checked = False
+        self.steps_before = self._engine.step_level()[1]  # 0: the levels start again (new costs)
+        return True
+
+    def stop(self) -> None:
+        """LLM.stop_measuring: from any thread."""
+        with self._lock:
+            if self.measuring:
+                self._engine.interrupt()
