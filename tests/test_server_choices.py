@@ -98,3 +98,18 @@ def test_leaving_a_stream_of_several_choices_runs_no_more_of_them(server, client
     t0 = time.monotonic()
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
     assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+
+
+def test_leaving_a_request_for_several_choices_runs_no_more_of_them(server, client):
+    before = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running")
+    queued = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", headers=AUTH, timeout=1.0,
+                   json={"messages": MESSAGES, "max_tokens": LONG, "n": 3})
+    assert server.wait_metric("specllm_requests_cancelled_total", before + 1, headers=AUTH,
+                              stage="running") == before + 1
+    t0 = time.monotonic()
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
+    assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+    assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == before + 1
+    assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued") == queued  # none queued

@@ -71,11 +71,14 @@ def speculative(stats: List[Stats], first_job: Job, draft_length) -> p.Speculati
 
 
 async def collect_all(request: Request, first_job: Job, choices: List[Choice]) -> list:
-    """(text, last chunk, logprobs) of every choice, one after another; the first's job is already queued."""
+    """(text, last chunk, logprobs) of every choice, one after another; the first's job is already queued. A client
+    gone (a job cancelled) queues no more of them."""
     out = []
     for c in choices:
         job = first_job if c.index == 0 else jobs.submit(request, c.tokens, c.opts)
         out.append(await jobs.collect(request, job))
+        if job.cancelled:
+            break
     return out
 
 
