@@ -65,7 +65,7 @@ def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
     t0 = time.monotonic()
     llm.stop_measuring()
     t.join(10)
-    assert result == [False] and time.monotonic() - t0 < 1.0
+    assert result == [False] and time.monotonic() - t0 < 5.0  # interrupted (a whole measurement returns True)
     assert llm.profile["verify_ms"][0] == SLOW[0] and llm.profile_stale
     assert json.loads(path.read_text()) == before  # nothing written: the next idle spell or load measures it
     out = llm.generate("the cat", max_tokens=8)  # the interrupt was not left for the generation
@@ -108,7 +108,7 @@ def test_the_server_measures_a_stale_profile_again_while_idle(tiny, tmp_path):
         _judge(s)  # its steps show the profile 20 x too dear: judged stale, then measured while idle
         assert s.wait_metric("specllm_cost_profile_remeasured_total", 1, timeout=60, outcome="measured") == 1
         on_file = json.loads(path.read_text())
-        assert "stale" not in on_file and on_file["verify_ms"][0] < 5 * real, (on_file, real)
+        assert "stale" not in on_file and on_file["verify_ms"][0] < 10 * real, (on_file, real)  # was 20 x
         assert "measured the cost profile again" in s.log()
         _judge(s)  # and serves on
 
@@ -121,7 +121,9 @@ def test_a_request_interrupts_the_measurement(tiny, tmp_path):
             time.sleep(0.02)
         t0 = time.monotonic()
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "the cat", "max_tokens": 4}, timeout=30)
-        assert r.status_code == 200 and time.monotonic() - t0 < 2.0, (r.text, time.monotonic() - t0)
+        assert r.status_code == 200 and time.monotonic() - t0 < 10.0, (r.text, time.monotonic() - t0)
+        # interrupted, not waited for (the measurement takes ~3 s quiet: the request waited that long without the
+        # interrupt, and the outcome was "measured")
         assert s.metric("specllm_cost_profile_remeasured_total", outcome="interrupted") == 1
         assert "stale" in json.loads(path.read_text())  # the old costs kept, on file too
         # idle again (after twice the wait): measured
@@ -153,3 +155,70 @@ def test_a_bad_remeasure_after_flag_is_a_usage_error():
         r = subprocess.run([sys.executable, "-m", "specllm.cli", "serve", "--remeasure-after", bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--remeasure-after" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+class _FakeEngine:
+    def __init__(self):
+        self.flag = threading.Event()
+
+    def interrupt(self):
+        self.flag.set()
+
+    def clear_interrupt(self):
+        self.flag.clear()
+
+
+class _FakeLLM:
+    """A stale profile whose measurement takes `begin` s before it looks at the engine's interrupt (the window between
+    the worker deciding to measure and the measurement starting), then 1 s unless interrupted."""
+
+    def __init__(self, begin):
+        self._engine = _FakeEngine()
+        self.begin = begin
+        self.profile_stale = True
+        self.profile = {"verify_ms": [1.0]}
+        self.measured = []  # per measurement: completed (True) or interrupted
+
+    def measure_costs(self):
+        time.sleep(self.begin)
+        done = not self._engine.flag.wait(1)
+        self.measured.append(done)
+        self.profile_stale = not done
+        return done
+
+
+class _FakeJob:
+    cancelled = False
+
+    def __init__(self):
+        self.ran = threading.Event()
+        self.interrupt_left = None
+
+    def run(self, llm, metrics):
+        self.interrupt_left = llm._engine.flag.is_set()
+        self.ran.set()
+
+
+def test_a_job_interrupts_a_measurement_the_worker_has_only_decided_on():
+    from specllm.server.metrics import Metrics
+    from specllm.server.worker import Worker
+
+    llm = _FakeLLM(begin=0.5)
+    worker = Worker(lambda: llm, 4, Metrics(), remeasure_after=0.05)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not worker._measuring and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert worker._measuring and not llm.measured  # decided on, not begun
+        job = _FakeJob()
+        t0 = time.monotonic()
+        worker.submit(job)
+        assert job.ran.wait(5) and time.monotonic() - t0 < 5.0
+        assert llm.measured == [False] and job.interrupt_left is False  # interrupted; the flag not left for the job
+        deadline = time.monotonic() + 10  # idle again (after twice the wait): measured
+        while llm.measured != [False, True] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert llm.measured == [False, True] and not llm._engine.flag.is_set()
+    finally:
+        worker.stop()

@@ -155,8 +155,7 @@ class Worker:
                 raise QueueFull
             self._waiting.append(job)
             self._cond.notify()
-            if self._measuring:  # the job runs now; the measurement waits for the next idle spell
-                self.llm.stop_measuring()
+            self._interrupt_measuring()  # the job runs now; the measurement waits for the next idle spell
         self.metrics.queue_depth.set(live + 1)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -168,8 +167,7 @@ class Worker:
             self._waiting.clear()
             self._waiting.append(None)
             self._cond.notify()
-            if self._measuring:
-                self.llm.stop_measuring()
+            self._interrupt_measuring()
         for job in dropped:
             job.cancel(ServerStopping())
             job.post("end")
@@ -178,6 +176,12 @@ class Worker:
                 self._running.cancel(ServerStopping())
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _interrupt_measuring(self) -> None:
+        """(under _cond) A measurement decided on ends within one timed step, even one not begun yet: the engine's
+        interrupt, which _measure clears once it is over (LLM.stop_measuring would miss one not begun yet)."""
+        if self._measuring:
+            self.llm._engine.interrupt()
 
     def _remeasure_due(self, idle_from: float) -> Optional[float]:
         """Seconds until a stale profile is to be measured again (<= 0: now), None if it is not (under _cond)."""
@@ -195,8 +199,9 @@ class Worker:
             log.exception("measuring the cost profile again failed; the costs stay as they were")
             done = False
         finally:
-            with self._cond:
+            with self._cond:  # an interrupt that came after the measurement ended is not left for the next job
                 self._measuring = False
+                self.llm._engine.clear_interrupt()
         if done:
             self._idle_wait = self.remeasure_after
             self.metrics.profile_measured.labels(outcome="measured").inc()
