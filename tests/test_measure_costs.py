@@ -119,6 +119,7 @@ def test_a_request_interrupts_the_measurement(tiny, tmp_path):
         deadline = time.monotonic() + 30
         while "measuring it again while no request waits" not in s.log() and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert "measuring it again while no request waits" in s.log(), s.log()
         t0 = time.monotonic()
         r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "the cat", "max_tokens": 4}, timeout=30)
         assert r.status_code == 200 and time.monotonic() - t0 < 10.0, (r.text, time.monotonic() - t0)
