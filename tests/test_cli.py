@@ -1,6 +1,7 @@
 """specllm-cli end to end: chat in a real pseudo-terminal (pexpect); generate, models and pull as subprocesses;
 the chat's conversation state (ChatSession) directly. Tiny random models: gibberish text, but deterministic."""
 
+import io
 import json
 import os
 import pathlib
@@ -8,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -195,6 +197,40 @@ def test_draft_switch_keeps_the_conversation(tiny, env):
     assert "drafter: draft.gguf" in ask(child, "/stats")
     child.sendeof()
     exits_cleanly(child)
+
+
+def test_a_stale_profile_is_measured_again_while_the_user_types(tiny, env):
+    # the slow tiny model (its steps take milliseconds, so they are judged) with a profile on file 20 x too dear
+    args = ["--model", tiny["slow"], "--draft", "ngram", "--threads", "1"]
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "hi", "--max-tokens", "2", *args], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (path,) = (pathlib.Path(env["HOME"]) / ".cache/specllm/profiles").glob("*.json")
+    prof = json.loads(path.read_text())
+    dear = [20 * prof["verify_ms"][0] * (0.5 + 0.5 * n) if v > 0 else 0.0 for n, v in enumerate(prof["verify_ms"], 1)]
+    path.write_text(json.dumps({"sizes": prof["sizes"], "verify_ms": dear, "draft_token_ms": 0.0,
+                                "context_row_ms": 0.0}))
+    child = pexpect.spawn(sys.executable, ["-m", "specllm.cli", "chat", *args, "--max-tokens", "60"], env=env,
+                          encoding="utf-8", timeout=TIMEOUT, dimensions=(24, 200), preexec_fn=default_sigint)
+    child.logfile_read = transcript = io.StringIO()
+    child.expect(PROMPT)
+    out = ask(child, "hello")  # its steps show the profile too dear: judged stale
+    assert "tok/s" in out and "measuring it again while you type" in out, out
+    # a message at once stops the measurement (~3 s) and is answered in full: no interrupt left for it
+    child.sendline("tell me more")
+    child.expect(r"\r\n([^\r\n]*tok/s[^\r\n]*)\r\n")
+    assert "stopped" not in child.before and "cancelled" not in child.before
+    child.expect(PROMPT)
+    deadline = time.monotonic() + 60  # while the prompt waits: measured again
+    while "stale" in json.loads(path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    on_file = json.loads(path.read_text())
+    assert "stale" not in on_file and on_file["verify_ms"][0] < dear[0] / 2, on_file
+    assert "2 replies," in ask(child, "/stats")
+    child.sendeof()
+    exits_cleanly(child)
+    # nothing the measurement logged reached the terminal (it would write into the line being typed)
+    assert "measuring this machine's verify costs" not in transcript.getvalue()
 
 
 @pytest.mark.parametrize("bad", ["missing.gguf", "not_gguf.gguf"])

@@ -5,6 +5,7 @@ import os
 import pathlib
 import signal
 import sys
+import threading
 
 from .chat_session import ChatSession
 from .errors import ContextOverflowError, SpecLLMError
@@ -12,6 +13,7 @@ from .llm import DEFAULT, default_draft
 
 PROMPT = ">>> "
 MORE = "... "  # the prompt of a message's next line
+MEASURING_THREAD = "specllm-measure"  # what it logs stays off the prompt (cli's stderr handler drops it)
 HELP = """\
 /help                           this help
 /reset                          forget the conversation (the system prompt stays)
@@ -169,6 +171,41 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
     print(status_line(reply, style, plain=session.llm.draft is None))
 
 
+class IdleMeasure:
+    """A cost profile the replies judged stale (measured while the machine was busy) is measured again while the
+    user types, on a thread; the next message or command stops it within one timed step (LLM.stop_measuring) and a
+    later pause tries again. Without it the chat drafts by the stale costs until the next start."""
+
+    def __init__(self, llm, style: Style):
+        self.llm, self.style = llm, style
+        self.thread = None
+        self.told = False
+
+    def start(self) -> None:
+        if self.thread is not None or not self.llm.profile_stale:
+            return
+        if not self.told:
+            print(self.style.dim("(the cost profile looks measured while the machine was busy: measuring it again "
+                                 "while you type; a message stops it)"))
+            self.told = True
+        self.thread = threading.Thread(target=self._run, name=MEASURING_THREAD, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.llm.measure_costs()
+        except Exception:  # the old costs stay; the chat goes on
+            pass
+
+    def stop(self) -> None:
+        if self.thread is None:
+            return
+        while self.thread.is_alive():  # again until it ends: one sent before the measurement began does nothing
+            self.llm.stop_measuring()
+            self.thread.join(0.05)
+        self.thread = None
+
+
 def _open_history():
     """Line editing and history through readline, when available. Returns a function that saves the history."""
     try:
@@ -226,10 +263,13 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
     prompt = style.bold(PROMPT, prompt=True)
     more = style.bold(MORE, prompt=True)
     line = ""
+    idle = IdleMeasure(session.llm, style)
     try:
         while True:
             try:
+                idle.start()
                 line = read_message(input(prompt), lambda: input(more))
+                idle.stop()
             except EOFError:  # Ctrl-D
                 print()
                 return 0
@@ -249,4 +289,5 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
             else:
                 _reply(session, line, style)
     finally:
+        idle.stop()
         save_history()

@@ -22,7 +22,7 @@ import os
 import sys
 
 from . import cli_args, grammar, registry
-from .chat_screen import HELP, Style, run_chat  # noqa: F401  (Style re-exported: specllm.cli.Style)
+from .chat_screen import HELP, MEASURING_THREAD, Style, run_chat  # noqa: F401  (Style: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
 from .llm import LLM
 
@@ -303,6 +303,8 @@ class _StderrHandler(logging.StreamHandler):
 def _stderr_handler() -> logging.Handler:
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
+    # chat's measurement while the user types (chat_screen.IdleMeasure) would write into the line being typed
+    handler.addFilter(lambda record: record.threadName != MEASURING_THREAD)
     handler.specllm_cli = True
     return handler
 
