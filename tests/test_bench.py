@@ -1150,3 +1150,19 @@ def test_static_policy_drafts_what_its_groups_say_and_prefers_the_split_group():
     assert replay_static(runs, prompt, copy, None, None, costs, 0.0, None) > 3.5  # the copy in one step
     assert replay_static({}, prompt, copy, None, None, costs, 0.0, None) == 1.0  # nothing learned: plain decoding
     assert replay_static(runs, prompt, list(range(500, 530)), None, None, costs, 0.0, None) == 1.0  # no match
+
+
+def test_quant_costs_times_requantized_files_and_writes_them_whole(tiny, tmp_path):
+    from bench.quant_costs import main
+
+    out = tmp_path / "q.json"
+    assert main(["--target", tiny["target"], "--types", "q8_0", "--rounds", "1", "--threads", "1",
+                 "--dir", str(tmp_path / "files"), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert set(got["median_ms"]) == {"as given", "q8_0"} and list((tmp_path / "files").glob("*.q8_0.gguf"))
+    assert all(len(v) == len(got["sizes"]) and v[0] > 0 for v in got["median_ms"].values())
+    assert got["file_bytes"]["q8_0"] != got["file_bytes"]["as given"]  # F32 tiny target -> Q8_0 (or its fallback)
+    for bad in (["--types", "q3_x"], ["--types", ","], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            main(bad + ["--target", tiny["target"], "--out", str(tmp_path / "bad.json")])
+    assert not (tmp_path / "bad.json").exists()
