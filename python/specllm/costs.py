@@ -13,7 +13,7 @@ from .errors import Cancelled
 
 class Costs:
     def __init__(self, engine, opts, model_path: str, enabled: bool):
-        self._engine = engine
+        self.engine = engine
         self._opts = opts  # the LLM's load options (set_draft changes their drafter in place)
         self._model_path = model_path
         self._enabled = enabled  # LLM(profile_costs=...)
@@ -37,20 +37,20 @@ class Costs:
             # n-gram drafter): measuring them again would clear the target's KV cache. A busy profile is measured
             # again at a load only: after a swap it is taken as it is (the conversation's cache stays)
             known = self.known or profile.cached(self._model_path, "", *args, busy_ok=swapped)
-            self.profile = profile.load_or_measure(self._engine, self._model_path, draft_path or "", *args,
+            self.profile = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *args,
                                                    known=known, swapped=swapped)
             self.known = self.profile
             logs.drain()
         # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is, by the
         # steps run with it (the level so far was learned against the costs before)
         self.stale_checked = self.profile is not None and "stale" in self.profile
-        self.steps_before = self._engine.step_level()[1]
+        self.steps_before = self.engine.step_level()[1]
 
     def check(self, draft_path: Optional[str]) -> None:
         """After a generation: a cost profile the steps have run far below is marked, to be measured again at the
         next load (or by measure())."""
         if self.profile is not None and not self.stale_checked:
-            judged = profile.mark_if_stale(self._engine, self.profile, self._model_path, [draft_path or "", ""],
+            judged = profile.mark_if_stale(self.engine, self.profile, self._model_path, [draft_path or "", ""],
                                            *self._args(), self.steps_before)
             if judged is not None:  # a drafter set later takes these verify costs with the mark (load_or_measure)
                 self.stale_checked = True
@@ -67,7 +67,7 @@ class Costs:
         with self._lock:
             self.measuring = True
         try:
-            prof = profile.load_or_measure(self._engine, self._model_path, draft_path or "", *self._args(),
+            prof = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *self._args(),
                                            measure=True)
         except Cancelled:
             profile.log.info("measuring the cost profile again was interrupted; the costs stay as they were")
@@ -75,15 +75,15 @@ class Costs:
         finally:
             with self._lock:  # an interrupt meant for the measurement is not left for a generation
                 self.measuring = False
-                self._engine.clear_interrupt()
+                self.engine.clear_interrupt()
             logs.drain()
         self.profile = self.known = prof
         self.stale_checked = False
-        self.steps_before = self._engine.step_level()[1]  # 0: the levels start again (new costs)
+        self.steps_before = self.engine.step_level()[1]  # 0: the levels start again (new costs)
         return True
 
     def stop(self) -> None:
         """LLM.stop_measuring: from any thread."""
         with self._lock:
             if self.measuring:
-                self._engine.interrupt()
+                self.engine.interrupt()

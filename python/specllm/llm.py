@@ -496,6 +496,7 @@ class LLM:
             return
         with Call(self._gate):
             engine, self._engine = self._engine, _Closed()
+            self._costs.engine = self._engine  # the profile's part holds no engine either
             del engine  # the last reference: the C++ engine frees both models (without the GIL)
             logs.drain()
 
