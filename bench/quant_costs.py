@@ -40,7 +40,7 @@ def measure(files: dict, threads: int, rounds: int, exact: bool) -> dict:
     """{name: [T(n) per size, one list a round]}, the files timed in turn each round."""
     import specllm
 
-    llms = {name: specllm.LLM(path, draft="ngram", profile_costs=False, exact=exact, n_threads=threads, n_ctx=512)
+    llms = {name: specllm.LLM(path, draft="ngram", profile_costs=False, exact=exact, n_threads=threads)
             for name, path in files.items()}
     out = {name: [] for name in files}
     for r in range(rounds):
