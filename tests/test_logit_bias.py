@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specllm import InvalidOptionError
-from test_penalties import PROMPT, reference_greedy
+from test_penalties import PROMPT, reference_greedy, speculative_as_plain
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +54,8 @@ def test_empty_or_zero_changes_nothing(plain):
 @pytest.mark.parametrize("drafter", ["near_draft", "ngram", "hybrid"])
 def test_speculative_greedy_writes_plain_decodings_text(tiny, make_llm, plain, drafter):
     _, _, configs, outs = plain
-    if drafter == "ngram":
-        llm = make_llm(tiny["target"], "ngram")
-    else:
-        llm = make_llm(tiny["target"], tiny["near_draft"], ngram=drafter == "hybrid")
-    drafted = accepted = 0
-    for c, want in zip(configs, outs):
-        for k in (4, "auto"):
-            out = llm.generate(PROMPT, max_tokens=40, draft_length=k, logit_bias=c)
-            assert out.tokens == want.tokens, (c, k)
-            drafted += out.stats.n_drafted
-            accepted += out.stats.n_accepted
+    runs = [({"logit_bias": c}, want) for c, want in zip(configs, outs)]
+    drafted, accepted = speculative_as_plain(tiny, make_llm, drafter, runs)
     assert drafted > 0 and accepted > 0
 
 

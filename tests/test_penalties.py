@@ -77,20 +77,27 @@ def test_off_values_change_nothing(tiny, make_llm, plain):
     assert free.tokens == reference_greedy(tiny, llm, PROMPT)
 
 
-@pytest.mark.parametrize("drafter", ["near_draft", "ngram", "hybrid"])
-def test_speculative_greedy_writes_plain_decodings_text(tiny, make_llm, plain, drafter):
-    _, outs, _ = plain
+def speculative_as_plain(tiny, make_llm, drafter, runs):
+    """Speculative greedy (k = 4 and "auto") under each of runs' options writes plain decoding's tokens; (drafted,
+    accepted) over them all. runs: [(generate's options, plain decoding's Completion)]."""
     if drafter == "ngram":
         llm = make_llm(tiny["target"], "ngram")
     else:
         llm = make_llm(tiny["target"], tiny["near_draft"], ngram=drafter == "hybrid")
     drafted = accepted = 0
-    for c, want in zip(CONFIGS, outs):
+    for c, want in runs:
         for k in (4, "auto"):
             out = llm.generate(PROMPT, max_tokens=40, draft_length=k, **c)
             assert out.tokens == want.tokens, (c, k)
             drafted += out.stats.n_drafted
             accepted += out.stats.n_accepted
+    return drafted, accepted
+
+
+@pytest.mark.parametrize("drafter", ["near_draft", "ngram", "hybrid"])
+def test_speculative_greedy_writes_plain_decodings_text(tiny, make_llm, plain, drafter):
+    _, outs, _ = plain
+    drafted, accepted = speculative_as_plain(tiny, make_llm, drafter, list(zip(CONFIGS, outs)))
     assert drafted > 0 and accepted > 0  # rows after accepted drafts were penalized by them
 
 
