@@ -16,6 +16,19 @@ struct EngineDeleter {
         delete e;
     }
 };
+
+// (token, logprob, [(token, logprob), ...] most likely first) per entry
+py::list logprob_list(const std::vector<TokenLogprob> & entries) {
+    py::list out;
+    for (const TokenLogprob & t : entries) {
+        py::list top;
+        for (const TopLogprob & a : t.top) {
+            top.append(py::make_tuple(a.token, a.logprob));
+        }
+        out.append(py::make_tuple(t.token, t.logprob, top));
+    }
+    return out;
+}
 } // namespace
 
 void register_engine(py::module_ & m) {
@@ -66,17 +79,7 @@ void register_engine(py::module_ & m) {
         .def_readonly("n_drafted", &StepResult::n_drafted)
         .def_readonly("n_accepted", &StepResult::n_accepted)
         // (token, logprob, [(token, logprob), ...] most likely first) per token, when asked for
-        .def_property_readonly("logprobs", [](const StepResult & r) {
-            py::list out;
-            for (const TokenLogprob & t : r.logprobs) {
-                py::list top;
-                for (const TopLogprob & a : t.top) {
-                    top.append(py::make_tuple(a.token, a.logprob));
-                }
-                out.append(py::make_tuple(t.token, t.logprob, top));
-            }
-            return out;
-        });
+        .def_property_readonly("logprobs", [](const StepResult & r) { return logprob_list(r.logprobs); });
 
     py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
         .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())
@@ -86,6 +89,8 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("draft_kind", &Engine::draft_kind)
         .def_property_readonly("active", &Engine::active)
         .def_property_readonly("stats", &Engine::stats, py::return_value_policy::copy)
+        .def_property_readonly("prompt_logprobs", [](const Engine & e) { return logprob_list(e.prompt_logprobs()); },
+                               "entries for prompt tokens 1.. after start() with prompt_logprobs >= 0")
         .def("start", [](Engine & e, const std::vector<llama_token> & prompt, const GenerateOptions & opts,
                          py::object poll) {
             // between prefill batches: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll

@@ -52,6 +52,7 @@ void register_options(py::module_ & m) {
         .def_readwrite("draft_p_min", &GenerateOptions::draft_p_min)
         .def_readwrite("ignore_eos", &GenerateOptions::ignore_eos)
         .def_readwrite("logprobs", &GenerateOptions::logprobs)
+        .def_readwrite("prompt_logprobs", &GenerateOptions::prompt_logprobs)
         .def_readwrite("grammar", &GenerateOptions::grammar)
         .def_readwrite("grammar_triggers", &GenerateOptions::grammar_triggers)
         .def_readwrite("grammar_trigger_patterns", &GenerateOptions::grammar_trigger_patterns);

@@ -102,8 +102,9 @@ DraftPolicy & Engine::policy() {
 void Engine::start(const std::vector<llama_token> & prompt, const GenerateOptions & opts,
                    const std::function<void()> & poll) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (opts.max_tokens < 1) {
-        throw InvalidArgument("max_tokens must be >= 1, got " + std::to_string(opts.max_tokens));
+    if (opts.max_tokens < 0) {
+        throw InvalidArgument("max_tokens must be >= 0 (0: process the prompt only), got " +
+                              std::to_string(opts.max_tokens));
     }
     if (opts.draft_length < 0 || opts.draft_length > AutoPolicy::n_max) {
         throw InvalidArgument("draft_length must be between 0 and " + std::to_string(AutoPolicy::n_max) + ", got " +
@@ -122,6 +123,10 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     if (opts.logprobs < -1 || opts.logprobs > max_top_logprobs) {
         throw InvalidArgument("logprobs must be -1 (none) or the number of most likely tokens to list, 0.." +
                               std::to_string(max_top_logprobs) + ", got " + std::to_string(opts.logprobs));
+    }
+    if (opts.prompt_logprobs < -1 || opts.prompt_logprobs > max_top_logprobs) {
+        throw InvalidArgument("prompt_logprobs must be -1 (none) or the number of most likely tokens to list, 0.." +
+                              std::to_string(max_top_logprobs) + ", got " + std::to_string(opts.prompt_logprobs));
     }
     if (prompt.empty()) {
         throw InvalidArgument("the prompt is empty (no tokens); pass some text");
@@ -162,8 +167,16 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     const double t0 = now_ms();
     history_.assign(prompt.begin(), prompt.end() - 1);
     id_last_ = prompt.back();
-    const int n_restored = prompt_cache_.prepare(*target_, history_); // a saved state sharing more of it
-    const int n_keep = target_->keep_shifted(history_, opts.cache_reuse, &stats_.n_shifted);
+    prompt_logprobs_.clear();
+    const bool scored = opts.prompt_logprobs >= 0; // every row's logits: nothing cached can be reused
+    int n_restored = 0;
+    int n_keep = 0;
+    if (scored) {
+        target_->clear();
+    } else {
+        n_restored = prompt_cache_.prepare(*target_, history_); // a saved state sharing more of it
+        n_keep = target_->keep_shifted(history_, opts.cache_reuse, &stats_.n_shifted);
+    }
     stats_.n_cached = n_keep;
     stats_.n_restored = n_restored > 0 ? n_keep : 0;
     stats_.restored_from_disk = n_restored > 0 && prompt_cache_.restored_from_disk();
@@ -175,11 +188,15 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
             poll();
         }
     };
-    target_->decode_polled(history_.data() + n_keep, (int) history_.size() - n_keep, check);
+    if (scored) {
+        prompt_logprobs_ = decode_scored(*target_, history_, id_last_, opts.prompt_logprobs, check);
+    } else {
+        target_->decode_polled(history_.data() + n_keep, (int) history_.size() - n_keep, check);
+    }
     // the draft model is kept in step with the prompt (and then drafts or is explored) only if, with the costs
     // measured here and the acceptance estimated so far, it can beat plain decoding: otherwise this generation
     // drafts from n-grams alone and the model costs nothing, not even its prefill
-    model_in_step_ = drafter_ && drafter_->has_model() &&
+    model_in_step_ = opts.max_tokens > 0 && drafter_ && drafter_->has_model() &&
                      (gen_.policy != PolicyKind::automatic || auto_.pays(0)); // pays: within the k limit
     if (model_in_step_) {
         check();
@@ -218,7 +235,11 @@ StepResult Engine::step_locked() {
     }
     const double t_step = now_ms();
     const int n_past = target_->n_past();
-    const int budget = gen_.max_tokens - stats_.n_generated; // >= 1 while active
+    const int budget = gen_.max_tokens - stats_.n_generated; // >= 1 while active, but with max_tokens 0
+    if (budget <= 0) {
+        finish("length", out);
+        return out;
+    }
 
     // 1. draft
     StepContext sctx;

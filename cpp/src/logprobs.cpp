@@ -1,6 +1,7 @@
 #include "specllm/logprobs.h"
 
 #include "specllm/errors.h"
+#include "specllm/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,6 +79,29 @@ std::vector<TokenLogprob> LogprobRecorder::emitted(const std::vector<llama_token
         const llama_token t = i < n_accepted ? draft[(size_t) i] : next;
         out.push_back({t, i < n_accepted ? drafted_[(size_t) i] : rows_[(size_t) i].logprob(last_, t),
                        rows_[(size_t) i].top});
+    }
+    return out;
+}
+
+std::vector<TokenLogprob> decode_scored(Model & model, const std::vector<llama_token> & tokens, llama_token next,
+                                        int n_top, const std::function<void()> & poll) {
+    std::vector<TokenLogprob> out;
+    out.reserve(tokens.size());
+    const int n = (int) tokens.size();
+    const int rows = std::max(1, std::min(prompt_logprob_rows, model.n_batch()));
+    for (int i0 = 0; i0 < n; i0 += rows) {
+        if (i0 > 0 && poll) {
+            poll();
+        }
+        const int n_cur = std::min(rows, n - i0);
+        model.decode(tokens.data() + i0, n_cur, true);
+        for (int j = 0; j < n_cur; ++j) {
+            const float * logits = model.logits(j);
+            const int i = i0 + j;
+            const llama_token t = i + 1 < n ? tokens[(size_t) i + 1] : next;
+            RowLogprobs row = row_logprobs(logits, model.n_vocab(), n_top);
+            out.push_back({t, row.logprob(logits, t), std::move(row.top)});
+        }
     }
     return out;
 }

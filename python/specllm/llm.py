@@ -360,13 +360,15 @@ class LLM:
     def generate(self, prompt: Prompt, **options) -> Completion:
         """Generate a completion of prompt (text or token ids): plain text completion of the prompt as given, no
         chat template applied (as in llama-cpp-python; chat() is the conversation API, and `specllm-cli generate`
-        uses the chat template unless --raw). Options: max_tokens=256, temperature=0.0 (greedy), top_k, top_p,
+        uses the chat template unless --raw). Options: max_tokens=256 (0: process the prompt only), temperature=0.0 (greedy), top_k, top_p,
         min_p, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0 and penalty_last_n=64 (llama.cpp's
         repetition penalties over the last n tokens of prompt and output; -1 = all), logit_bias ({token id: bias}
         added to those tokens' logits, target and draft model alike, after the penalties; -100 all but bans a token,
         float("-inf") bans it), seed, stop, draft_length ("auto",
         "heuristic" or an int k >= 0), logprobs (None; n in 0..20: each
-        token's log-probability under the target and the n most likely tokens at its position), grammar (GBNF
+        token's log-probability under the target and the n most likely tokens at its position), prompt_logprobs (None;
+        n: the same for the prompt's tokens, the first None, as an eval harness scores a text; the prompt is then
+        processed whole, no cached prefix reused; max_tokens=0 scores it without generating), grammar (GBNF
         rules with a "root" rule that the output follows; specllm.grammar.json() for JSON or a JSON schema),
         grammar_triggers (words: a lazy grammar, free text until the output holds one of them and the grammar from
         it on, its root beginning with the word, as llama-server constrains tool calls), grammar_trigger_patterns
@@ -383,7 +385,7 @@ class LLM:
                 logprobs.extend(chunk.logprobs or [])
                 last = chunk
         return Completion("".join(text), tokens, last.finish_reason, last.stats,
-                          logprobs if last.logprobs is not None else None)
+                          logprobs if last.logprobs is not None else None, stream.prompt_logprobs)
 
     def stream(self, prompt: Prompt, **options) -> Stream:
         """Like generate(), yielding one Chunk per speculative step (complete UTF-8 text only). The options are

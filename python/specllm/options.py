@@ -97,13 +97,16 @@ def make_options(
     ignore_eos: bool = False,
     acceptance: str = "coupled",
     logprobs: Optional[int] = None,
+    prompt_logprobs: Optional[int] = None,
     grammar: Optional[str] = None,
     grammar_triggers: Optional[Sequence[str]] = None,
     grammar_trigger_patterns: Optional[Sequence[str]] = None,
     cache_reuse: int = 0,
 ) -> "_core.GenerateOptions":
     o = _core.GenerateOptions()
-    o.max_tokens = _int("max_tokens", max_tokens, lo=1)
+    o.max_tokens = _int("max_tokens", max_tokens)
+    if o.max_tokens < 0:
+        raise InvalidOptionError(f"max_tokens must be >= 0 (0: process the prompt only), got {max_tokens}")
     o.cache_reuse = _int("cache_reuse", cache_reuse, lo=0)
     s = _core.SamplingOptions()
     s.temperature = _float("temperature", temperature)
@@ -154,6 +157,8 @@ def make_options(
     o.ignore_eos = bool(ignore_eos)
     if logprobs is not None:  # how many of the most likely tokens to list beside each emitted token's logprob
         o.logprobs = _int("logprobs", logprobs, lo=0, hi=_core.max_top_logprobs)
+    if prompt_logprobs is not None:  # the same for the prompt's tokens (an eval harness's loglikelihood)
+        o.prompt_logprobs = _int("prompt_logprobs", prompt_logprobs, lo=0, hi=_core.max_top_logprobs)
     if grammar is not None:  # GBNF the output must follow (specllm.grammar.json() makes one for JSON)
         o.grammar = text("grammar", grammar)
         if not o.grammar.strip():
@@ -185,7 +190,7 @@ def make_options(
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
      "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
+     "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

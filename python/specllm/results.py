@@ -107,6 +107,8 @@ class Chunk:
     finish_reason: Optional[str] = None  # set on the last chunk: "stop", "length" or "cancelled"
     stats: Optional[Stats] = None        # set on the last chunk
     logprobs: Optional[List[TokenLogprob]] = None  # one per token, when asked for (logprobs=n)
+    # on the first chunk, when asked for (prompt_logprobs=n): one per prompt token, None for the first
+    prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
 
 
 @dataclass
@@ -116,3 +118,6 @@ class Completion:
     finish_reason: str  # "stop" (end of generation or a stop string), "length" (max_tokens) or "cancelled"
     stats: Stats
     logprobs: Optional[List[TokenLogprob]] = None  # one per token, when asked for (logprobs=n)
+    # one per prompt token when asked for (prompt_logprobs=n): the first None (nothing before it to score it by),
+    # then each token's log-probability after the tokens before it, with the n most likely tokens there
+    prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None

@@ -122,6 +122,10 @@ class Stream:
         self._ticket = _Ticket(self)
         self.stats: Optional[Stats] = None   # set when the stream ends
         self.finish_reason: Optional[str] = None
+        # prompt_logprobs=n: one entry per prompt token (the first None), set once the prompt is processed; the
+        # first chunk carries them too
+        self.prompt_logprobs: Optional[List[Optional[TokenLogprob]]] = None
+        self._unsent_prompt_logprobs = False
 
     def __iter__(self):
         return self
@@ -172,6 +176,8 @@ class Stream:
             except BaseException:
                 self._end(cancelled=True)
                 raise
+            if self._unsent_prompt_logprobs:
+                chunk.prompt_logprobs, self._unsent_prompt_logprobs = self.prompt_logprobs, False
             if chunk.finish_reason is not None:
                 self._end(cancelled=False)
             else:
@@ -193,6 +199,9 @@ class Stream:
                 return self._last_chunk("cancelled", Stats.from_core(engine.stats))
             finally:
                 logs.drain()
+            if self._opts.prompt_logprobs >= 0:
+                self.prompt_logprobs = [None] + TokenLogprob.from_core(engine.prompt_logprobs)
+                self._unsent_prompt_logprobs = True
         r = engine.step()
         if r.done:
             return self._last_chunk(r.finish_reason, Stats.from_core(engine.stats), r)

@@ -144,6 +144,9 @@ class Engine {
     void set_sentence_boundaries(bool on);
     bool sentence_boundaries() const { return opts_.sentence_boundaries; }
     const Stats & stats() const { return stats_; }
+    // GenerateOptions::prompt_logprobs: after start(), entry i for prompt token i + 1 (the first has no context
+    // to be scored in); empty when not asked for
+    const std::vector<TokenLogprob> & prompt_logprobs() const { return prompt_logprobs_; }
 
     // measure the target's decode time (ms, best of n_reps) for batches of the given sizes: costs[n-1] for each
     // size n that fits the context after n_prefix tokens, 0 for sizes not measured; and the draft model's per-token
@@ -182,6 +185,7 @@ class Engine {
     std::vector<llama_token> padded_;    // a verify chunk with its filler rows
     std::vector<llama_token> peek_;      // the n-gram proposal the policy looks at before choosing
     LogprobRecorder logprobs_;           // the step's verify rows, when logprobs are asked for
+    std::vector<TokenLogprob> prompt_logprobs_; // the prompt's, when asked for
     std::unique_ptr<Grammar> grammar_;   // the generation's grammar, at the committed text (none: unconstrained)
     std::string grammar_text_;           // ... and the text it has read
     bool grammar_full_mask_ = false;

@@ -6,6 +6,7 @@
 
 #include "specllm/verifier.h"
 
+#include <functional>
 #include <vector>
 
 namespace specllm {
@@ -31,6 +32,18 @@ struct RowLogprobs {
 };
 
 RowLogprobs row_logprobs(const float * logits, int n_vocab, int n_top);
+
+class Model;
+
+// the prompt's own log-probabilities (an eval harness's loglikelihood requests, OpenAI's echo with logprobs):
+// decodes tokens into `model` from its n_past() with logits for every row, in batches of at most
+// prompt_logprob_rows (the logits of a batch are rows x n_vocab floats), calling poll before every batch but the
+// first. Entry i is the log-probability, at tokens[i]'s position, of the token after it: tokens[i + 1], and `next`
+// after the last. The rows go through the batched kernels, so they can differ from a single-token step's in the
+// last digits (as the verify rows' do)
+constexpr int prompt_logprob_rows = 32;
+std::vector<TokenLogprob> decode_scored(Model & model, const std::vector<llama_token> & tokens, llama_token next,
+                                        int n_top, const std::function<void()> & poll);
 
 // what a speculative step needs: each verify row summed up when the verifier first reads it (a later chunk's decode
 // overwrites the logits), then one entry per emitted token. The verifiers read rows in order and stop at the row

@@ -53,7 +53,7 @@ struct SamplingOptions {
 };
 
 struct GenerateOptions {
-    int max_tokens = 256;               // most tokens to generate
+    int max_tokens = 256;               // most tokens to generate (0: process the prompt only)
     int cache_reuse = 0;                // > 0: llama-server's --cache-reuse, runs of at least this many cached
                                         // tokens moved to where the prompt holds them (Model::keep_shifted)
     SamplingOptions sampling;           // how target and draft tokens are chosen
@@ -64,6 +64,9 @@ struct GenerateOptions {
     bool ignore_eos = false;            // keep generating past end-of-generation tokens (benchmarks)
     int logprobs = -1;                  // -1: none; n >= 0: each emitted token's log-probability and the n most
                                         // likely tokens at its position (logprobs.h), up to max_top_logprobs
+    int prompt_logprobs = -1;           // -1: none; n >= 0: the same for every prompt token after the first
+                                        // (Engine::prompt_logprobs); the prompt is then decoded whole, no cached
+                                        // prefix reused, with logits for every row
     std::string grammar;                // GBNF rules (a "root" rule) the output must follow; empty: none (grammar.h)
     std::vector<std::string> grammar_triggers; // a lazy grammar: the output is free until one of these words, and
                                         // the grammar holds from the word on (its root begins with it)
