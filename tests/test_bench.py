@@ -1166,3 +1166,11 @@ def test_quant_costs_times_requantized_files_and_writes_them_whole(tiny, tmp_pat
         with pytest.raises(SystemExit):
             main(bad + ["--target", tiny["target"], "--out", str(tmp_path / "bad.json")])
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_logprobs_scoring_times_a_prompt_with_and_without(tiny, capsys):
+    from bench.logprobs import main
+
+    main(["--model", tiny["target"], "--scoring", "8", "40", "--rounds", "1", "--threads", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [int(r[1]) for r in rows] == [8, 40] and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows)

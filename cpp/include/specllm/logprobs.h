@@ -37,11 +37,13 @@ class Model;
 
 // the prompt's own log-probabilities (an eval harness's loglikelihood requests, OpenAI's echo with logprobs):
 // decodes tokens into `model` from its n_past() with logits for every row, in batches of at most
-// prompt_logprob_rows (the logits of a batch are rows x n_vocab floats), calling poll before every batch but the
+// prompt_logprob_rows (a batch's logits are rows x n_vocab floats, 39 MB for Qwen2.5's vocabulary, which llama.cpp
+// keeps for the context's life; on 2 cores a 512-token prompt took 1.3 x a plain prefill with 64 rows, 1.5 x with 32,
+// about 1.25 x with 128: bench.logprobs --scoring), calling poll before every batch but the
 // first. Entry i is the log-probability, at tokens[i]'s position, of the token after it: tokens[i + 1], and `next`
 // after the last. The rows go through the batched kernels, so they can differ from a single-token step's in the
 // last digits (as the verify rows' do)
-constexpr int prompt_logprob_rows = 32;
+constexpr int prompt_logprob_rows = 64;
 std::vector<TokenLogprob> decode_scored(Model & model, const std::vector<llama_token> & tokens, llama_token next,
                                         int n_top, const std::function<void()> & poll);
 

@@ -30,6 +30,7 @@ class Choice:
     tokens: list
     opts: dict
     new_prompt: bool  # the first choice of its prompt: its prompt tokens count in the usage
+    prompt_logprobs: Optional[list] = None  # what its job scored of the prompt (collect_all), when asked for
 
 
 def plan(prompts: list, n: Optional[int]) -> List[Choice]:
@@ -77,12 +78,14 @@ async def collect_all(request: Request, first_job: Job, choices: List[Choice]) -
     for c in choices:
         job = first_job if c.index == 0 else jobs.submit(request, c.tokens, c.opts)
         out.append(await jobs.collect(request, job))
+        c.prompt_logprobs = job.prompt_logprobs
         if job.cancelled:
             break
     return out
 
 
-# make_chunk(text, finish_reason, logprobs=None) -> a chunk, or None while its text is held back
+# make_chunk(text, finish_reason, logprobs=None) -> a chunk, or None while its text is held back; a job asked for
+# the prompt's logprobs calls it once with prompt_logprobs=[...] too (its first chunk)
 Chunker = Callable[[Choice], tuple]  # choice -> (a chunk to send before its text or None, make_chunk)
 
 
@@ -120,8 +123,9 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
                     state.metrics.ttft_seconds.observe(time.monotonic() - t0)
                     first_text = False
                 logprobs.extend(released.add(value.logprobs, value.text))
-                chunk = (make_chunk(value.text, value.finish_reason, logprobs)
-                         if value.text or value.finish_reason else None)
+                scored = {} if value.prompt_logprobs is None else {"prompt_logprobs": value.prompt_logprobs}
+                chunk = (make_chunk(value.text, value.finish_reason, logprobs, **scored)
+                         if value.text or value.finish_reason or scored else None)
                 if chunk is not None:  # None: text held back (a tool call may be starting)
                     logprobs = []
                     yield chunk.model_dump_json(exclude_none=True)

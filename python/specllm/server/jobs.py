@@ -96,7 +96,7 @@ def generation_error(e: BaseException) -> APIError:
 
 async def collect(request: Request, job: Job, tokens: Optional[list] = None):
     """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
-    to `tokens` when it is given."""
+    to `tokens` when it is given, the prompt's logprobs (when asked for) kept in job.prompt_logprobs."""
     watcher = asyncio.create_task(watch_disconnect(request, job))
     texts, last, logprobs = [], None, []
     try:
@@ -105,6 +105,8 @@ async def collect(request: Request, job: Job, tokens: Optional[list] = None):
             if kind == "chunk":
                 texts.append(value.text)
                 logprobs.extend(value.logprobs or [])
+                if value.prompt_logprobs is not None:
+                    job.prompt_logprobs = value.prompt_logprobs
                 if tokens is not None:
                     tokens.extend(value.tokens)
                 last = value

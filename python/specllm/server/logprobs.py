@@ -93,3 +93,22 @@ def completion(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes],
         tops.append(top)
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def echoed(tokens: List[int], entries: List[Optional[TokenLogprob]], token_bytes: Callable[[int], bytes],
+           text: str) -> dict:
+    """completions' logprobs of an echoed prompt (echo with logprobs, as eval harnesses score a text): one entry per
+    prompt token, the first's logprob and top_logprobs null (nothing before it to score it by). text: the prompt as
+    echoed. A tokenizer that adds a space before the first word (SentencePiece) gives tokens whose texts are longer
+    than it: their offsets are counted back from the end, so that each token ends where it ends in the text."""
+    body = completion(entries[1:], token_bytes)
+    first = token_bytes(tokens[0]).decode("utf-8", errors="replace")
+    extra = max(0, len(first) + sum(len(t) for t in body["tokens"]) - len(text))
+    offsets = [0] + [max(0, len(first) + o - extra) for o in body["text_offset"]]
+    return {"tokens": [first] + body["tokens"], "token_logprobs": [None] + body["token_logprobs"],
+            "top_logprobs": [None] + body["top_logprobs"], "text_offset": offsets}
+
+
+def joined(head: dict, tail: dict) -> dict:
+    """Two completions' logprobs bodies one after the other (the echoed prompt's, then the reply's)."""
+    return {k: head[k] + tail[k] for k in head}

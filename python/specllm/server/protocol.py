@@ -73,6 +73,7 @@ class ChatRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: Union[str, List[Union[str, List[int]]], List[int]]  # a text, texts, token ids, or token id lists
+    max_tokens: Optional[int] = Field(None, ge=0)  # 0: no reply (with echo and logprobs: the prompt scored)
     echo: Optional[bool] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None

@@ -68,7 +68,7 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
         opts["seed"] %= 2**64
     if req.repeat_last_n is not None:
         opts["penalty_last_n"] = req.repeat_last_n
-    opts["max_tokens"] = max_tokens or n_ctx - n_prompt
+    opts["max_tokens"] = max_tokens if max_tokens is not None else n_ctx - n_prompt
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
     if logprobs is not None:
         opts["logprobs"] = logprobs
@@ -242,13 +242,16 @@ def _prompts(state, req: p.CompletionRequest) -> list:
 async def completions(request: Request, req: p.CompletionRequest):
     state, t0 = jobs.begin(request, req)
     n_logprobs = lp.completion_request(req)
-    if req.echo and n_logprobs is not None:
-        raise APIError(400, "echo with logprobs would need the prompt tokens' logprobs, which specllm does not "
-                            "compute; leave out one of them", "invalid_request_error", "echo", "unsupported_parameter")
+    scored = bool(req.echo) and n_logprobs is not None  # the echoed prompt's tokens get logprobs too
     prompts = _prompts(state, req)
-    runs = choices.plan([(t, request_options(state, req, len(t), req.max_tokens or 16, n_logprobs))
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens
+    runs = choices.plan([(t, dict(request_options(state, req, len(t), max_tokens, n_logprobs),
+                                  **({"prompt_logprobs": n_logprobs} if scored else {})))
                          for t, _ in prompts], req.n)
     n = len(runs) // len(prompts)
+    for c in runs:  # a prompt is scored once, by its first choice
+        if scored and not c.new_prompt:
+            c.opts = {k: v for k, v in c.opts.items() if k != "prompt_logprobs"}
     echo = [prompts[c.index // n][1] if req.echo else "" for c in runs]  # the prompt's text before each choice
     first_job = jobs.submit(request, runs[0].tokens, runs[0].opts)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -256,24 +259,43 @@ async def completions(request: Request, req: p.CompletionRequest):
     def chunk(c, text, finish_reason, body=None):
         return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=[
             p.TextChoice(index=c.index, text=text or "", finish_reason=finish_reason, logprobs=body)])
+
+    def with_prompt(c: choices.Choice, body: dict) -> dict:
+        """body after the echoed prompt's logprobs, which the prompt's first choice scored (none if it was cancelled
+        before that)"""
+        first = runs[c.index - c.index % n]
+        if first.prompt_logprobs is None:
+            return body
+        return lp.joined(lp.echoed(first.tokens, first.prompt_logprobs, state.llm.token_bytes, echo[c.index]), body)
     if req.stream:
         def chunker(c: choices.Choice):
-            offset = [0]  # text_offset of the next token
+            offset = [len(echo[c.index])]  # text_offset of the next token
+            head = [scored]  # with logprobs the echoed prompt waits for its scores: it goes with the first chunk
 
-            def make_chunk(text, finish_reason, logprobs=None):
+            def make_chunk(text, finish_reason, logprobs=None, prompt_logprobs=None):
                 body = None
                 if n_logprobs is not None and logprobs is not None:
                     body = lp.completion(logprobs, state.llm.token_bytes, offset[0])
                     offset[0] += sum(len(t) for t in body["tokens"])
+                if head[0] and text is not None:
+                    head[0] = False
+                    if prompt_logprobs is not None:
+                        c.prompt_logprobs = prompt_logprobs
+                    text = echo[c.index] + text
+                    body = with_prompt(c, body or lp.completion([], state.llm.token_bytes))
                 return chunk(c, text, finish_reason, body)
-            return (chunk(c, echo[c.index], None) if echo[c.index] else None), make_chunk
+            return (chunk(c, echo[c.index], None) if echo[c.index] and not scored else None), make_chunk
         return choices.respond_stream(request, first_job, runs, chunker, req)
     results = await choices.collect_all(request, first_job, runs)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     out = []
     for c, (text, last, logprobs) in zip(runs, results):
         logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-        body = lp.completion(logprobs, state.llm.token_bytes) if n_logprobs is not None else None
+        body = None
+        if n_logprobs is not None:
+            body = lp.completion(logprobs, state.llm.token_bytes, len(echo[c.index]))
+            if scored:
+                body = with_prompt(c, body)
         out.append(p.TextChoice(index=c.index, text=echo[c.index] + text, finish_reason=last.finish_reason,
                                 logprobs=body))
     stats = [last.stats for _, last, _ in results]

@@ -51,6 +51,7 @@ class Job:
         self._stream = None
         self.cancelled = False
         self.limited = False  # stopped by a limit of its own request (stop()), not cancelled
+        self.prompt_logprobs = None  # what its first chunk carried, when asked for (jobs.collect keeps them)
 
     def cancel(self, error: Optional[Exception] = None) -> None:
         """From any thread: a queued job will be skipped, a running one stops within one step. error (once, if
