@@ -153,7 +153,7 @@ def test_a_grammar_or_a_json_schema_constrains_the_completion(server, local):
 def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, local):
     prompt = "in an the in an the " * 6
     status, r = post(server.url, prompt=prompt, n_predict=0)
-    assert status == 200 and r["content"] == "" and r["tokens_predicted"] <= 1 and r["stop_type"] == "limit"
+    assert status == 200 and r["content"] == "" and r["tokens_predicted"] == 0 and r["stop_type"] == "limit"
     status, r = post(server.url, prompt=prompt + "the", n_predict=4, temperature=0)
     assert status == 200 and r["timings"]["cache_n"] >= len(local.prompt_tokens(prompt)) - 1, r
     status, r = post(server.url, prompt=PROMPT, n_predict=48, temperature=0, ignore_eos=True)

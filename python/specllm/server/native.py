@@ -248,7 +248,7 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
     prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came."""
     t0 = time.monotonic() if t0 is None else t0
     n_predict = n_predict_of(req)
-    warm = n_predict == 0  # the prompt into the cache, nothing generated (one token is, and dropped)
+    warm = n_predict == 0  # the prompt into the cache, nothing generated (max_tokens 0: no step)
     opts = sampling(req)
     for key in ("stop", "draft_length", "acceptance"):
         if getattr(req, key) is not None:
@@ -265,8 +265,8 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
                            "invalid_request_error", "n_probs", "invalid_value")
         opts["logprobs"] = req.n_probs
     n_ctx = state.llm.n_ctx
-    opts["max_tokens"] = 1 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
-    if opts["max_tokens"] < 1 or len(tokens) + opts["max_tokens"] > n_ctx:
+    opts["max_tokens"] = 0 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
+    if (opts["max_tokens"] < 1 and not warm) or len(tokens) + opts["max_tokens"] > n_ctx:
         wanted = f" + n_predict {n_predict}" if n_predict > 0 else ""
         raise APIError(400, f"the prompt ({len(tokens)} tokens){wanted} does not fit the context of {n_ctx} tokens; "
                             "shorten it or lower n_predict", "invalid_request_error", prompt_param,
