@@ -1,5 +1,6 @@
 """A cost profile the steps judged stale is measured again without a restart: LLM.measure_costs() in-process
-(interruptible from another thread by stop_measuring(), the old costs kept then), and `specllm-cli serve`, which
+(interruptible from another thread by its stop Event or stop_measuring(), the old costs kept then), and `specllm-cli
+serve`, which
 measures it while no request waits (--remeasure-after) and lets a request that comes meanwhile interrupt it."""
 
 import contextlib
@@ -49,6 +50,44 @@ def test_a_stale_profile_is_measured_again_in_process(tiny, tmp_path, monkeypatc
     # no drafter, or no profiling: nothing to measure
     assert specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256).measure_costs() is False
     assert specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=False).measure_costs() is False
+
+
+def test_a_stop_set_before_the_measurement_begins_ends_it(tiny, tmp_path, monkeypatch):
+    llm, path = _stale_llm(tiny, tmp_path, monkeypatch, model="slow")
+    before = json.loads(path.read_text())
+    stop = threading.Event()
+    stop.set()
+    t0 = time.monotonic()
+    assert llm.measure_costs(stop=stop) is False and time.monotonic() - t0 < 0.5  # not begun at all
+    # set while it waits for a generation that holds the LLM: it does not begin once the generation ends
+    stop = threading.Event()
+    result = []
+    with llm.stream("the cat sat", max_tokens=20) as s:
+        next(s)  # the stream holds the LLM now
+        t = threading.Thread(target=lambda: result.append(llm.measure_costs(stop=stop)))
+        t.start()
+        time.sleep(0.2)
+        stop.set()
+        rest = list(s)
+    t.join(10)
+    assert result == [False] and rest[-1].finish_reason == "length"
+    assert llm.profile_stale and json.loads(path.read_text()) == before
+    # set during it: ended within one timed step, the interrupt not left for what follows
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: result.append(llm.measure_costs(stop=stop)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not llm._costs.measuring and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    stop.set()
+    t.join(10)
+    assert result == [False, False] and time.monotonic() - t0 < 5.0
+    assert llm.generate("the cat", max_tokens=8).finish_reason == "length"
+    assert llm.measure_costs(stop=threading.Event()) is True  # a stop never set: measured
+    stop.set()  # set after its measurement ended: nothing happens to the next one
+    assert llm.generate("the cat", max_tokens=8).finish_reason == "length" and not llm.profile_stale
 
 
 def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
@@ -180,9 +219,9 @@ class _FakeLLM:
         self.profile = {"verify_ms": [1.0]}
         self.measured = []  # per measurement: completed (True) or interrupted
 
-    def measure_costs(self):
+    def measure_costs(self, stop=None):  # as Costs.measure: a stop set before it begins ends it too
         time.sleep(self.begin)
-        done = not self._engine.flag.wait(1)
+        done = not stop.wait(1)
         self.measured.append(done)
         self.profile_stale = not done
         return done

@@ -115,3 +115,18 @@ def test_bad_values(tiny, make_llm, options, error, match):
     with pytest.raises(error, match=match):
         llm.generate("hi", **options)
     assert llm.generate("hi", max_tokens=1, prompt_logprobs=20).prompt_logprobs[1].top.__len__() == 20
+
+
+def test_a_scoring_call_sets_the_conversations_cache_aside(tiny, make_llm):
+    """Scoring clears the live KV cache: with a prompt cache (the default), the conversation it held is saved first
+    and restored by the conversation's next call."""
+    llm = make_llm(tiny["target"])
+    chat = LONG + "and then"
+    llm.generate(chat, max_tokens=8)
+    llm.generate("Hello world, how are you", max_tokens=0, prompt_logprobs=1)
+    again = llm.generate(chat, max_tokens=8)
+    assert again.stats.n_restored == again.stats.n_cached >= again.stats.n_prompt - 1 - 8
+    cold = make_llm(tiny["target"], prompt_cache_mb=0)
+    cold.generate(chat, max_tokens=8)
+    cold.generate("Hello world, how are you", max_tokens=0, prompt_logprobs=1)
+    assert cold.generate(chat, max_tokens=8).stats.n_cached <= 2  # without one it is gone (a shared first token)

@@ -106,3 +106,19 @@ def test_every_choice_carries_its_prompts_scores(client, local):
         assert c.logprobs.token_logprobs[1:n] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]],
                                                                abs=TOL)
     assert r.choices[0].logprobs.token_logprobs[:3] == r.choices[1].logprobs.token_logprobs[:3]
+
+
+def test_streamed_choices_after_the_first_carry_its_scores(client, local):
+    prompt = "Hello there"
+    n = len(local.prompt_tokens(prompt))
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0.8, seed=9, n=2,
+                                            logprobs=1, echo=True, stream=True))
+    texts, lps = {}, {}
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            lps.setdefault(c.index, []).extend(c.logprobs.token_logprobs if c.logprobs else [])
+    ref = local.generate(prompt, max_tokens=0, prompt_logprobs=1)
+    for i in (0, 1):
+        assert texts[i].startswith(prompt) and len(lps[i]) == n + 3 and lps[i][0] is None
+        assert lps[i][1:n] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]], abs=TOL)

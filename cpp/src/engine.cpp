@@ -172,6 +172,7 @@ void Engine::start(const std::vector<llama_token> & prompt, const GenerateOption
     int n_restored = 0;
     int n_keep = 0;
     if (scored) {
+        prompt_cache_.set_aside(*target_); // a conversation's cache is not lost to a scoring call
         target_->clear();
     } else {
         n_restored = prompt_cache_.prepare(*target_, history_); // a saved state sharing more of it

@@ -173,12 +173,13 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
 
 class IdleMeasure:
     """A cost profile the replies judged stale (measured while the machine was busy) is measured again while the
-    user types, on a thread; the next message or command stops it within one timed step (LLM.stop_measuring) and a
+    user types, on a thread; the next message or command stops it within one timed step (measure_costs' stop) and a
     later pause tries again. Without it the chat drafts by the stale costs until the next start."""
 
     def __init__(self, llm, style: Style):
         self.llm, self.style = llm, style
         self.thread = None
+        self.stopped = None  # the running measurement's stop (LLM.measure_costs)
         self.told = False
 
     def start(self) -> None:
@@ -188,21 +189,21 @@ class IdleMeasure:
             print(self.style.dim("(the cost profile looks measured while the machine was busy: measuring it again "
                                  "while you type; a message stops it)"))
             self.told = True
-        self.thread = threading.Thread(target=self._run, name=MEASURING_THREAD, daemon=True)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(self.stopped,), name=MEASURING_THREAD, daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _run(self, stopped: threading.Event) -> None:
         try:
-            self.llm.measure_costs()
+            self.llm.measure_costs(stop=stopped)
         except Exception:  # the old costs stay; the chat goes on
             pass
 
     def stop(self) -> None:
         if self.thread is None:
             return
-        while self.thread.is_alive():  # again until it ends: one sent before the measurement began does nothing
-            self.llm.stop_measuring()
-            self.thread.join(0.05)
+        self.stopped.set()  # ends the measurement, even one that has not begun yet
+        self.thread.join()
         self.thread = None
 
 

@@ -60,12 +60,18 @@ class Costs:
     def stale(self) -> bool:
         return self.profile is not None and "stale" in (self.known or {})
 
-    def measure(self, draft_path: Optional[str]) -> bool:
-        """LLM.measure_costs (the caller holds the LLM's gate)."""
+    def measure(self, draft_path: Optional[str], stop: Optional[threading.Event] = None) -> bool:
+        """LLM.measure_costs (the caller holds the LLM's gate). stop: set from any thread, before the measurement
+        begins or during it, it ends this measurement (within one timed step) and no other."""
         if self.profile is None:  # no drafter, or profile_costs=False
             return False
-        with self._lock:
+        with self._lock:  # a stop set before this point is seen here; one set after it, by the watcher
+            if stop is not None and stop.is_set():
+                return False
             self.measuring = True
+        over = threading.Event()
+        if stop is not None:
+            threading.Thread(target=self._watch, args=(stop, over), name="specllm-measure-stop", daemon=True).start()
         try:
             prof = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *self._args(),
                                            measure=True)
@@ -76,6 +82,7 @@ class Costs:
             with self._lock:  # an interrupt meant for the measurement is not left for a generation
                 self.measuring = False
                 self.engine.clear_interrupt()
+                over.set()
             logs.drain()
         self.profile = self.known = prof
         self.stale_checked = False
@@ -87,3 +94,13 @@ class Costs:
         with self._lock:
             if self.measuring:
                 self.engine.interrupt()
+
+    def _watch(self, stop: threading.Event, over: threading.Event) -> None:
+        """Interrupts the measurement once `stop` is set, unless it is over first (polled: an Event cannot wait for
+        either of two)."""
+        while not over.is_set():
+            if stop.wait(0.02):
+                with self._lock:
+                    if not over.is_set():
+                        self.engine.interrupt()
+                return

@@ -409,17 +409,19 @@ class LLM:
         its batches' shape bent by other work): measure_costs() takes a new one now, as the next load would."""
         return self._costs.stale
 
-    def measure_costs(self) -> bool:
+    def measure_costs(self, stop: Optional[threading.Event] = None) -> bool:
         """Measures this machine's verify costs (and the draft model's token cost) again, as a load does for a
         profile on file judged stale, writes them to the profile cache and drafts by them from the next call on:
         what the steps had taught the policy against the old costs starts again. About a minute on a 2-core CPU;
-        clears the KV cache (the prompt cache keeps its states); waits for a running generation. stop_measuring()
-        from another thread ends it within one timed step: the costs stay as they were and False is returned. A
+        clears the KV cache (the prompt cache keeps its states); waits for a running generation. stop: an Event that
+        another thread sets to end this measurement within one timed step, even before it has begun (while it waits
+        for the generation): the costs stay as they were and False is returned; stop_measuring() ends whatever
+        measurement runs at that moment. A
         server calls it while idle once its profile was judged stale (`specllm-cli serve --remeasure-after`).
         Counts as a load that measured again (profile.STALE_LOADS: a profile measured again at 3 loads in a row and
         still judged stale is kept). False without a drafter or with profile_costs=False."""
         with Call(self._gate):
-            return self._costs.measure(self.draft_path)
+            return self._costs.measure(self.draft_path, stop)
 
     def stop_measuring(self) -> None:
         """From any thread: a measure_costs() in progress ends within one timed step (it returns False); nothing

@@ -39,6 +39,9 @@ class PromptCache {
     // restored (0 when the live cache stays)
     int prepare(Model & model, const std::vector<llama_token> & seq);
     bool restored_from_disk() const { return from_disk_; } // the last prepare() restored a state from the store
+    // before `model`'s cache is cleared (a prompt decoded whole, to be scored): the live state saved, as prepare()
+    // saves one a prompt cuts away
+    void set_aside(Model & model) { prepare(model, {}); }
 
     // states on disk across processes (prompt_store.h); nullptr = none. persist: after a generation, the live
     // state is queued for the store unless it holds all but min_tokens of it already

@@ -122,7 +122,7 @@ class Worker:
         self.max_queue = max_queue
         self.remeasure_after = remeasure_after  # idle seconds before a stale profile is measured again; 0: never
         self._idle_wait = remeasure_after  # doubled by each interrupted measurement
-        self._measuring = False
+        self._measuring: Optional[threading.Event] = None  # a measurement decided on: its stop (LLM.measure_costs)
         self._waiting: collections.deque = collections.deque()  # Jobs, and None to stop the thread
         self._cond = threading.Condition()
         self._running: Optional[Job] = None
@@ -179,10 +179,9 @@ class Worker:
             self._thread.join(timeout)
 
     def _interrupt_measuring(self) -> None:
-        """(under _cond) A measurement decided on ends within one timed step, even one not begun yet: the engine's
-        interrupt, which _measure clears once it is over (LLM.stop_measuring would miss one not begun yet)."""
-        if self._measuring:
-            self.llm._engine.interrupt()
+        """(under _cond) A measurement decided on ends within one timed step, even one not begun yet."""
+        if self._measuring is not None:
+            self._measuring.set()
 
     def _remeasure_due(self, idle_from: float) -> Optional[float]:
         """Seconds until a stale profile is to be measured again (<= 0: now), None if it is not (under _cond)."""
@@ -195,14 +194,13 @@ class Worker:
                  "while no request waits")
         t0 = time.monotonic()
         try:
-            done = self.llm.measure_costs()
+            done = self.llm.measure_costs(stop=self._measuring)
         except Exception:  # a decode error while measuring: the old costs stay, the server goes on
             log.exception("measuring the cost profile again failed; the costs stay as they were")
             done = False
         finally:
-            with self._cond:  # an interrupt that came after the measurement ended is not left for the next job
-                self._measuring = False
-                self.llm._engine.clear_interrupt()
+            with self._cond:
+                self._measuring = None
         if done:
             self._idle_wait = self.remeasure_after
             self.metrics.profile_measured.labels(outcome="measured").inc()
@@ -233,15 +231,15 @@ class Worker:
                 while not self._waiting:
                     due = self._remeasure_due(idle_from)
                     if due is not None and due <= 0:
-                        self._measuring = True
+                        self._measuring = threading.Event()
                         break
                     self._cond.wait(due)
-                if self._measuring:
+                if self._measuring is not None:
                     job = None
                 else:
                     job = self._waiting.popleft()
                     live = self._live()
-            if self._measuring:
+            if self._measuring is not None:
                 self._measure()
                 continue
             self.metrics.queue_depth.set(live)
