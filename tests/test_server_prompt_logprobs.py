@@ -122,3 +122,10 @@ def test_streamed_choices_after_the_first_carry_its_scores(client, local):
     for i in (0, 1):
         assert texts[i].startswith(prompt) and len(lps[i]) == n + 3 and lps[i][0] is None
         assert lps[i][1:n] == pytest.approx([e.logprob for e in ref.prompt_logprobs[1:]], abs=TOL)
+
+
+def test_echo_with_logprobs_and_suffix_is_refused(server):
+    r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=30,
+                   json={"prompt": "def f(", "suffix": "\n", "echo": True, "logprobs": 1, "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    assert "echo with logprobs" in r.json()["error"]["message"]

@@ -243,6 +243,10 @@ async def completions(request: Request, req: p.CompletionRequest):
     state, t0 = jobs.begin(request, req)
     n_logprobs = lp.completion_request(req)
     scored = bool(req.echo) and n_logprobs is not None  # the echoed prompt's tokens get logprobs too
+    if scored and req.suffix is not None:
+        raise APIError(400, "echo with logprobs scores the prompt as given, and with suffix the model reads a fill-in-"
+                            "the-middle prompt instead; leave out one of them", "invalid_request_error", "suffix",
+                       "unsupported_parameter")
     prompts = _prompts(state, req)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
     runs = choices.plan([(t, dict(request_options(state, req, len(t), max_tokens, n_logprobs),
