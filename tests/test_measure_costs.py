@@ -52,6 +52,23 @@ def test_a_stale_profile_is_measured_again_in_process(tiny, tmp_path, monkeypatc
     assert specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=False).measure_costs() is False
 
 
+def _stopped_midway(llm, measure, stop):
+    """measure() on a thread, stop() 0.1 s after the measurement began (the slow tiny model takes ~3 s to measure):
+    what measure returned, which must come within a timed step of the stop."""
+    result = []
+    t = threading.Thread(target=lambda: result.append(measure()))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not llm._costs.measuring and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    stop()
+    t.join(10)
+    assert len(result) == 1 and time.monotonic() - t0 < 5.0
+    return result[0]
+
+
 def test_a_stop_set_before_the_measurement_begins_ends_it(tiny, tmp_path, monkeypatch):
     llm, path = _stale_llm(tiny, tmp_path, monkeypatch, model="slow")
     before = json.loads(path.read_text())
@@ -74,16 +91,8 @@ def test_a_stop_set_before_the_measurement_begins_ends_it(tiny, tmp_path, monkey
     assert llm.profile_stale and json.loads(path.read_text()) == before
     # set during it: ended within one timed step, the interrupt not left for what follows
     stop = threading.Event()
-    t = threading.Thread(target=lambda: result.append(llm.measure_costs(stop=stop)))
-    t.start()
-    deadline = time.monotonic() + 10
-    while not llm._costs.measuring and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    stop.set()
-    t.join(10)
-    assert result == [False, False] and time.monotonic() - t0 < 5.0
+    result.append(_stopped_midway(llm, lambda: llm.measure_costs(stop=stop), stop.set))
+    assert result == [False, False]
     assert llm.generate("the cat", max_tokens=8).finish_reason == "length"
     assert llm.measure_costs(stop=threading.Event()) is True  # a stop never set: measured
     stop.set()  # set after its measurement ended: nothing happens to the next one
@@ -94,17 +103,7 @@ def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
     # the slow tiny model takes ~3 s to measure: interrupted from another thread well before that
     llm, path = _stale_llm(tiny, tmp_path, monkeypatch, model="slow")
     before = json.loads(path.read_text())
-    result = []
-    t = threading.Thread(target=lambda: result.append(llm.measure_costs()))
-    t.start()
-    deadline = time.monotonic() + 10
-    while not llm._costs.measuring and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)
-    t0 = time.monotonic()
-    llm.stop_measuring()
-    t.join(10)
-    assert result == [False] and time.monotonic() - t0 < 5.0  # interrupted (a whole measurement returns True)
+    assert _stopped_midway(llm, llm.measure_costs, llm.stop_measuring) is False  # a whole measurement returns True
     assert llm.profile["verify_ms"][0] == SLOW[0] and llm.profile_stale
     assert json.loads(path.read_text()) == before  # nothing written: the next idle spell or load measures it
     out = llm.generate("the cat", max_tokens=8)  # the interrupt was not left for the generation

@@ -249,13 +249,11 @@ async def completions(request: Request, req: p.CompletionRequest):
                        "unsupported_parameter")
     prompts = _prompts(state, req)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    runs = choices.plan([(t, dict(request_options(state, req, len(t), max_tokens, n_logprobs),
-                                  **({"prompt_logprobs": n_logprobs} if scored else {})))
-                         for t, _ in prompts], req.n)
+    runs = choices.plan([(t, request_options(state, req, len(t), max_tokens, n_logprobs)) for t, _ in prompts], req.n)
     n = len(runs) // len(prompts)
     for c in runs:  # a prompt is scored once, by its first choice
-        if scored and not c.new_prompt:
-            c.opts = {k: v for k, v in c.opts.items() if k != "prompt_logprobs"}
+        if scored and c.new_prompt:
+            c.opts = dict(c.opts, prompt_logprobs=n_logprobs)
     echo = [prompts[c.index // n][1] if req.echo else "" for c in runs]  # the prompt's text before each choice
     first_job = jobs.submit(request, runs[0].tokens, runs[0].opts)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
