@@ -7,8 +7,9 @@ from collections import Counter
 import numpy as np
 
 
-def write_variant(src, dst, edit_output):
-    """Copy the GGUF model src to dst with output.weight replaced by edit_output(weight); return dst."""
+def write_variant(src, dst, edit_output=None, uint32_keys=None):
+    """Copy the GGUF model src to dst with output.weight replaced by edit_output(weight) and the keys of
+    uint32_keys added ({"llama.pooling_type": 1}); return dst."""
     import gguf
 
     reader = gguf.GGUFReader(os.fspath(src))
@@ -19,9 +20,11 @@ def write_variant(src, dst, edit_output):
             continue  # the writer writes these itself
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(f.name, f.contents(), f.types[0], sub)
+    for key, value in (uint32_keys or {}).items():
+        w.add_uint32(key, value)
     for t in reader.tensors:
         data = np.array(t.data)
-        if t.name == "output.weight":
+        if t.name == "output.weight" and edit_output is not None:
             data = np.asarray(edit_output(data), dtype=np.float32)
         w.add_tensor(t.name, data)
     w.write_header_to_file()

@@ -14,6 +14,7 @@ void register_engine(py::module_ & m);
 void register_policy(py::module_ & m);
 void register_ngram(py::module_ & m);
 void register_sampling(py::module_ & m);
+void register_embed(py::module_ & m);
 
 // generated text may end inside a UTF-8 sequence (max_tokens); never fail on it
 inline py::str utf8_str(const std::string & s) {

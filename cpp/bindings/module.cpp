@@ -18,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
     register_policy(m);
     register_ngram(m);
     register_sampling(m);
+    register_embed(m);
 }

@@ -13,8 +13,6 @@
 
 namespace specllm {
 
-namespace {
-
 // checks llama.cpp does not make (or makes with a crash or an unclear message)
 void check_gguf_file(const std::string & path) {
     struct stat st {};
@@ -43,8 +41,6 @@ int default_threads() {
     unsigned n = std::thread::hardware_concurrency();
     return n == 0 ? 4 : (int) n;
 }
-
-} // namespace
 
 Model::Model(const ModelOptions & opts) : opts_(opts) {
     log_capture_install();
@@ -112,20 +108,25 @@ std::string Model::description() const {
     return n > 0 ? std::string(buf, std::min<size_t>((size_t) n, sizeof(buf) - 1)) : std::string();
 }
 
-std::vector<llama_token> Model::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+std::vector<llama_token> tokenize_text(const llama_vocab * vocab, const std::string & text, bool add_special,
+                                       bool parse_special) {
     std::vector<llama_token> out(text.size() + 8);
-    int n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+    int n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
                            parse_special);
     if (n < 0) {
         if (n == INT32_MIN) {
             throw InvalidArgument("text is too long to tokenize");
         }
         out.resize((size_t) -n);
-        n = llama_tokenize(vocab_, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
+        n = llama_tokenize(vocab, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(), add_special,
                            parse_special);
     }
     out.resize((size_t) std::max(n, 0));
     return out;
+}
+
+std::vector<llama_token> Model::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    return tokenize_text(vocab_, text, add_special, parse_special);
 }
 
 std::string Model::piece(llama_token token) const {

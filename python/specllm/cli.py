@@ -64,7 +64,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve the model over the OpenAI HTTP API",
                        description="Serve the model over the OpenAI HTTP API (/v1/chat/completions, /v1/completions, "
                                    "/v1/responses, /v1/models, /health, /metrics), Anthropic's /v1/messages, Ollama's "
-                                   "/api/chat and /api/generate, and llama-server's /infill for editor plugins, until "
+                                   "/api/chat and /api/generate, embeddings, and llama-server's /infill for editor plugins, until "
                                    "Ctrl-C or SIGTERM.")
     cli_args.load_args(p)
     g = p.add_argument_group("server")
@@ -86,6 +86,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="once the steps judge the cost profile stale (measured while the machine was busy), measure it "
                         "again after S seconds without a request; a request interrupts it (default: 10; 0: never, "
                         "until the next start)")
+    g.add_argument("--embedding-model", default=None, metavar="PATH",
+                   help="a GGUF embedding model (nomic-embed-text, bge, ...) for /v1/embeddings and Ollama's "
+                        "/api/embed (default: the chat model's own hidden states, mean-pooled)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
 
@@ -111,7 +114,8 @@ def _check(parser, args) -> None:
 def _llm_options(args) -> dict:
     given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("memory_file", args.memory_file),
              ("prompt_cache_mb", args.prompt_cache_mb), ("prompt_cache_dir", args.prompt_cache_dir),
-             ("prompt_cache_disk_mb", args.prompt_cache_disk_mb), ("learn_batch_costs", args.learn_batch_costs))
+             ("prompt_cache_disk_mb", args.prompt_cache_disk_mb), ("learn_batch_costs", args.learn_batch_costs),
+             ("embedding_model", getattr(args, "embedding_model", None)))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 

@@ -16,7 +16,7 @@ import threading
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _core, costs, gguf_check, infill, logs, memory
+from . import _core, costs, embed, gguf_check, infill, logs, memory
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .options import _int, check_load, make_options
@@ -109,6 +109,7 @@ class LLM:
         prompt_cache_dir: Union[str, os.PathLike, None] = None,
         prompt_cache_disk_mb: int = 4096,
         learn_batch_costs: bool = False,
+        embedding_model: Union[str, os.PathLike, None] = None,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -153,6 +154,9 @@ class LLM:
             a machine whose batches and single steps slow unequally (a laptop on battery, a busy shared machine, a
             profile measured at another moment) at the price of choices that move with the timing (README, "What a
             batch costs now").
+        embedding_model: a GGUF embedding model (nomic-embed-text, bge, ...) that embed() uses, loaded now with its
+            own pooling; None (default): embed() pools the target's own hidden states (a second llama.cpp context
+            over the same weights, made at the first embed(): no second copy of the weights).
         """
         model, prompt_cache_dir = check_load(
             model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
@@ -179,6 +183,9 @@ class LLM:
         self._model = model  # as given: a registry name finds its default draft (set_draft)
         self._opts = opts
         self._gate = Gate(float(stream_idle_timeout))
+        self._embedder = None if embedding_model is None else embed.load(
+            embedding_model, n_ctx, opts.target.n_threads, n_gpu_layers)  # None: the target's, made when first used
+        self.embedding_model = None if self._embedder is None else self._embedder.path
         try:
             self._engine = _core.Engine(opts)
         finally:
@@ -356,6 +363,42 @@ class LLM:
         """Tokens in the drafting memory now (outputs and the separators between them)."""
         return len(self._engine.memory())
 
+    # --- embeddings
+    def embed(self, input: embed.Input, *, normalize: bool = True, truncate: bool = False,
+              stop: Optional[threading.Event] = None):
+        """Embedding vectors (numpy float32) of a text or token id list (shape (n_embd,)) or of a list of those
+        (shape (len(input), n_embd)), as /v1/embeddings serves them: with embedding_model, that model's (its
+        GGUF's pooling); otherwise the mean of the target's last hidden states over the input's tokens, from a
+        context of its own, so the conversation's KV cache stays. normalize: unit length (L2; cosine similarity
+        is then a dot product). An input longer than the embedding context (n_ctx; an embedding model's training
+        context at most) raises ContextOverflowError unless truncate (its first tokens are embedded). Waits for a
+        running generation; a stop Event set from another thread raises Cancelled within one batch of 64 tokens."""
+        one = embed.split(input)[1]
+        with Call(self._gate):
+            embedder = self._embedding()
+            out = embed.vectors(embedder, embed.tokens(embedder, input, truncate), normalize, stop)
+        return out[0] if one else out
+
+    def embedding_tokens(self, input: embed.Input, truncate: bool = False) -> List[List[int]]:
+        """The tokens embed() reads for each input (the embedding model's own when there is one)."""
+        with Call(self._gate):
+            return embed.tokens(self._embedding(), input, truncate)
+
+    @property
+    def embedding_info(self) -> dict:
+        """What embed() computes with: model (the GGUF's path), n_embd, n_ctx (the longest input), pooling."""
+        with Call(self._gate):
+            e = self._embedding()
+            return {"model": e.path, "n_embd": e.n_embd, "n_ctx": e.n_ctx, "pooling": e.pooling}
+
+    def _embedding(self):  # under the gate
+        if self._embedder is None:
+            try:
+                self._embedder = _core.Embedder(self._engine.target, self.n_ctx, self._opts.target.n_threads)
+            finally:
+                logs.drain()
+        return self._embedder
+
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:
         """Generate a completion of prompt (text or token ids): plain text completion of the prompt as given, no
@@ -499,6 +542,7 @@ class LLM:
         if isinstance(self._engine, _Closed):
             return
         with Call(self._gate):
+            self._embedder = None  # before the engine: one over the target's weights keeps them alive
             engine, self._engine = self._engine, _Closed()
             self._costs.engine = self._engine  # the profile's part holds no engine either
             del engine  # the last reference: the C++ engine frees both models (without the GIL)

@@ -24,6 +24,7 @@ class Model {
     Model & operator=(const Model &) = delete;
 
     const llama_vocab * vocab() const { return vocab_; }
+    const llama_model * weights() const { return model_.get(); } // for a second context over them (embed.h)
     llama_context * ctx() const { return ctx_.get(); }
     const ModelOptions & options() const { return opts_; }
     int n_ctx() const { return n_ctx_; }
@@ -88,6 +89,14 @@ class Model {
     std::vector<llama_token> cached_;
     int cut_memory(int n); // remove positions >= n from llama.cpp's memory; returns how many positions remain
 };
+
+// the text's tokens; add_special: BOS/EOS as the model adds them; parse_special: "<|im_end|>" is one control token
+std::vector<llama_token> tokenize_text(const llama_vocab * vocab, const std::string & text, bool add_special,
+                                       bool parse_special);
+// a readable, non-empty GGUF file at path, or ModelLoadError saying what is wrong with it
+void check_gguf_file(const std::string & path);
+// the hardware's threads (what n_threads = 0 means)
+int default_threads();
 
 // the most entries two vocabularies may differ by (padding at the end), as llama.cpp's speculative tools allow
 constexpr int max_vocab_size_difference = 128;

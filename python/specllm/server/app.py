@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import completion, errors, infill, messages, ollama, responses, routes
+from . import completion, embeddings, errors, infill, messages, ollama, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .response_store import ResponseStore
@@ -111,7 +111,8 @@ class BodyLimit:
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
                "/v1/messages", "/v1/messages/count_tokens", "/infill", "/completion", "/completions", "/tokenize",
                "/detokenize", "/props", "/v1/models", "/health", "/metrics",
-               "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version"}
+               "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version",
+               "/v1/embeddings", "/embeddings", "/api/embed", "/api/embeddings"}
 
 
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
@@ -164,6 +165,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     app.include_router(responses.router, dependencies=[Depends(check_key)])
     app.include_router(messages.router, dependencies=[Depends(check_key)])
     app.include_router(ollama.router, dependencies=[Depends(check_key)])
+    app.include_router(embeddings.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
@@ -246,7 +248,7 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
     worker.on_load_error = lambda e: setattr(server, "should_exit", True)
 
     def ready(loaded: LLM) -> None:
-        log.info("ready: serving '%s' (draft: %s); endpoints: /v1 (OpenAI: chat, completions, responses), "
+        log.info("ready: serving '%s' (draft: %s); endpoints: /v1 (OpenAI: chat, completions, responses, embeddings), "
                  "/v1/messages (Anthropic), /api (Ollama), /completion and /infill (llama-server), /health, /metrics",
                  app.state.specllm.model_id, loaded.draft or "none")
     if worker.llm is not None:

@@ -63,7 +63,11 @@ def speculative(stats, job: Job, draft_length) -> p.Speculative:
 
 def submit(request: Request, tokens, opts) -> Job:
     state = server_state(request)  # ready: begin checked it
-    job = Job(tokens, opts, asyncio.get_running_loop(), state.metrics)
+    return enqueue(state, Job(tokens, opts, asyncio.get_running_loop(), state.metrics))
+
+
+def enqueue(state, job: Job) -> Job:
+    """job on the worker's queue; a 429 when the queue is full, a 503 when the server is stopping."""
     try:
         state.worker.submit(job)
     except QueueFull:

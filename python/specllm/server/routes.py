@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from .. import grammar
 from ..errors import InvalidOptionError
-from . import bias, choices, jobs
+from . import bias, choices, embeddings, jobs
 from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
@@ -309,14 +309,16 @@ async def completions(request: Request, req: p.CompletionRequest):
 @router.get("/v1/models", response_model=p.ModelList)
 async def models(request: Request):
     state = jobs.server_state(request)
-    return p.ModelList(data=[p.ModelCard(id=state.model_id, created=state.created)])
+    ids = [state.model_id] + (embeddings.names(state)[:-1] if state.worker.ready else [])  # + an embedding model
+    return p.ModelList(data=[p.ModelCard(id=i, created=state.created) for i in ids])
 
 
 @router.get("/v1/models/{model:path}", response_model=p.ModelCard)
 async def model(request: Request, model: str):
     state = jobs.server_state(request)
-    jobs.check_model_name(state, model or "(none)")
-    return p.ModelCard(id=state.model_id, created=state.created)
+    if not (state.worker.ready and model in embeddings.names(state)):
+        jobs.check_model_name(state, model or "(none)")
+    return p.ModelCard(id=model, created=state.created)
 
 
 @public.get("/health")

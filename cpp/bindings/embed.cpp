@@ -1,0 +1,50 @@
+// The Embedder (embed.h): a context of its own over the target's weights or over an embedding model's.
+#include "bindings.h"
+
+#include "specllm/embed.h"
+
+#include <pybind11/numpy.h>
+
+using namespace specllm;
+
+namespace {
+struct EmbedderDeleter { // freeing a llama context (and model) takes time: without the GIL
+    void operator()(Embedder * e) const {
+        py::gil_scoped_release release;
+        delete e;
+    }
+};
+} // namespace
+
+void register_embed(py::module_ & m) {
+    py::class_<Embedder, std::unique_ptr<Embedder, EmbedderDeleter>>(m, "Embedder")
+        .def(py::init<const Model &, int, int>(), py::arg("target"), py::arg("n_ctx"), py::arg("n_threads"),
+             py::keep_alive<1, 2>(), py::call_guard<py::gil_scoped_release>(),
+             "over the target's weights (kept alive while this lives)")
+        .def(py::init<const ModelOptions &>(), py::arg("opts"), py::call_guard<py::gil_scoped_release>(),
+             "an embedding model of its own")
+        .def_property_readonly("n_embd", &Embedder::n_embd)
+        .def_property_readonly("n_ctx", &Embedder::n_ctx)
+        .def_property_readonly("pooling", &Embedder::pooling)
+        .def_property_readonly("description", &Embedder::description)
+        .def_property_readonly("path", &Embedder::path)
+        .def("tokenize", &Embedder::tokenize, py::arg("text"))
+        .def("embed", [](Embedder & e, const std::vector<llama_token> & tokens, bool normalize, py::object poll) {
+            // before every decode batch: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll
+            auto check = [&poll] {
+                py::gil_scoped_acquire gil;
+                if (PyErr_CheckSignals() != 0) {
+                    throw py::error_already_set();
+                }
+                if (!poll.is_none()) {
+                    poll();
+                }
+            };
+            std::vector<float> v;
+            {
+                py::gil_scoped_release nogil;
+                v = e.embed(tokens, normalize, check);
+            }
+            return py::array_t<float>((py::ssize_t) v.size(), v.data());
+        }, py::arg("tokens"), py::arg("normalize") = true, py::arg("poll") = py::none());
+}

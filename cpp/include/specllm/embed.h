@@ -1,0 +1,63 @@
+// Embeddings: one vector per input text, as /v1/embeddings and Ollama's /api/embed serve them.
+//
+// An Embedder is a llama_context of its own with embeddings on, so that embedding a text never touches the
+// conversation's KV cache: over the target's weights (Embedder(const Model &, ...): no second copy in memory) or
+// over an embedding model's GGUF (Embedder(const ModelOptions &)). A model whose GGUF declares no pooling (a
+// generative model) is pooled here: the mean of the last layer's hidden states over the input's tokens, decoded in
+// batches of batch_rows, so an input may be as long as the context. A model that declares one (an embedding
+// model: mean, CLS, last) is pooled by llama.cpp as declared, the whole input in one batch, as llama-server does.
+#pragma once
+
+#include "specllm/model.h"
+#include "specllm/options.h"
+
+#include "llama-cpp.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace specllm {
+
+class Embedder {
+  public:
+    static constexpr int batch_rows = 64; // rows per decode when pooling here: 39 MB of logits for Qwen2.5
+
+    // over the target's weights; n_ctx: the longest input in tokens
+    Embedder(const Model & target, int n_ctx, int n_threads);
+    // a model of its own (throws ModelLoadError; InvalidArgument for a reranking model)
+    explicit Embedder(const ModelOptions & opts);
+    ~Embedder();
+    Embedder(const Embedder &) = delete;
+    Embedder & operator=(const Embedder &) = delete;
+
+    int n_embd() const { return n_embd_; }
+    int n_ctx() const { return n_ctx_; }
+    std::string pooling() const; // "mean" (pooled here) or the model's own: "mean", "cls", "last"
+    std::string description() const;
+    const std::string & path() const { return path_; }
+
+    std::vector<llama_token> tokenize(const std::string & text) const; // with the model's special tokens
+    // the input's vector (L2-normalized if normalize). Throws InvalidArgument (empty, a token outside the
+    // vocabulary), ContextOverflowError (longer than n_ctx()), DecodeError. poll runs before every decode batch
+    // and may throw to abandon the input (a stop from another thread, Ctrl-C)
+    std::vector<float> embed(const std::vector<llama_token> & tokens, bool normalize,
+                             const std::function<void()> & poll = {});
+
+  private:
+    void init_context(int n_ctx, int n_threads);
+    void decode_rows(const llama_token * tokens, int n, int pos0, bool encode);
+
+    llama_model_ptr own_model_;         // an embedding model of its own (none: the target's weights)
+    const llama_model * model_ = nullptr;
+    llama_context_ptr ctx_;             // declared after own_model_: freed before it
+    llama_batch batch_{};
+    const llama_vocab * vocab_ = nullptr;
+    std::string path_;
+    int n_embd_ = 0;
+    int n_ctx_ = 0;
+    int n_vocab_ = 0;
+    bool pool_here_ = true;             // the model declares no pooling: the mean is taken here
+};
+
+} // namespace specllm

@@ -1,0 +1,91 @@
+"""Embeddings (LLM.embed): the inputs checked and tokenized, and one vector each from the C++ Embedder (embed.h),
+a context of its own over the target's weights (mean of the last layer's hidden states) or over an embedding
+model's GGUF (its own pooling)."""
+from __future__ import annotations
+
+import numbers
+import os
+import threading
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _core, logs
+from .errors import Cancelled, ContextOverflowError, InvalidOptionError
+from .options import text as _text
+
+Input = Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]]
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray)) and len(value) > 0 and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value)
+
+
+def split(value: Input) -> Tuple[list, bool]:
+    """(the inputs, each a text or a token id list; whether value was one input): a text, a token id list, or a
+    list of either (OpenAI's four forms of `input`)."""
+    if isinstance(value, str):
+        return [value], True
+    if _is_ids(value):
+        return [value], True
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"input must be a str, a list of token ids, or a list of those, got {type(value).__name__}")
+    if not value:
+        raise InvalidOptionError("input is an empty list: pass a text, a list of texts, or token ids")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) and not _is_ids(item):
+            raise TypeError(f"input[{i}] must be a str or a non-empty list of token ids, got "
+                            f"{type(item).__name__ if not isinstance(item, (list, tuple)) else 'an empty list'}")
+    return list(value), False
+
+
+def tokens(embedder, value: Input, truncate: bool) -> List[List[int]]:
+    """Each input's tokens (texts with the model's special tokens, BOS where it adds one), cut to the embedding
+    context when truncate; an input that is empty, too long (and not truncate) or holds an id outside the
+    vocabulary raises InvalidOptionError / ContextOverflowError naming it."""
+    items, _ = split(value)
+    out = []
+    for i, item in enumerate(items):
+        name = "input" if len(items) == 1 else f"input[{i}]"
+        ids = embedder.tokenize(_text(name, item)) if isinstance(item, str) else [int(t) for t in item]
+        if not ids:
+            raise InvalidOptionError(f"{name} is empty: an embedding needs at least one token of text")
+        if truncate:
+            ids = ids[:embedder.n_ctx]
+        elif len(ids) > embedder.n_ctx:
+            raise ContextOverflowError(f"{name} has {len(ids)} tokens, more than the embedding context holds "
+                                       f"({embedder.n_ctx}): shorten it, or have it truncated to its first "
+                                       f"{embedder.n_ctx} (embed(truncate=True); Ollama's /api/embed does)")
+        out.append(ids)
+    return out
+
+
+def vectors(embedder, token_lists: List[List[int]], normalize: bool,
+            stop: Optional[threading.Event] = None) -> np.ndarray:
+    """(len(token_lists), n_embd) float32; a stop set from another thread raises Cancelled before the next batch of
+    rows (~64 tokens)."""
+    def poll():
+        if stop is not None and stop.is_set():
+            raise Cancelled("the embedding was cancelled")
+
+    out = np.empty((len(token_lists), embedder.n_embd), dtype=np.float32)
+    try:
+        for i, ids in enumerate(token_lists):
+            out[i] = embedder.embed(ids, bool(normalize), poll)
+    finally:
+        logs.drain()
+    return out
+
+
+def load(path: Union[str, os.PathLike], n_ctx: int, n_threads: int, n_gpu_layers: int):
+    """An Embedder over an embedding model's GGUF (ModelLoadError if it is not one llama.cpp loads)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"embedding_model must be a path or None, got {type(path).__name__}")
+    opts = _core.ModelOptions()
+    opts.path = _text("embedding_model", os.fspath(path))
+    opts.n_ctx, opts.n_threads, opts.n_gpu_layers = n_ctx, n_threads, n_gpu_layers
+    try:
+        return _core.Embedder(opts)
+    finally:
+        logs.drain()

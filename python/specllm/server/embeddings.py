@@ -1,0 +1,188 @@
+"""Embeddings over HTTP: OpenAI's /v1/embeddings (also /embeddings, as llama-server answers it) and Ollama's
+/api/embed and legacy /api/embeddings, for the RAG tools of desktop assistants and editors that index documents
+through the same server they chat with. Each request is a worker job like a generation (so it waits its turn on the
+CPU instead of halving a running generation's speed), computed by LLM.embed; a client that goes away cancels it
+within one batch of 64 tokens. With `serve --embedding-model`, that model answers (named by its file's name);
+otherwise the chat model's own hidden states, mean-pooled."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import threading
+import time
+from typing import List, Literal, Optional, Union
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from . import jobs
+from .errors import APIError
+from .worker import Job
+
+router = APIRouter()
+
+
+class EmbedJob(Job):
+    """A job of inputs to embed: its one event is ("result", (vectors, tokens per input))."""
+
+    def __init__(self, inputs, normalize: bool, truncate: bool, loop, metrics):
+        super().__init__([], {}, loop, metrics)
+        self.inputs, self.normalize, self.truncate = inputs, normalize, truncate
+        self._stop = threading.Event()
+
+    def cancel(self, error=None) -> None:
+        super().cancel(error)
+        self._stop.set()  # the running embedding stops before its next batch
+
+    def run(self, llm, metrics) -> None:
+        with self._lock:
+            if self.cancelled:
+                self.post("end")
+                return
+            self.t_start = time.monotonic()
+        metrics.queue_seconds.observe(self.t_start - self.t_submit)
+        try:
+            tokens = llm.embedding_tokens(self.inputs, self.truncate)
+            vectors = llm.embed(tokens, normalize=self.normalize, stop=self._stop)
+            metrics.embedded_tokens.inc(sum(len(t) for t in tokens))
+            self.post("result", (vectors, [len(t) for t in tokens]))
+        except Exception as e:  # a bad input (400) or a failed decode (500): the server goes on
+            if not self._stop.is_set():
+                self.post("error", e)
+        finally:
+            self.post("end")
+
+
+def names(state) -> List[str]:
+    """The model ids an embedding request may name: the embedding model's (its file's name without .gguf) when
+    there is one, and the chat model's."""
+    path = getattr(state.llm, "embedding_model", None)
+    own = [] if path is None else [os.path.basename(path)[:-5] if path.endswith(".gguf") else os.path.basename(path)]
+    return own + [state.model_id]
+
+
+def _check(state, model: Optional[str], ollama: bool) -> str:
+    """The id to answer with; a 404 for a model this server does not serve."""
+    ids = names(state)
+    if not model:
+        return ids[0]
+    for i in ids:
+        if model in (i, f"{i}:latest") if ollama else model == i:
+            return model
+    raise APIError(404, f"the model '{model}' does not exist here; embeddings come from "
+                        f"{' or '.join(repr(i) for i in ids)}", "invalid_request_error", "model", "model_not_found")
+
+
+def _dimensions(dimensions: Optional[int], n: int) -> None:
+    if dimensions is not None and dimensions != n:
+        raise APIError(400, f"dimensions {dimensions}: this model's embeddings have {n} dimensions, and cutting "
+                            "them short is only meaningful for models trained for it; leave dimensions out",
+                       "invalid_request_error", "dimensions", "invalid_value")
+
+
+async def _embed(request: Request, inputs, normalize: bool, truncate: bool):
+    """(vectors, tokens per input) of the inputs, computed on the worker; the API's error when it fails."""
+    state = jobs.server_state(request)
+    job = EmbedJob(inputs, normalize, truncate, asyncio.get_running_loop(), state.metrics)
+    jobs.enqueue(state, job)
+    watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
+    result = None
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "result":
+                result = value
+            elif kind == "error":
+                error = jobs.generation_error(value)
+                if error.status == 400 and error.param is None:
+                    error.param = "input"  # what a bad embedding request can be wrong in
+                raise error
+            else:
+                break
+    finally:
+        if result is None:
+            job.cancel()
+        watcher.cancel()
+    if result is None:  # cancelled: the client is gone, nobody reads this
+        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
+    return result
+
+
+# --- OpenAI
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input: Union[str, List[str], List[int], List[List[int]]]
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None
+
+
+def _encode(vector, fmt: str):
+    if fmt == "base64":  # little-endian float32, as OpenAI's client decodes it (its default format)
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+@router.post("/v1/embeddings")
+@router.post("/embeddings")
+async def embeddings(request: Request, req: EmbeddingRequest):
+    state = jobs.server_state(request)
+    state.require_ready()
+    model = _check(state, req.model, ollama=False)
+    vectors, counts = await _embed(request, req.input, normalize=True, truncate=False)
+    _dimensions(req.dimensions, vectors.shape[1])
+    n = sum(counts)
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+# --- Ollama
+
+class EmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    input: Union[str, List[str]]
+    truncate: bool = True
+    dimensions: Optional[int] = None
+    options: Optional[dict] = None
+    keep_alive: Optional[Union[str, int, float]] = None
+
+
+class LegacyEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    prompt: str
+    options: Optional[dict] = None
+    keep_alive: Optional[Union[str, int, float]] = None
+
+
+@router.post("/api/embed")
+async def ollama_embed(request: Request, req: EmbedRequest):
+    """Ollama's: unit vectors, an input longer than the context cut to it unless truncate is false."""
+    state = jobs.server_state(request)
+    state.require_ready()
+    t0 = time.monotonic()
+    model = _check(state, req.model, ollama=True)
+    if req.input == []:
+        return {"model": model, "embeddings": [], "total_duration": 0, "load_duration": 0, "prompt_eval_count": 0}
+    vectors, counts = await _embed(request, req.input, normalize=True, truncate=req.truncate)
+    _dimensions(req.dimensions, vectors.shape[1])
+    return {"model": model, "embeddings": vectors.tolist(), "total_duration": int((time.monotonic() - t0) * 1e9),
+            "load_duration": 0, "prompt_eval_count": sum(counts)}
+
+
+@router.post("/api/embeddings")
+async def ollama_embeddings(request: Request, req: LegacyEmbedRequest):
+    """Ollama's legacy endpoint: one prompt, the vector not normalized (as Ollama's is not)."""
+    state = jobs.server_state(request)
+    state.require_ready()
+    _check(state, req.model, ollama=True)
+    if not req.prompt:
+        return {"embedding": []}
+    vectors, _ = await _embed(request, [req.prompt], normalize=False, truncate=True)
+    return {"embedding": vectors[0].tolist()}

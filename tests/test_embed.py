@@ -1,0 +1,173 @@
+"""LLM.embed: vectors against llama-cpp-python's own pooling of the same model, the conversation's KV cache kept,
+an embedding model of its own with the pooling its GGUF declares, stops, and bad input."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import write_variant
+
+LONG = "the quick brown fox jumps over the lazy dog; " * 6  # > 64 tokens: several decode batches
+TEXTS = ["a", "hello world", LONG]
+
+
+def reference(path, pooling, texts):
+    """llama-cpp-python's vectors, L2-normalized, flash attention on as in specllm's contexts (llama.cpp's auto on
+    a CPU): pooled by llama.cpp in its graph (pooling 1 = mean, 3 = last; the input in one batch), or with
+    pooling 0 each token's hidden state and their mean taken here."""
+    import llama_cpp
+
+    ref = llama_cpp.Llama(path, embedding=True, pooling_type=pooling, n_ctx=512, n_batch=512, n_ubatch=512,
+                          n_threads=1, flash_attn=True, verbose=False)
+    out = [ref.embed(t, normalize=False) for t in texts]
+    ref.close()
+    out = np.array([np.mean(v, axis=0) for v in out] if pooling == 0 else out, dtype=np.float64)
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny, make_llm):
+    return make_llm(tiny["target"], None)
+
+
+def test_vectors_are_llama_cpps_mean_pooling(llm, tiny):
+    got = llm.embed(TEXTS)
+    assert got.shape == (3, 64) and got.dtype == np.float32
+    assert len(llm.embedding_tokens(LONG)[0]) > 2 * 64  # three batches of rows
+    # inputs of one batch: the mean of llama.cpp's per-token hidden states, equal but for float sums
+    np.testing.assert_allclose(got[:2], reference(tiny["target"], 0, TEXTS[:2]), atol=2e-6)
+    # llama.cpp's own mean pooling (the long input in one batch, where specllm decodes three: flash attention sums
+    # the cache in another order; wrong positions or a batch left out move it by ~0.1)
+    np.testing.assert_allclose(got, reference(tiny["target"], 1, TEXTS), atol=2e-4)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    assert llm.embedding_info == {"model": tiny["target"], "n_embd": 64, "n_ctx": 512, "pooling": "mean"}
+
+
+def test_shapes_token_ids_and_normalize(llm):
+    one = llm.embed("hello world")
+    assert one.shape == (64,)
+    ids = llm.embedding_tokens("hello world")[0]
+    np.testing.assert_array_equal(llm.embed(ids), one)
+    np.testing.assert_array_equal(llm.embed([ids, "hello world"]), np.stack([one, one]))
+    raw = llm.embed("hello world", normalize=False)
+    assert abs(np.linalg.norm(raw) - 1.0) > 0.1
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), one, atol=1e-6)
+
+
+def test_the_conversation_keeps_its_cache(llm):
+    prompt = "once upon a time"
+    first = llm.generate(prompt, max_tokens=8)
+    cached = list(llm._engine.target.cached)
+    llm.embed([LONG, "another text"])
+    assert list(llm._engine.target.cached) == cached
+    assert len(cached) > 8
+    again = llm.generate(cached, max_tokens=4)  # the conversation goes on: its prefix is not decoded again
+    assert again.stats.n_cached >= len(cached) - 1
+
+
+def test_truncate_and_too_long(llm):
+    from specllm import ContextOverflowError
+
+    ids = llm.tokenize(LONG * 4)  # the target embeds: its vocabulary
+    assert len(ids) > 512
+    with pytest.raises(ContextOverflowError, match="shorten it"):
+        llm.embed(LONG * 4)
+    np.testing.assert_array_equal(llm.embed(LONG * 4, truncate=True), llm.embed(ids[:512]))
+
+
+def test_a_stop_ends_it_and_the_next_call_is_whole(llm):
+    from specllm.errors import Cancelled
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Cancelled):
+        llm.embed(LONG, stop=stop)
+    calls = []
+
+    class Midway:  # set on the second poll: a stop after the first batch of rows, mid-input
+        def is_set(self):
+            calls.append(1)
+            return len(calls) >= 2
+
+    with pytest.raises(Cancelled):
+        llm.embed(LONG, stop=Midway())
+    assert len(calls) == 2
+    np.testing.assert_array_equal(llm.embed(LONG), llm.embed([LONG])[0])
+    np.testing.assert_allclose(llm.embed(LONG), reference(llm.model_path, 1, [LONG])[0], atol=2e-4)
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    ([], "InvalidOptionError", "empty list"),
+    ([[]], TypeError, r"input\[0\] must be"),
+    (5, TypeError, "must be a str"),
+    (["a", 3], TypeError, r"input\[1\] must be"),
+    ([1, 100000], "InvalidOptionError", "not in the embedding model's vocabulary"),
+    ([-1], "InvalidOptionError", "not in the embedding model's vocabulary"),
+    ("bad \udcff text", "InvalidOptionError", "not valid Unicode"),
+    ([True, 2], TypeError, "must be a str"),
+])
+def test_bad_input_is_a_typed_error(llm, bad, error, match):
+    import specllm
+
+    error = getattr(specllm, error) if isinstance(error, str) else error
+    with pytest.raises(error, match=match):
+        llm.embed(bad)
+    assert llm.embed("still fine").shape == (64,)
+
+
+def test_an_empty_text_of_a_model_without_bos(make_llm, tiny, tmp_path):
+    from specllm import InvalidOptionError
+    from models.tiny import STANDARD_SET, write_tiny_model
+
+    path = write_tiny_model(tmp_path / "nobos.gguf", **dict(STANDARD_SET["target"], add_bos=False))
+    with make_llm(path, None) as nobos:
+        with pytest.raises(InvalidOptionError, match="input is empty"):
+            nobos.embed("")
+        with pytest.raises(InvalidOptionError, match=r"input\[1\] is empty"):
+            nobos.embed(["x", ""])
+
+
+@pytest.fixture(scope="module")
+def pooled_models(tiny, tmp_path_factory):
+    """The tiny target with the pooling an embedding model's GGUF declares: mean (1), last (3)."""
+    d = tmp_path_factory.mktemp("pooled")
+    return {k: write_variant(tiny["target"], d / f"{k}.gguf", uint32_keys={"llama.pooling_type": v})
+            for k, v in (("mean", 1), ("last", 3))}
+
+
+@pytest.mark.parametrize("pooling, code", [("mean", 1), ("last", 3)])
+def test_an_embedding_model_pools_as_its_gguf_says(make_llm, tiny, pooled_models, pooling, code):
+    with make_llm(tiny["target"], None, embedding_model=pooled_models[pooling]) as llm:
+        assert llm.embedding_model == pooled_models[pooling]
+        info = llm.embedding_info
+        assert info["pooling"] == pooling and info["model"] == pooled_models[pooling]
+        got = llm.embed(TEXTS)
+        np.testing.assert_allclose(got, reference(pooled_models[pooling], code, TEXTS), atol=2e-6)
+        if pooling == "mean":  # the same weights as the target: llama.cpp's pooling is specllm's own (in 3 batches)
+            with make_llm(tiny["target"], None) as own:
+                np.testing.assert_allclose(got, own.embed(TEXTS), atol=2e-4)
+        else:
+            assert np.abs(got[2] - reference(tiny["target"], 1, [LONG])[0]).max() > 1e-2
+
+
+def test_a_bad_embedding_model_fails_at_load(make_llm, tiny, tmp_path):
+    from specllm import ModelLoadError
+
+    (tmp_path / "not.gguf").write_bytes(b"not a model at all")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        make_llm(tiny["target"], None, embedding_model=tmp_path / "not.gguf")
+    with pytest.raises(ModelLoadError, match="not found"):
+        make_llm(tiny["target"], None, embedding_model=tmp_path / "missing.gguf")
+    with pytest.raises(TypeError, match="embedding_model must be a path"):
+        make_llm(tiny["target"], None, embedding_model=5)
+
+
+def test_closed(make_llm, tiny):
+    from specllm import SpecLLMError
+
+    llm = make_llm(tiny["target"], None)
+    llm.embed("x")
+    llm.close()
+    with pytest.raises(SpecLLMError, match="closed"):
+        llm.embed("x")
