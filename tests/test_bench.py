@@ -1174,3 +1174,13 @@ def test_logprobs_scoring_times_a_prompt_with_and_without(tiny, capsys):
     main(["--model", tiny["target"], "--scoring", "8", "40", "--rounds", "1", "--threads", "1"])
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [int(r[1]) for r in rows] == [8, 40] and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_embed_times_an_embedding_against_a_prefill(tiny, capsys):
+    from bench.embed import main
+
+    main(["8", "100", "--model", tiny["target"], "--rounds", "1", "--threads", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [int(r[1]) for r in rows] == [8, 100] and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        main(["0", "--model", tiny["target"]])

@@ -57,7 +57,7 @@ def test_shapes_token_ids_and_normalize(llm):
 
 def test_the_conversation_keeps_its_cache(llm):
     prompt = "once upon a time"
-    first = llm.generate(prompt, max_tokens=8)
+    llm.generate(prompt, max_tokens=8)
     cached = list(llm._engine.target.cached)
     llm.embed([LONG, "another text"])
     assert list(llm._engine.target.cached) == cached
