@@ -1,6 +1,7 @@
 """Embeddings over HTTP for real: `specllm-cli serve` on a loopback port, driven by the official `openai` client
 (whose default encoding is base64) and the `ollama` client, against LLM.embed in-process."""
 
+import os
 import signal
 
 import httpx
@@ -145,6 +146,9 @@ def test_serve_with_an_embedding_model(tiny, tmp_path_factory, embedding_model, 
         c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0, timeout=60)
         assert [m.id for m in c.models.list().data] == [MODEL, "embedder"]
         assert c.models.retrieve("embedder").id == "embedder"
+        tags = httpx.get(f"{s.url}/api/tags", timeout=10).json()["models"]
+        assert [m["name"] for m in tags] == [f"{MODEL}:latest", "embedder:latest"]
+        assert tags[1]["size"] == os.path.getsize(embedding_model)
         with specllm.LLM(tiny["slow"], None, n_threads=1, n_ctx=2048, profile_costs=False,
                          embedding_model=embedding_model) as ref:
             want = ref.embed(TEXTS)

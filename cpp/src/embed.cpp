@@ -47,6 +47,10 @@ Embedder::~Embedder() {
 }
 
 void Embedder::init_context(int n_ctx, int n_threads) {
+    if (llama_model_has_encoder(model_) && llama_model_has_decoder(model_)) {
+        throw InvalidArgument("'" + path_ + "' is an encoder-decoder model (T5-style): specllm embeds with a "
+                              "decoder's or an encoder's own states, not a pair's; pass an embedding model");
+    }
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     n_embd_ = llama_model_n_embd_out(model_);
     llama_context_params cparams = llama_context_default_params();

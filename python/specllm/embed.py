@@ -13,6 +13,7 @@ import numpy as np
 from . import _core, logs
 from .errors import Cancelled, ContextOverflowError, InvalidOptionError
 from .options import text as _text
+from .stream import Call
 
 Input = Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]]
 
@@ -89,3 +90,42 @@ def load(path: Union[str, os.PathLike], n_ctx: int, n_threads: int, n_gpu_layers
         return _core.Embedder(opts)
     finally:
         logs.drain()
+
+
+class EmbedMethods:
+    """LLM's embedding methods (a context of the target's, made at the first call, or the embedding model's)."""
+
+    def embed(self, input: Input, *, normalize: bool = True, truncate: bool = False,
+              stop: Optional[threading.Event] = None):
+        """Embedding vectors (numpy float32) of a text or token id list (shape (n_embd,)) or of a list of those
+        (shape (len(input), n_embd)), as /v1/embeddings serves them: with embedding_model, that model's (its
+        GGUF's pooling); otherwise the mean of the target's last hidden states over the input's tokens, from a
+        context of its own, so the conversation's KV cache stays. normalize: unit length (L2; cosine similarity
+        is then a dot product). An input longer than the embedding context (n_ctx; an embedding model's training
+        context at most) raises ContextOverflowError unless truncate (its first tokens are embedded). Waits for a
+        running generation; a stop Event set from another thread raises Cancelled within one batch of 64 tokens."""
+        one = split(input)[1]
+        with Call(self._gate):
+            embedder = self._embedding()
+            out = vectors(embedder, tokens(embedder, input, truncate), normalize, stop)
+        return out[0] if one else out
+
+    def embedding_tokens(self, input: Input, truncate: bool = False) -> List[List[int]]:
+        """The tokens embed() reads for each input (the embedding model's own when there is one)."""
+        with Call(self._gate):
+            return tokens(self._embedding(), input, truncate)
+
+    @property
+    def embedding_info(self) -> dict:
+        """What embed() computes with: model (the GGUF's path), n_embd, n_ctx (the longest input), pooling."""
+        with Call(self._gate):
+            e = self._embedding()
+            return {"model": e.path, "n_embd": e.n_embd, "n_ctx": e.n_ctx, "pooling": e.pooling}
+
+    def _embedding(self):  # under the gate
+        if self._embedder is None:
+            try:
+                self._embedder = _core.Embedder(self._engine.target, self.n_ctx, self._opts.target.n_threads)
+            finally:
+                logs.drain()
+        return self._embedder

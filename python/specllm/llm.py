@@ -85,7 +85,10 @@ def _interrupt_after():
         raise KeyboardInterrupt
 
 
-class LLM:
+class LLM(memory.MemoryMethods, embed.EmbedMethods):
+    """A target model and, optionally, a drafter (the drafting memory's methods: memory.MemoryMethods; the
+    embeddings': embed.EmbedMethods)."""
+
     def __init__(
         self,
         model: Union[str, os.PathLike],
@@ -318,34 +321,6 @@ class LLM:
             self._engine.reset(bool(keep_memory))
             self._memory_changed()
 
-    # --- the drafting memory (earlier outputs the n-gram drafter looks up)
-    def clear_memory(self) -> None:
-        """Forget earlier outputs and what "auto" learned about drafting from them (the KV cache stays)."""
-        with Call(self._gate):
-            self._engine.clear_memory()
-            self._memory_changed()
-
-    def save_memory(self, path: Union[str, os.PathLike]) -> None:
-        """Write the drafting memory to a file (atomically), for load_memory in another process."""
-        path = _text("path", os.fspath(path))
-        with Call(self._gate):
-            tokens = self._engine.memory()
-        memory.save(path, tokens, self._engine.target.n_vocab, self.model_path)
-
-    def load_memory(self, path: Union[str, os.PathLike]) -> None:
-        """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
-        larger than memory_tokens keeps its newest outputs; what "auto" learned about the memory it replaces starts
-        over. Raises MemoryFileError for a file that is not one, is damaged, or fits another vocabulary."""
-        path = _text("path", os.fspath(path))
-        tokens = memory.load(path, self._engine.target.n_vocab)
-        with Call(self._gate):
-            self._engine.set_memory(tokens)
-            self._memory_changed()
-
-    def _memory_changed(self) -> None:  # under the gate
-        if self._memory_file is not None:
-            self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path)
-
     @property
     def prompt_cache_used(self) -> int:
         """Bytes of KV states the prompt cache holds now (at most prompt_cache_mb MiB)."""
@@ -357,47 +332,6 @@ class LLM:
         done."""
         self._engine.flush_prompt_store()
         return self._engine.prompt_store_bytes
-
-    @property
-    def memory_size(self) -> int:
-        """Tokens in the drafting memory now (outputs and the separators between them)."""
-        return len(self._engine.memory())
-
-    # --- embeddings
-    def embed(self, input: embed.Input, *, normalize: bool = True, truncate: bool = False,
-              stop: Optional[threading.Event] = None):
-        """Embedding vectors (numpy float32) of a text or token id list (shape (n_embd,)) or of a list of those
-        (shape (len(input), n_embd)), as /v1/embeddings serves them: with embedding_model, that model's (its
-        GGUF's pooling); otherwise the mean of the target's last hidden states over the input's tokens, from a
-        context of its own, so the conversation's KV cache stays. normalize: unit length (L2; cosine similarity
-        is then a dot product). An input longer than the embedding context (n_ctx; an embedding model's training
-        context at most) raises ContextOverflowError unless truncate (its first tokens are embedded). Waits for a
-        running generation; a stop Event set from another thread raises Cancelled within one batch of 64 tokens."""
-        one = embed.split(input)[1]
-        with Call(self._gate):
-            embedder = self._embedding()
-            out = embed.vectors(embedder, embed.tokens(embedder, input, truncate), normalize, stop)
-        return out[0] if one else out
-
-    def embedding_tokens(self, input: embed.Input, truncate: bool = False) -> List[List[int]]:
-        """The tokens embed() reads for each input (the embedding model's own when there is one)."""
-        with Call(self._gate):
-            return embed.tokens(self._embedding(), input, truncate)
-
-    @property
-    def embedding_info(self) -> dict:
-        """What embed() computes with: model (the GGUF's path), n_embd, n_ctx (the longest input), pooling."""
-        with Call(self._gate):
-            e = self._embedding()
-            return {"model": e.path, "n_embd": e.n_embd, "n_ctx": e.n_ctx, "pooling": e.pooling}
-
-    def _embedding(self):  # under the gate
-        if self._embedder is None:
-            try:
-                self._embedder = _core.Embedder(self._engine.target, self.n_ctx, self._opts.target.n_threads)
-            finally:
-                logs.drain()
-        return self._embedder
 
     # --- generation
     def generate(self, prompt: Prompt, **options) -> Completion:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import numpy as np
 
 from .errors import MemoryFileError
+from .options import text as _text
+from .stream import Call
 
 log = logging.getLogger("specllm.memory")  # specllm-cli shows this one on stderr
 
@@ -113,3 +115,39 @@ class MemoryFile:
         if self._failing:
             log.warning("the drafting memory is saved to %s again", self.path)
         self._failing = False
+
+
+class MemoryMethods:
+    """LLM's methods over its drafting memory (earlier outputs the n-gram drafter looks up)."""
+
+    def clear_memory(self) -> None:
+        """Forget earlier outputs and what "auto" learned about drafting from them (the KV cache stays)."""
+        with Call(self._gate):
+            self._engine.clear_memory()
+            self._memory_changed()
+
+    def save_memory(self, path: Union[str, os.PathLike]) -> None:
+        """Write the drafting memory to a file (atomically), for load_memory in another process."""
+        path = _text("path", os.fspath(path))
+        with Call(self._gate):
+            tokens = self._engine.memory()
+        save(path, tokens, self._engine.target.n_vocab, self.model_path)
+
+    def load_memory(self, path: Union[str, os.PathLike]) -> None:
+        """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
+        larger than memory_tokens keeps its newest outputs; what "auto" learned about the memory it replaces starts
+        over. Raises MemoryFileError for a file that is not one, is damaged, or fits another vocabulary."""
+        path = _text("path", os.fspath(path))
+        tokens = load(path, self._engine.target.n_vocab)
+        with Call(self._gate):
+            self._engine.set_memory(tokens)
+            self._memory_changed()
+
+    def _memory_changed(self) -> None:  # under the gate
+        if self._memory_file is not None:
+            self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path)
+
+    @property
+    def memory_size(self) -> int:
+        """Tokens in the drafting memory now (outputs and the separators between them)."""
+        return len(self._engine.memory())

@@ -26,7 +26,7 @@ from pydantic import Field, ValidationError
 
 from .. import __version__
 from ..errors import InvalidOptionError
-from . import jobs
+from . import embeddings, jobs
 from . import protocol as p
 from . import routes
 from . import tools as tool_calls
@@ -274,19 +274,27 @@ def _details(state) -> dict:
             "quantization_level": quant}
 
 
-def _card(state) -> dict:
-    path = state.llm.model_path
-    st = os.stat(path)
-    return {"name": f"{state.model_id}:latest", "model": f"{state.model_id}:latest",
+def _card(state, path: Optional[str] = None, name: Optional[str] = None) -> dict:
+    """/api/tags' entry of the chat model, or of the embedding model at path named name."""
+    st = os.stat(path or state.llm.model_path)
+    details = _details(state) if path is None else {"format": "gguf", "family": "", "families": []}
+    name = name or state.model_id
+    return {"name": f"{name}:latest", "model": f"{name}:latest",
             "modified_at": datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).isoformat(),
-            "size": st.st_size, "digest": f"{st.st_size:x}{int(st.st_mtime):x}", "details": _details(state)}
+            "size": st.st_size, "digest": f"{st.st_size:x}{int(st.st_mtime):x}", "details": details}
+
+
+def _cards(state) -> list:
+    """The chat model's entry and, with serve --embedding-model, the embedding model's (embeddings.py)."""
+    path = state.llm.embedding_model
+    return [_card(state)] + ([] if path is None else [_card(state, path, embeddings.names(state)[0])])
 
 
 @router.get("/api/tags")
 async def tags(request: Request):
     state = jobs.server_state(request)
     state.require_ready()
-    return {"models": [_card(state)]}
+    return {"models": _cards(state)}
 
 
 @router.get("/api/ps")
