@@ -171,3 +171,11 @@ def test_closed(make_llm, tiny):
     llm.close()
     with pytest.raises(SpecLLMError, match="closed"):
         llm.embed("x")
+
+
+def test_a_recurrent_model_embeds_each_input_from_a_clear_state(make_llm, tiny):
+    with make_llm(tiny["recurrent"], None) as llm:  # Mamba: a state, not a KV cache, that each input starts afresh
+        alone = llm.embed("hello world")
+        after = llm.embed([LONG, "hello world"])
+        np.testing.assert_array_equal(after[1], alone)
+        assert np.abs(after[0] - alone).max() > 1e-2
