@@ -1179,8 +1179,10 @@ def test_logprobs_scoring_times_a_prompt_with_and_without(tiny, capsys):
 def test_embed_times_an_embedding_against_a_prefill(tiny, capsys):
     from bench.embed import main
 
-    main(["8", "100", "--model", tiny["target"], "--rounds", "1", "--threads", "1"])
-    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
-    assert [int(r[1]) for r in rows] == [8, 100] and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows)
-    with pytest.raises(SystemExit):
-        main(["0", "--model", tiny["target"]])
+    main(["8", "100", "--model", tiny["target"], "--rounds", "1", "--threads", "1", "--short", "6x5"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [int(r[1]) for r in rows[1:3]] == [8, 100] and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows[1:3])
+    assert rows[4][1].strip() == "6 x 5" and float(rows[4][4]) > 0
+    for bad in (["0"], ["8", "--short", "6"], ["8", "--short", "0x5"]):
+        with pytest.raises(SystemExit):
+            main(bad + ["--model", tiny["target"]])

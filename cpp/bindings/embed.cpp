@@ -29,7 +29,8 @@ void register_embed(py::module_ & m) {
         .def_property_readonly("description", &Embedder::description)
         .def_property_readonly("path", &Embedder::path)
         .def("tokenize", &Embedder::tokenize, py::arg("text"))
-        .def("embed", [](Embedder & e, const std::vector<llama_token> & tokens, bool normalize, py::object poll) {
+        .def("embed", [](Embedder & e, const std::vector<std::vector<llama_token>> & inputs, bool normalize,
+                         py::object poll) {
             // before every decode batch: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll
             auto check = [&poll] {
                 py::gil_scoped_acquire gil;
@@ -40,11 +41,17 @@ void register_embed(py::module_ & m) {
                     poll();
                 }
             };
-            std::vector<float> v;
+            std::vector<std::vector<float>> v;
             {
                 py::gil_scoped_release nogil;
-                v = e.embed(tokens, normalize, check);
+                v = e.embed(inputs, normalize, check);
             }
-            return py::array_t<float>((py::ssize_t) v.size(), v.data());
-        }, py::arg("tokens"), py::arg("normalize") = true, py::arg("poll") = py::none());
+            py::array_t<float> out({(py::ssize_t) v.size(), (py::ssize_t) e.n_embd()});
+            auto a = out.mutable_unchecked<2>();
+            for (size_t i = 0; i < v.size(); ++i) {
+                std::copy(v[i].begin(), v[i].end(), a.mutable_data((py::ssize_t) i, 0));
+            }
+            return out;
+        }, py::arg("inputs"), py::arg("normalize") = true, py::arg("poll") = py::none(),
+        "(len(inputs), n_embd) float32");
 }

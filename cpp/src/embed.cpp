@@ -56,7 +56,8 @@ void Embedder::init_context(int n_ctx, int n_threads) {
     llama_context_params cparams = llama_context_default_params();
     cparams.embeddings = true;
     cparams.pooling_type = LLAMA_POOLING_TYPE_UNSPECIFIED; // the GGUF's (a generative model's: none)
-    cparams.n_seq_max = 1;
+    cparams.n_seq_max = max_seqs;
+    cparams.kv_unified = true; // the sequences of a batch share the cache: each input may be as long as n_ctx
     cparams.n_threads = cparams.n_threads_batch = n_threads > 0 ? n_threads : default_threads();
     cparams.no_perf = true;
     auto create = [&](int limit, int rows) {
@@ -107,15 +108,7 @@ std::vector<llama_token> Embedder::tokenize(const std::string & text) const {
     return tokenize_text(vocab_, text, true, true);
 }
 
-void Embedder::decode_rows(const llama_token * tokens, int n, int pos0, bool encode) {
-    batch_.n_tokens = n;
-    for (int j = 0; j < n; ++j) {
-        batch_.token[j] = tokens[j];
-        batch_.pos[j] = pos0 + j;
-        batch_.n_seq_id[j] = 1;
-        batch_.seq_id[j][0] = 0;
-        batch_.logits[j] = 1; // every row's hidden state is pooled
-    }
+void Embedder::decode(bool encode) {
     const int32_t rc = encode ? llama_encode(ctx_.get(), batch_) : llama_decode(ctx_.get(), batch_);
     if (rc != 0) {
         llama_memory_clear(llama_get_memory(ctx_.get()), true);
@@ -125,10 +118,19 @@ void Embedder::decode_rows(const llama_token * tokens, int n, int pos0, bool enc
     }
 }
 
-std::vector<float> Embedder::embed(const std::vector<llama_token> & tokens, bool normalize,
-                                   const std::function<void()> & poll) {
-    const int n = (int) tokens.size();
-    if (n == 0) {
+void Embedder::add_rows(const llama_token * tokens, int n, int pos0, int seq) {
+    for (int j = 0; j < n; ++j) {
+        const int r = batch_.n_tokens++;
+        batch_.token[r] = tokens[j];
+        batch_.pos[r] = pos0 + j;
+        batch_.n_seq_id[r] = 1;
+        batch_.seq_id[r][0] = seq;
+        batch_.logits[r] = 1; // every row's hidden state is pooled
+    }
+}
+
+void Embedder::check(const std::vector<llama_token> & tokens) const {
+    if (tokens.empty()) {
         throw InvalidArgument("an empty input has no embedding: pass a text of at least one token");
     }
     for (llama_token t : tokens) {
@@ -137,62 +139,107 @@ std::vector<float> Embedder::embed(const std::vector<llama_token> & tokens, bool
                                   "(0.." + std::to_string(n_vocab_ - 1) + ")");
         }
     }
-    if (n > n_ctx_) {
-        throw ContextOverflowError("an input of " + std::to_string(n) + " tokens is longer than the embedding "
-                                   "context (" + std::to_string(n_ctx_) + " tokens): shorten it, or let it be "
-                                   "truncated (truncate=True)");
+    if ((int) tokens.size() > n_ctx_) {
+        throw ContextOverflowError("an input of " + std::to_string(tokens.size()) + " tokens is longer than the "
+                                   "embedding context (" + std::to_string(n_ctx_) + " tokens): shorten it, or let "
+                                   "it be truncated (truncate=True)");
+    }
+}
+
+std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<llama_token>> & inputs, bool normalize,
+                                                const std::function<void()> & poll) {
+    for (const auto & tokens : inputs) {
+        check(tokens); // a bad input anywhere: nothing is decoded
     }
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    llama_memory_clear(mem, true);
-    std::vector<double> sum((size_t) n_embd_, 0.0);
-    const float * pooled = nullptr;
-    if (pool_here_) {
-        for (int i0 = 0; i0 < n; i0 += batch_rows) {
-            if (poll) {
-                poll(); // a throw leaves rows in the memory: the next embed() clears it first
-            }
-            const int rows = std::min(batch_rows, n - i0);
-            decode_rows(tokens.data() + i0, rows, i0, false);
-            for (int j = 0; j < rows; ++j) {
-                const float * row = llama_get_embeddings_ith(ctx_.get(), j);
-                if (row == nullptr) {
-                    throw DecodeError("llama.cpp returned no hidden state for row " + std::to_string(j));
-                }
-                for (int d = 0; d < n_embd_; ++d) {
-                    sum[(size_t) d] += row[d];
-                }
-            }
+    const bool encoder_only = llama_model_has_encoder(model_) && !llama_model_has_decoder(model_);
+    const int cap = (int) llama_n_batch(ctx_.get());
+    std::vector<std::vector<double>> sums(inputs.size(), std::vector<double>((size_t) n_embd_, 0.0));
+    for (size_t i = 0; i < inputs.size();) {
+        // consecutive inputs that fit one batch together share it, each its own sequence (a short input alone
+        // leaves most of a batch's arithmetic unused); a longer one is decoded alone, in batches (pooled here)
+        size_t end = i;
+        int rows = 0;
+        while (end < inputs.size() && end - i < (size_t) max_seqs && rows + (int) inputs[end].size() <= cap) {
+            rows += (int) inputs[end++].size();
         }
-        for (double & v : sum) {
-            v /= n;
+        llama_memory_clear(mem, true);
+        if (end == i) {
+            const std::vector<llama_token> & tokens = inputs[i];
+            const int n = (int) tokens.size();
+            for (int i0 = 0; i0 < n; i0 += cap) {
+                if (poll) {
+                    poll(); // a throw leaves rows in the memory: the next pack clears it first
+                }
+                batch_.n_tokens = 0;
+                add_rows(tokens.data() + i0, std::min(cap, n - i0), i0, 0);
+                decode(false);
+                accumulate(0, batch_.n_tokens, sums[i]);
+            }
+            ++i;
+            continue;
         }
-    } else {
         if (poll) {
             poll();
         }
-        const bool encoder_only = llama_model_has_encoder(model_) && !llama_model_has_decoder(model_);
-        decode_rows(tokens.data(), n, 0, encoder_only);
-        pooled = llama_get_embeddings_seq(ctx_.get(), 0);
-        if (pooled == nullptr) {
-            throw DecodeError("llama.cpp returned no pooled embedding for the input");
+        batch_.n_tokens = 0;
+        for (size_t k = i; k < end; ++k) {
+            add_rows(inputs[k].data(), (int) inputs[k].size(), 0, (int) (k - i));
         }
-        for (int d = 0; d < n_embd_; ++d) {
-            sum[(size_t) d] = pooled[d];
+        decode(!pool_here_ && encoder_only);
+        int row = 0;
+        for (size_t k = i; k < end; ++k) {
+            const int n = (int) inputs[k].size();
+            if (pool_here_) {
+                accumulate(row, n, sums[k]);
+            } else {
+                const float * pooled = llama_get_embeddings_seq(ctx_.get(), (llama_seq_id) (k - i));
+                if (pooled == nullptr) {
+                    throw DecodeError("llama.cpp returned no pooled embedding for input " + std::to_string(k));
+                }
+                std::copy(pooled, pooled + n_embd_, sums[k].begin());
+            }
+            row += n;
         }
+        i = end;
     }
     llama_memory_clear(mem, true);
+    std::vector<std::vector<float>> out;
+    out.reserve(inputs.size());
+    for (size_t k = 0; k < inputs.size(); ++k) {
+        // pooled here: the sum over the input's rows, into their mean
+        const double scale = pool_here_ ? 1.0 / (double) inputs[k].size() : 1.0;
+        out.push_back(finish(sums[k], scale, normalize));
+    }
+    return out;
+}
+
+void Embedder::accumulate(int row0, int n, std::vector<double> & sum) const {
+    for (int r = row0; r < row0 + n; ++r) {
+        const float * h = llama_get_embeddings_ith(ctx_.get(), r);
+        if (h == nullptr) {
+            throw DecodeError("llama.cpp returned no hidden state for row " + std::to_string(r));
+        }
+        for (int d = 0; d < n_embd_; ++d) {
+            sum[(size_t) d] += h[d];
+        }
+    }
+}
+
+std::vector<float> Embedder::finish(const std::vector<double> & sum, double scale, bool normalize) const {
     double norm = 0.0;
     for (double v : sum) {
         if (!std::isfinite(v)) {
             throw DecodeError("the model computed a non-finite embedding: its weights or this build's kernels are "
                               "broken; try another quantization");
         }
-        norm += v * v;
+        norm += v * scale * v * scale;
     }
     norm = std::sqrt(norm);
+    const double k = normalize && norm > 0.0 ? scale / norm : scale;
     std::vector<float> out((size_t) n_embd_);
     for (int d = 0; d < n_embd_; ++d) {
-        out[(size_t) d] = (float) (normalize && norm > 0.0 ? sum[(size_t) d] / norm : sum[(size_t) d]);
+        out[(size_t) d] = (float) (sum[(size_t) d] * k);
     }
     return out;
 }

@@ -64,19 +64,16 @@ def tokens(embedder, value: Input, truncate: bool) -> List[List[int]]:
 
 def vectors(embedder, token_lists: List[List[int]], normalize: bool,
             stop: Optional[threading.Event] = None) -> np.ndarray:
-    """(len(token_lists), n_embd) float32; a stop set from another thread raises Cancelled before the next batch of
-    rows (~64 tokens)."""
+    """(len(token_lists), n_embd) float32; a stop set from another thread raises Cancelled before the next decode
+    batch (64 rows of one input, or several short inputs together)."""
     def poll():
         if stop is not None and stop.is_set():
             raise Cancelled("the embedding was cancelled")
 
-    out = np.empty((len(token_lists), embedder.n_embd), dtype=np.float32)
     try:
-        for i, ids in enumerate(token_lists):
-            out[i] = embedder.embed(ids, bool(normalize), poll)
+        return embedder.embed(token_lists, bool(normalize), poll)
     finally:
         logs.drain()
-    return out
 
 
 def load(path: Union[str, os.PathLike], n_ctx: int, n_threads: int, n_gpu_layers: int):

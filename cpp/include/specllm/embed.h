@@ -22,6 +22,7 @@ namespace specllm {
 class Embedder {
   public:
     static constexpr int batch_rows = 64; // rows per decode when pooling here: 39 MB of logits for Qwen2.5
+    static constexpr int max_seqs = 16;   // inputs sharing one decode batch
 
     // over the target's weights; n_ctx: the longest input in tokens
     Embedder(const Model & target, int n_ctx, int n_threads);
@@ -38,15 +39,21 @@ class Embedder {
     const std::string & path() const { return path_; }
 
     std::vector<llama_token> tokenize(const std::string & text) const; // with the model's special tokens
-    // the input's vector (L2-normalized if normalize). Throws InvalidArgument (empty, a token outside the
-    // vocabulary), ContextOverflowError (longer than n_ctx()), DecodeError. poll runs before every decode batch
-    // and may throw to abandon the input (a stop from another thread, Ctrl-C)
-    std::vector<float> embed(const std::vector<llama_token> & tokens, bool normalize,
-                             const std::function<void()> & poll = {});
+    // each input's vector, in order (L2-normalized if normalize). Consecutive inputs that fit one batch together
+    // are decoded in one, each its own sequence (up to max_seqs). Throws InvalidArgument (an empty input, a token
+    // outside the vocabulary), ContextOverflowError (an input longer than n_ctx()) before decoding anything;
+    // DecodeError. poll runs before every decode batch and may throw to abandon the call (a stop from another
+    // thread, Ctrl-C)
+    std::vector<std::vector<float>> embed(const std::vector<std::vector<llama_token>> & inputs, bool normalize,
+                                          const std::function<void()> & poll = {});
 
   private:
     void init_context(int n_ctx, int n_threads);
-    void decode_rows(const llama_token * tokens, int n, int pos0, bool encode);
+    void check(const std::vector<llama_token> & tokens) const;
+    void add_rows(const llama_token * tokens, int n, int pos0, int seq); // to batch_
+    void decode(bool encode);                                             // batch_
+    void accumulate(int row0, int n, std::vector<double> & sum) const;   // rows' hidden states into sum
+    std::vector<float> finish(const std::vector<double> & sum, double scale, bool normalize) const;
 
     llama_model_ptr own_model_;         // an embedding model of its own (none: the target's weights)
     const llama_model * model_ = nullptr;
