@@ -7,21 +7,21 @@ from collections import Counter
 import numpy as np
 
 
-def write_variant(src, dst, edit_output=None, uint32_keys=None):
-    """Copy the GGUF model src to dst with output.weight replaced by edit_output(weight) and the keys of
-    uint32_keys added ({"llama.pooling_type": 1}); return dst."""
+def write_variant(src, dst, edit_output=None, keys=None):
+    """Copy the GGUF model src to dst with output.weight replaced by edit_output(weight) and the keys set to the
+    values of keys (a bool or a uint32: {"llama.pooling_type": 1, "llama.attention.causal": False}); return dst."""
     import gguf
 
     reader = gguf.GGUFReader(os.fspath(src))
     tmp = f"{os.fspath(dst)}.tmp{os.getpid()}"
     w = gguf.GGUFWriter(tmp, arch=reader.get_field("general.architecture").contents())
     for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue  # the writer writes these itself
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name in (keys or {}):
+            continue  # the writer writes these itself; keys are set below
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(f.name, f.contents(), f.types[0], sub)
-    for key, value in (uint32_keys or {}).items():
-        w.add_uint32(key, value)
+    for key, value in (keys or {}).items():
+        w.add_bool(key, value) if isinstance(value, bool) else w.add_uint32(key, value)
     for t in reader.tensors:
         data = np.array(t.data)
         if t.name == "output.weight" and edit_output is not None:

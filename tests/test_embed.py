@@ -111,6 +111,8 @@ def test_a_stop_ends_it_and_the_next_call_is_whole(llm):
 
 @pytest.mark.parametrize("bad, error, match", [
     ([], "InvalidOptionError", "empty list"),
+    ("", "InvalidOptionError", "input is empty"),  # even where the model adds a BOS: no text, no embedding
+    (["a", ""], "InvalidOptionError", r"input\[1\] is empty"),
     ([[]], TypeError, r"input\[0\] must be"),
     (5, TypeError, "must be a str"),
     (["a", 3], TypeError, r"input\[1\] must be"),
@@ -144,7 +146,7 @@ def test_an_empty_text_of_a_model_without_bos(make_llm, tiny, tmp_path):
 def pooled_models(tiny, tmp_path_factory):
     """The tiny target with the pooling an embedding model's GGUF declares: mean (1), last (3)."""
     d = tmp_path_factory.mktemp("pooled")
-    return {k: write_variant(tiny["target"], d / f"{k}.gguf", uint32_keys={"llama.pooling_type": v})
+    return {k: write_variant(tiny["target"], d / f"{k}.gguf", keys={"llama.pooling_type": v})
             for k, v in (("mean", 1), ("last", 3))}
 
 
@@ -154,13 +156,52 @@ def test_an_embedding_model_pools_as_its_gguf_says(make_llm, tiny, pooled_models
         assert llm.embedding_model == pooled_models[pooling]
         info = llm.embedding_info
         assert info["pooling"] == pooling and info["model"] == pooled_models[pooling]
-        got = llm.embed(TEXTS)  # the three in one batch, each its own sequence; the reference embeds each alone
-        np.testing.assert_allclose(got, reference(pooled_models[pooling], code, TEXTS), atol=5e-4)
+        # specllm: a causal model's rows in batches of 64, pooled here as declared; the reference: each input in one
+        # batch, pooled by llama.cpp (the long input's cache computed in three batches: flash attention sums in
+        # another order; a wrong row or position moves a vector by ~0.1)
+        got = llm.embed(TEXTS)
+        np.testing.assert_allclose(got, reference(pooled_models[pooling], code, TEXTS), atol=1e-3)
         if pooling == "mean":  # the same weights as the target: llama.cpp's pooling is specllm's own (in 3 batches)
             with make_llm(tiny["target"], None) as own:
                 np.testing.assert_allclose(got, own.embed(TEXTS), atol=5e-4)
         else:
             assert np.abs(got[2] - reference(tiny["target"], 1, [LONG])[0]).max() > 1e-2
+
+
+def test_a_model_attending_both_ways_takes_each_input_whole(make_llm, tiny, tmp_path):
+    """A BERT-style model (no causal mask, no pooling declared): each input in one batch, its mean taken here, at
+    most its training context (a position table ends there)."""
+    path = write_variant(tiny["target"], tmp_path / "both.gguf",
+                         keys={"llama.attention.causal": False, "llama.context_length": 256})
+    with make_llm(tiny["target"], None, embedding_model=path) as llm:
+        assert llm.embedding_info["n_ctx"] == 256 and llm.embedding_info["pooling"] == "mean"
+        np.testing.assert_allclose(llm.embed(TEXTS), reference(path, 0, TEXTS), atol=5e-4)
+        causal = reference(tiny["target"], 0, [LONG])[0]
+        assert np.abs(llm.embed(LONG) - causal).max() > 1e-2  # the tokens attend both ways
+        from specllm import ContextOverflowError
+        with pytest.raises(ContextOverflowError, match="256"):
+            llm.embed(LONG * 3)
+        assert len(llm.embedding_tokens(LONG * 3, truncate=True)[0]) == 256
+
+
+def test_truncation_keeps_the_tokens_the_model_adds_at_the_end(make_llm, tiny, tmp_path):
+    path = write_variant(tiny["target"], tmp_path / "eos.gguf", keys={"tokenizer.ggml.add_eos_token": True,
+                                                                         "llama.pooling_type": 3})
+    with make_llm(tiny["target"], None, embedding_model=path) as llm:
+        eos = llm.embedding_tokens("x")[0][-1]
+        ids = llm.embedding_tokens(LONG * 20, truncate=True)[0]
+        assert len(ids) == llm.embedding_info["n_ctx"] and ids[-1] == eos and ids[-2] != eos
+        # last-token pooling reads that end token: the cut text's vector is its own, with its end
+        cut = llm.embed(ids[:-1] + [eos])
+        np.testing.assert_array_equal(llm.embed(LONG * 20, truncate=True), cut)
+
+
+def test_a_reranking_model_is_refused(make_llm, tiny, tmp_path):
+    from specllm import SpecLLMError
+
+    path = write_variant(tiny["target"], tmp_path / "rank.gguf", keys={"llama.pooling_type": 4})
+    with pytest.raises(SpecLLMError, match="rank"):
+        make_llm(tiny["target"], None, embedding_model=path)
 
 
 def test_a_bad_embedding_model_fails_at_load(make_llm, tiny, tmp_path):
@@ -178,9 +219,15 @@ def test_a_bad_embedding_model_fails_at_load(make_llm, tiny, tmp_path):
 def test_closed(make_llm, tiny):
     from specllm import SpecLLMError
 
+    import gc
+    import weakref
+
     llm = make_llm(tiny["target"], None)
     llm.embed("x")
+    engine = weakref.ref(llm._engine)  # the embedding context over its weights must not keep it alive
     llm.close()
+    gc.collect()
+    assert engine() is None
     with pytest.raises(SpecLLMError, match="closed"):
         llm.embed("x")
 

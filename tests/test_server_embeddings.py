@@ -69,7 +69,9 @@ def test_openai_client_base64_and_float(server, client, local):
     ({"input": []}, 400, "input", "invalid_value"),
     ({"input": [5, 10 ** 7]}, 400, "input", "invalid_value"),
     ({"input": "hi", "model": "gpt-4o"}, 404, "model", "model_not_found"),
+    ({"input": ["a", ""]}, 400, "input", "invalid_value"),
     ({"input": "hi", "dimensions": 8}, 400, "dimensions", "invalid_value"),
+    ({"input": "hi", "dimensions": 0}, 400, None, None),
     ({"input": "hi", "encoding_format": "int8"}, 400, None, None),
     ({"input": 5}, 400, None, None),
     ({}, 400, None, None),
@@ -102,6 +104,16 @@ def test_ollama_embed_and_legacy(server, local):
     with pytest.raises(ollama.ResponseError) as e:
         o.embed(model="llama3", input="hi")
     assert e.value.status_code == 404
+    cut = o.embed(model=MODEL, input=TEXTS, dimensions=16).embeddings  # Ollama's: cut, normalized again
+    want = local.embed(TEXTS)[:, :16]
+    np.testing.assert_allclose(cut, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ollama.ResponseError) as e:
+        o.embed(model=MODEL, input="hi", dimensions=10000)
+    assert e.value.status_code == 400 and "dimensions" in str(e.value)
+    for empty in ({"model": MODEL}, {"model": MODEL, "input": ""}, {"model": MODEL, "input": []}):
+        r = post(server, "/api/embed", empty)  # Ollama's way to load a model: no embeddings
+        assert r.status_code == 200 and r.json()["embeddings"] == []
+    assert post(server, "/api/embeddings", {"model": MODEL}).json() == {"embedding": []}
     legacy = o.embeddings(model=MODEL, prompt="hello world").embedding  # not normalized, as Ollama's
     np.testing.assert_allclose(legacy, local.embed("hello world", normalize=False), rtol=1e-6)
     assert abs(np.linalg.norm(legacy) - 1) > 0.1
@@ -135,7 +147,7 @@ def test_waits_behind_a_generation_and_a_client_gone_while_queued_is_skipped(ser
 def embedding_model(tiny, tmp_path_factory):
     """An embedding model's GGUF: the tiny target's weights declaring mean pooling (named "embedder")."""
     return write_variant(tiny["target"], tmp_path_factory.mktemp("emb") / "embedder.gguf",
-                         uint32_keys={"llama.pooling_type": 1})
+                         keys={"llama.pooling_type": 1})
 
 
 def test_serve_with_an_embedding_model(tiny, tmp_path_factory, embedding_model, local):
@@ -153,12 +165,17 @@ def test_serve_with_an_embedding_model(tiny, tmp_path_factory, embedding_model, 
                          embedding_model=embedding_model) as ref:
             want = ref.embed(TEXTS)
         assert want.shape == (3, 64) and local.embed(TEXTS).shape == (3, 512)  # not the chat model's
-        for name in ("embedder", MODEL, None):
+        for name in ("embedder", MODEL, None):  # the answer names the model that embedded
             kw = {} if name is None else {"model": name}
             r = c.embeddings.create(input=TEXTS, **kw) if name else httpx.post(
                 f"{s.url}/v1/embeddings", json={"input": TEXTS}, timeout=60).json()
             data = r["data"] if isinstance(r, dict) else [d.model_dump() for d in r.data]
             np.testing.assert_array_equal(np.array([d["embedding"] for d in data], dtype=np.float32), want)
+            assert (r["model"] if isinstance(r, dict) else r.model) == "embedder"
+        show = httpx.post(f"{s.url}/api/show", json={"model": "embedder:latest"}, timeout=10).json()
+        assert show["capabilities"] == ["embedding"]
+        assert "embedding" not in httpx.post(f"{s.url}/api/show", json={"model": MODEL}, timeout=10).json()[
+            "capabilities"]
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="embedder", messages=MESSAGES, max_tokens=4)
         assert c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4).choices[0].message.content

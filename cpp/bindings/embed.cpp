@@ -28,7 +28,7 @@ void register_embed(py::module_ & m) {
         .def_property_readonly("pooling", &Embedder::pooling)
         .def_property_readonly("description", &Embedder::description)
         .def_property_readonly("path", &Embedder::path)
-        .def("tokenize", &Embedder::tokenize, py::arg("text"))
+        .def("tokenize", &Embedder::tokenize, py::arg("text"), py::arg("add_special") = true)
         .def("embed", [](Embedder & e, const std::vector<std::vector<llama_token>> & inputs, bool normalize,
                          py::object poll) {
             // before every decode batch: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll

@@ -13,32 +13,9 @@ Embedder::Embedder(const Model & target, int n_ctx, int n_threads)
     init_context(n_ctx, n_threads);
 }
 
-Embedder::Embedder(const ModelOptions & opts) : path_(opts.path) {
-    log_capture_install();
-    if (opts.n_ctx < 16 || opts.n_ctx > max_ctx) {
-        throw InvalidArgument("n_ctx must be between 16 and " + std::to_string(max_ctx) + ", got " +
-                              std::to_string(opts.n_ctx));
-    }
-    if (opts.n_threads < 0 || opts.n_threads > max_threads) {
-        throw InvalidArgument("n_threads must be between 0 (all cores) and " + std::to_string(max_threads) +
-                              ", got " + std::to_string(opts.n_threads));
-    }
-    check_gguf_file(opts.path);
-    log_take_errors();
-    llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers = opts.n_gpu_layers;
-    own_model_.reset(llama_model_load_from_file(opts.path.c_str(), mparams));
-    if (!own_model_) {
-        std::string why = log_take_errors();
-        throw ModelLoadError("llama.cpp could not load the embedding model '" + opts.path + "' (corrupt, truncated, "
-                             "or an unsupported architecture)" + (why.empty() ? "" : ": " + why));
-    }
-    model_ = own_model_.get();
-    vocab_ = llama_model_get_vocab(model_);
-    if (llama_vocab_type(vocab_) == LLAMA_VOCAB_TYPE_NONE || llama_vocab_n_tokens(vocab_) <= 0) {
-        throw ModelLoadError("'" + opts.path + "' has no tokenizer (vocabulary type none): an embedding model needs "
-                             "one to read text");
-    }
+Embedder::Embedder(const ModelOptions & opts)
+    : own_model_(load_model(opts, "the embedding model ")), model_(own_model_.get()),
+      vocab_(llama_model_get_vocab(model_)), path_(opts.path) {
     init_context(opts.n_ctx, opts.n_threads);
 }
 
@@ -47,7 +24,8 @@ Embedder::~Embedder() {
 }
 
 void Embedder::init_context(int n_ctx, int n_threads) {
-    if (llama_model_has_encoder(model_) && llama_model_has_decoder(model_)) {
+    encoder_only_ = llama_model_has_encoder(model_) && !llama_model_has_decoder(model_);
+    if (llama_model_has_encoder(model_) && !encoder_only_) {
         throw InvalidArgument("'" + path_ + "' is an encoder-decoder model (T5-style): specllm embeds with a "
                               "decoder's or an encoder's own states, not a pair's; pass an embedding model");
     }
@@ -55,14 +33,14 @@ void Embedder::init_context(int n_ctx, int n_threads) {
     n_embd_ = llama_model_n_embd_out(model_);
     llama_context_params cparams = llama_context_default_params();
     cparams.embeddings = true;
-    cparams.pooling_type = LLAMA_POOLING_TYPE_UNSPECIFIED; // the GGUF's (a generative model's: none)
     cparams.n_seq_max = max_seqs;
     cparams.kv_unified = true; // the sequences of a batch share the cache: each input may be as long as n_ctx
     cparams.n_threads = cparams.n_threads_batch = n_threads > 0 ? n_threads : default_threads();
     cparams.no_perf = true;
-    auto create = [&](int limit, int rows) {
+    auto create = [&](int limit, int rows, enum llama_pooling_type pooling) {
         cparams.n_ctx = (uint32_t) ((limit + 255) / 256 * 256);
         cparams.n_batch = cparams.n_ubatch = (uint32_t) std::min(rows, (int) cparams.n_ctx);
+        cparams.pooling_type = pooling;
         ctx_.reset(llama_init_from_model(const_cast<llama_model *>(model_), cparams));
         if (!ctx_) {
             std::string why = log_take_errors();
@@ -71,47 +49,57 @@ void Embedder::init_context(int n_ctx, int n_threads) {
                                  (why.empty() ? "" : ": " + why));
         }
     };
-    create(n_ctx, batch_rows);
+    // a small context first, to read what the GGUF declares: its pooling (a generative model: none), whether it
+    // attends both ways, whether it keeps a cache
+    create(256, batch_rows, LLAMA_POOLING_TYPE_UNSPECIFIED);
     const enum llama_pooling_type kind = llama_pooling_type(ctx_.get());
     if (kind == LLAMA_POOLING_TYPE_RANK) {
         throw InvalidArgument("'" + path_ + "' is a reranking model (pooling type rank): it scores pairs of texts "
                               "and has no embeddings to serve; pass an embedding model");
     }
-    pool_here_ = kind == LLAMA_POOLING_TYPE_NONE;
-    n_ctx_ = (int) llama_n_ctx(ctx_.get());
-    if (!pool_here_) {
-        // the model's own pooling needs the whole input in one batch (llama.cpp pools per batch, and an encoder
-        // attends both ways): one batch as long as the context, at most what the model was trained on
-        const int n_train = llama_model_n_ctx_train(model_);
+    const bool causal = llama_get_causal_attn(ctx_.get()) && llama_get_memory(ctx_.get()) != nullptr && !encoder_only_;
+    const int n_train = llama_model_n_ctx_train(model_);
+    ctx_.reset();
+    if (causal && kind != LLAMA_POOLING_TYPE_CLS) {
+        // a causal model with a cache: its hidden states decoded in batches of batch_rows (an input may be as long
+        // as the context) and pooled here, the mean (none declared, or mean) or the last row's (last)
+        pooling_ = kind == LLAMA_POOLING_TYPE_LAST ? Pooling::last : Pooling::mean;
+        create(own_model_ && n_train > 0 ? std::min(n_ctx, n_train) : n_ctx, batch_rows, LLAMA_POOLING_TYPE_NONE);
+        n_ctx_ = (int) llama_n_ctx(ctx_.get());
+    } else {
+        // both ways (BERT), no cache (an encoder), or CLS: the whole input in one batch, at most the length the
+        // model was trained on (a position table ends there); pooled as declared by llama.cpp, none declared: the
+        // mean here
+        pooling_ = kind == LLAMA_POOLING_TYPE_NONE ? Pooling::mean : Pooling::model;
         n_ctx_ = n_train > 0 ? std::min(n_ctx, n_train) : n_ctx;
-        ctx_.reset();
-        create(n_ctx_, max_ctx);
+        create(n_ctx_, max_ctx, kind);
     }
     batch_ = llama_batch_init((int32_t) llama_n_batch(ctx_.get()), 0, 1);
 }
 
 std::string Embedder::pooling() const {
-    switch (llama_pooling_type(ctx_.get())) {
-        case LLAMA_POOLING_TYPE_CLS: return "cls";
-        case LLAMA_POOLING_TYPE_LAST: return "last";
-        default: return "mean";
+    switch (pooling_) {
+        case Pooling::last: return "last";
+        case Pooling::mean: return "mean";
+        default: return llama_pooling_type(ctx_.get()) == LLAMA_POOLING_TYPE_CLS ? "cls"
+                        : llama_pooling_type(ctx_.get()) == LLAMA_POOLING_TYPE_LAST ? "last" : "mean";
     }
 }
 
 std::string Embedder::description() const {
-    char buf[256];
-    int n = llama_model_desc(model_, buf, sizeof(buf));
-    return n > 0 ? std::string(buf, std::min<size_t>((size_t) n, sizeof(buf) - 1)) : std::string();
+    return model_description(model_);
 }
 
-std::vector<llama_token> Embedder::tokenize(const std::string & text) const {
-    return tokenize_text(vocab_, text, true, true);
+std::vector<llama_token> Embedder::tokenize(const std::string & text, bool add_special) const {
+    return tokenize_text(vocab_, text, add_special, true);
 }
 
 void Embedder::decode(bool encode) {
     const int32_t rc = encode ? llama_encode(ctx_.get(), batch_) : llama_decode(ctx_.get(), batch_);
     if (rc != 0) {
-        llama_memory_clear(llama_get_memory(ctx_.get()), true);
+        if (llama_get_memory(ctx_.get()) != nullptr) {
+            llama_memory_clear(llama_get_memory(ctx_.get()), true);
+        }
         std::string why = log_take_errors();
         throw DecodeError("llama.cpp failed to compute an embedding (code " + std::to_string(rc) + ")" +
                           (why.empty() ? "" : ": " + why));
@@ -151,8 +139,12 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<ll
     for (const auto & tokens : inputs) {
         check(tokens); // a bad input anywhere: nothing is decoded
     }
-    llama_memory_t mem = llama_get_memory(ctx_.get());
-    const bool encoder_only = llama_model_has_encoder(model_) && !llama_model_has_decoder(model_);
+    llama_memory_t mem = llama_get_memory(ctx_.get()); // null: an encoder keeps no cache
+    auto clear = [mem] {
+        if (mem != nullptr) {
+            llama_memory_clear(mem, true);
+        }
+    };
     const int cap = (int) llama_n_batch(ctx_.get());
     std::vector<std::vector<double>> sums(inputs.size(), std::vector<double>((size_t) n_embd_, 0.0));
     for (size_t i = 0; i < inputs.size();) {
@@ -163,8 +155,8 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<ll
         while (end < inputs.size() && end - i < (size_t) max_seqs && rows + (int) inputs[end].size() <= cap) {
             rows += (int) inputs[end++].size();
         }
-        llama_memory_clear(mem, true);
-        if (end == i) {
+        clear();
+        if (end == i) { // pooled here (a model pooled by llama.cpp takes any input in one batch)
             const std::vector<llama_token> & tokens = inputs[i];
             const int n = (int) tokens.size();
             for (int i0 = 0; i0 < n; i0 += cap) {
@@ -174,7 +166,11 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<ll
                 batch_.n_tokens = 0;
                 add_rows(tokens.data() + i0, std::min(cap, n - i0), i0, 0);
                 decode(false);
-                accumulate(0, batch_.n_tokens, sums[i]);
+                if (pooling_ == Pooling::mean) {
+                    accumulate(0, batch_.n_tokens, sums[i]);
+                } else if (i0 + cap >= n) {
+                    accumulate(batch_.n_tokens - 1, 1, sums[i]); // last: the input's last row
+                }
             }
             ++i;
             continue;
@@ -186,12 +182,14 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<ll
         for (size_t k = i; k < end; ++k) {
             add_rows(inputs[k].data(), (int) inputs[k].size(), 0, (int) (k - i));
         }
-        decode(!pool_here_ && encoder_only);
+        decode(encoder_only_);
         int row = 0;
         for (size_t k = i; k < end; ++k) {
             const int n = (int) inputs[k].size();
-            if (pool_here_) {
+            if (pooling_ == Pooling::mean) {
                 accumulate(row, n, sums[k]);
+            } else if (pooling_ == Pooling::last) {
+                accumulate(row + n - 1, 1, sums[k]);
             } else {
                 const float * pooled = llama_get_embeddings_seq(ctx_.get(), (llama_seq_id) (k - i));
                 if (pooled == nullptr) {
@@ -203,12 +201,12 @@ std::vector<std::vector<float>> Embedder::embed(const std::vector<std::vector<ll
         }
         i = end;
     }
-    llama_memory_clear(mem, true);
+    clear();
     std::vector<std::vector<float>> out;
     out.reserve(inputs.size());
     for (size_t k = 0; k < inputs.size(); ++k) {
         // pooled here: the sum over the input's rows, into their mean
-        const double scale = pool_here_ ? 1.0 / (double) inputs[k].size() : 1.0;
+        const double scale = pooling_ == Pooling::mean ? 1.0 / (double) inputs[k].size() : 1.0;
         out.push_back(finish(sums[k], scale, normalize));
     }
     return out;

@@ -42,7 +42,7 @@ int default_threads() {
     return n == 0 ? 4 : (int) n;
 }
 
-Model::Model(const ModelOptions & opts) : opts_(opts) {
+llama_model_ptr load_model(const ModelOptions & opts, const std::string & what) {
     log_capture_install();
     if (opts.n_ctx < 16 || opts.n_ctx > max_ctx) {
         throw InvalidArgument("n_ctx must be between 16 and " + std::to_string(max_ctx) + ", got " +
@@ -61,19 +61,30 @@ Model::Model(const ModelOptions & opts) : opts_(opts) {
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = opts.n_gpu_layers;
     mparams.use_extra_bufts = opts.repack;
-    model_.reset(llama_model_load_from_file(opts.path.c_str(), mparams));
-    if (!model_) {
+    llama_model_ptr model(llama_model_load_from_file(opts.path.c_str(), mparams));
+    if (!model) {
         std::string why = log_take_errors();
-        throw ModelLoadError("llama.cpp could not load '" + opts.path + "' (corrupt, truncated, or an unsupported "
-                             "architecture)" + (why.empty() ? "" : ": " + why));
+        throw ModelLoadError("llama.cpp could not load " + what + "'" + opts.path + "' (corrupt, truncated, or an "
+                             "unsupported architecture)" + (why.empty() ? "" : ": " + why));
     }
+    const llama_vocab * vocab = llama_model_get_vocab(model.get());
+    if (llama_vocab_type(vocab) == LLAMA_VOCAB_TYPE_NONE || llama_vocab_n_tokens(vocab) <= 0) {
+        throw ModelLoadError("'" + opts.path + "' has no tokenizer (vocabulary type none): specllm reads and writes "
+                             "text and needs one; convert the model with its tokenizer");
+    }
+    return model;
+}
+
+std::string model_description(const llama_model * model) {
+    char buf[256];
+    int n = llama_model_desc(model, buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>((size_t) n, sizeof(buf) - 1)) : std::string();
+}
+
+Model::Model(const ModelOptions & opts) : opts_(opts), model_(load_model(opts, "")) {
     vocab_ = llama_model_get_vocab(model_.get());
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     can_rollback_ = !llama_model_is_recurrent(model_.get()) && !llama_model_is_hybrid(model_.get());
-    if (llama_vocab_type(vocab_) == LLAMA_VOCAB_TYPE_NONE || n_vocab_ <= 0) {
-        throw ModelLoadError("'" + opts.path + "' has no tokenizer (vocabulary type none): specllm generates text "
-                             "and needs one; convert the model with its tokenizer");
-    }
 
     const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_threads();
     llama_context_params cparams = llama_context_default_params();
@@ -103,9 +114,7 @@ Model::~Model() {
 }
 
 std::string Model::description() const {
-    char buf[256];
-    int n = llama_model_desc(model_.get(), buf, sizeof(buf));
-    return n > 0 ? std::string(buf, std::min<size_t>((size_t) n, sizeof(buf) - 1)) : std::string();
+    return model_description(model_.get());
 }
 
 std::vector<llama_token> tokenize_text(const llama_vocab * vocab, const std::string & text, bool add_special,

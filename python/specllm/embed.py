@@ -42,24 +42,38 @@ def split(value: Input) -> Tuple[list, bool]:
 
 
 def tokens(embedder, value: Input, truncate: bool) -> List[List[int]]:
-    """Each input's tokens (texts with the model's special tokens, BOS where it adds one), cut to the embedding
-    context when truncate; an input that is empty, too long (and not truncate) or holds an id outside the
-    vocabulary raises InvalidOptionError / ContextOverflowError naming it."""
+    """Each input's tokens (texts with the model's special tokens: BOS, CLS/SEP, EOS as it adds them), cut to the
+    embedding context when truncate (the special tokens the model adds at the end kept: a CLS/SEP or last-token
+    pooling reads them); an input that is empty, too long (and not truncate) or holds an id outside the vocabulary
+    raises InvalidOptionError / ContextOverflowError naming it."""
     items, _ = split(value)
     out = []
     for i, item in enumerate(items):
         name = "input" if len(items) == 1 else f"input[{i}]"
-        ids = embedder.tokenize(_text(name, item)) if isinstance(item, str) else [int(t) for t in item]
+        if isinstance(item, str) and not _text(name, item):
+            raise InvalidOptionError(f"{name} is empty: an embedding needs some text")
+        ids = embedder.tokenize(item) if isinstance(item, str) else [int(t) for t in item]
         if not ids:
             raise InvalidOptionError(f"{name} is empty: an embedding needs at least one token of text")
-        if truncate:
-            ids = ids[:embedder.n_ctx]
-        elif len(ids) > embedder.n_ctx:
-            raise ContextOverflowError(f"{name} has {len(ids)} tokens, more than the embedding context holds "
-                                       f"({embedder.n_ctx}): shorten it, or have it truncated to its first "
-                                       f"{embedder.n_ctx} (embed(truncate=True); Ollama's /api/embed does)")
+        if len(ids) > embedder.n_ctx:
+            if not truncate:
+                raise ContextOverflowError(
+                    f"{name} has {len(ids)} tokens, more than the embedding context holds ({embedder.n_ctx}): "
+                    f"shorten it, or have it truncated to its first {embedder.n_ctx} (embed(truncate=True); "
+                    "Ollama's /api/embed does)")
+            tail = _added_tail(embedder, item) if isinstance(item, str) else []
+            ids = ids[:embedder.n_ctx - len(tail)] + tail
         out.append(ids)
     return out
+
+
+def _added_tail(embedder, text: str) -> List[int]:
+    """The special tokens the tokenizer adds after a text (BERT's SEP, an EOS), found by tokenizing it without."""
+    whole, bare = embedder.tokenize(text), embedder.tokenize(text, False)
+    for start in range(len(whole) - len(bare) + 1):
+        if whole[start:start + len(bare)] == bare:
+            return whole[start + len(bare):]
+    return []
 
 
 def vectors(embedder, token_lists: List[List[int]], normalize: bool,
@@ -76,13 +90,16 @@ def vectors(embedder, token_lists: List[List[int]], normalize: bool,
         logs.drain()
 
 
-def load(path: Union[str, os.PathLike], n_ctx: int, n_threads: int, n_gpu_layers: int):
+MODEL_CTX = 8192  # an embedding model's longest input: this, or its training context if shorter
+
+
+def load(path: Union[str, os.PathLike], n_threads: int, n_gpu_layers: int):
     """An Embedder over an embedding model's GGUF (ModelLoadError if it is not one llama.cpp loads)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"embedding_model must be a path or None, got {type(path).__name__}")
     opts = _core.ModelOptions()
     opts.path = _text("embedding_model", os.fspath(path))
-    opts.n_ctx, opts.n_threads, opts.n_gpu_layers = n_ctx, n_threads, n_gpu_layers
+    opts.n_ctx, opts.n_threads, opts.n_gpu_layers = MODEL_CTX, n_threads, n_gpu_layers
     try:
         return _core.Embedder(opts)
     finally:

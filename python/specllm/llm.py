@@ -187,7 +187,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         self._opts = opts
         self._gate = Gate(float(stream_idle_timeout))
         self._embedder = None if embedding_model is None else embed.load(
-            embedding_model, n_ctx, opts.target.n_threads, n_gpu_layers)  # None: the target's, made when first used
+            embedding_model, opts.target.n_threads, n_gpu_layers)  # None: the target's, made when first used
         self.embedding_model = None if self._embedder is None else self._embedder.path
         try:
             self._engine = _core.Engine(opts)

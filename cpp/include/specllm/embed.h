@@ -2,10 +2,12 @@
 //
 // An Embedder is a llama_context of its own with embeddings on, so that embedding a text never touches the
 // conversation's KV cache: over the target's weights (Embedder(const Model &, ...): no second copy in memory) or
-// over an embedding model's GGUF (Embedder(const ModelOptions &)). A model whose GGUF declares no pooling (a
-// generative model) is pooled here: the mean of the last layer's hidden states over the input's tokens, decoded in
-// batches of batch_rows, so an input may be as long as the context. A model that declares one (an embedding
-// model: mean, CLS, last) is pooled by llama.cpp as declared, the whole input in one batch, as llama-server does.
+// over an embedding model's GGUF (Embedder(const ModelOptions &)). A causal model with a KV cache (a generative
+// model; Qwen3-Embedding-style models) is decoded in batches of batch_rows, so an input may be as long as the
+// context, and pooled here as its GGUF declares: the mean of the last layer's hidden states over the input's tokens
+// (declared mean, or none declared: a generative model) or the last token's. A model that attends both ways (BERT),
+// keeps no cache (an encoder) or declares CLS pooling takes each input whole in one batch, at most its training
+// context, pooled by llama.cpp as declared (none declared: the mean here), as llama-server does.
 #pragma once
 
 #include "specllm/model.h"
@@ -34,11 +36,12 @@ class Embedder {
 
     int n_embd() const { return n_embd_; }
     int n_ctx() const { return n_ctx_; }
-    std::string pooling() const; // "mean" (pooled here) or the model's own: "mean", "cls", "last"
+    std::string pooling() const; // "mean", "cls" or "last"
     std::string description() const;
     const std::string & path() const { return path_; }
 
-    std::vector<llama_token> tokenize(const std::string & text) const; // with the model's special tokens
+    // the text's tokens, with the model's special tokens (BOS, CLS/SEP, EOS as it adds them) if add_special
+    std::vector<llama_token> tokenize(const std::string & text, bool add_special = true) const;
     // each input's vector, in order (L2-normalized if normalize). Consecutive inputs that fit one batch together
     // are decoded in one, each its own sequence (up to max_seqs). Throws InvalidArgument (an empty input, a token
     // outside the vocabulary), ContextOverflowError (an input longer than n_ctx()) before decoding anything;
@@ -64,7 +67,9 @@ class Embedder {
     int n_embd_ = 0;
     int n_ctx_ = 0;
     int n_vocab_ = 0;
-    bool pool_here_ = true;             // the model declares no pooling: the mean is taken here
+    enum class Pooling { mean, last, model }; // taken here from the rows' hidden states, or llama.cpp's
+    Pooling pooling_ = Pooling::mean;
+    bool encoder_only_ = false;         // llama_encode, not llama_decode
 };
 
 } // namespace specllm

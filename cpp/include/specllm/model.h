@@ -95,6 +95,11 @@ std::vector<llama_token> tokenize_text(const llama_vocab * vocab, const std::str
                                        bool parse_special);
 // a readable, non-empty GGUF file at path, or ModelLoadError saying what is wrong with it
 void check_gguf_file(const std::string & path);
+// the model at opts.path loaded with its tokenizer (opts checked), or a typed error; what: "" or "the embedding
+// model " for the messages
+llama_model_ptr load_model(const ModelOptions & opts, const std::string & what);
+std::string model_description(const llama_model * model); // "qwen2 1.5B Q4_K - Medium"
+
 // the hardware's threads (what n_threads = 0 means)
 int default_threads();
 

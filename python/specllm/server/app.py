@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import ipaddress
 import logging
-import os
 import signal
 import threading
 import time
@@ -19,7 +18,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..llm import LLM
-from . import completion, embeddings, errors, infill, messages, ollama, responses, routes
+from . import completion, embeddings, errors, infill, jobs, messages, ollama, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .response_store import ResponseStore
@@ -58,8 +57,7 @@ class State:
 
 def model_id_of(llm: LLM) -> str:
     """The id clients name the model by: its registry name, or the GGUF file's name without .gguf."""
-    name = os.path.basename(llm._model)
-    return name[:-5] if name.endswith(".gguf") else name
+    return jobs.model_id(llm._model)
 
 
 class BodyLimit:

@@ -8,27 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
+import logging
 import threading
 import time
 from typing import List, Literal, Optional, Union
 
+import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import DecodeError, SpecLLMError
 from . import jobs
 from .errors import APIError
 from .worker import Job
 
 router = APIRouter()
+log = logging.getLogger("specllm.server")
 
 
 class EmbedJob(Job):
-    """A job of inputs to embed: its one event is ("result", (vectors, tokens per input))."""
+    """A job of inputs to embed: its one event is ("result", (vectors, tokens per input)). dimensions (when asked
+    for): the vectors' length, refused unless the model's own, or with cut (Ollama's) the first that many of each,
+    normalized again."""
 
-    def __init__(self, inputs, normalize: bool, truncate: bool, loop, metrics):
+    def __init__(self, inputs, normalize: bool, truncate: bool, dimensions: Optional[int], cut: bool, loop, metrics):
         super().__init__([], {}, loop, metrics)
         self.inputs, self.normalize, self.truncate = inputs, normalize, truncate
+        self.dimensions, self.cut = dimensions, cut
         self._stop = threading.Event()
 
     def cancel(self, error=None) -> None:
@@ -43,48 +49,52 @@ class EmbedJob(Job):
             self.t_start = time.monotonic()
         metrics.queue_seconds.observe(self.t_start - self.t_submit)
         try:
+            n_embd = llm.embedding_info["n_embd"]
+            if self.dimensions is not None and (self.dimensions > n_embd or not self.cut and self.dimensions != n_embd):
+                raise DimensionsError(self.dimensions, n_embd)
             tokens = llm.embedding_tokens(self.inputs, self.truncate)
             vectors = llm.embed(tokens, normalize=self.normalize, stop=self._stop)
+            if self.dimensions is not None and self.dimensions < n_embd:
+                vectors = vectors[:, :self.dimensions]
+                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
             metrics.embedded_tokens.inc(sum(len(t) for t in tokens))
             self.post("result", (vectors, [len(t) for t in tokens]))
         except Exception as e:  # a bad input (400) or a failed decode (500): the server goes on
+            if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
+                log.exception("embedding failed")
             if not self._stop.is_set():
                 self.post("error", e)
         finally:
             self.post("end")
 
 
+class DimensionsError(Exception):
+    def __init__(self, asked: int, n: int):
+        super().__init__(f"dimensions {asked}: this model's embeddings have {n} dimensions; leave dimensions out")
+
+
 def names(state) -> List[str]:
     """The model ids an embedding request may name: the embedding model's (its file's name without .gguf) when
-    there is one, and the chat model's."""
-    path = getattr(state.llm, "embedding_model", None)
-    own = [] if path is None else [os.path.basename(path)[:-5] if path.endswith(".gguf") else os.path.basename(path)]
-    return own + [state.model_id]
+    there is one, and the chat model's; the first is the one that embeds."""
+    path = state.llm.embedding_model
+    return ([] if path is None else [jobs.model_id(path)]) + [state.model_id]
 
 
 def _check(state, model: Optional[str], ollama: bool) -> str:
-    """The id to answer with; a 404 for a model this server does not serve."""
+    """The id of the model that embeds (what the answer names); a 404 for a model this server does not serve."""
     ids = names(state)
-    if not model:
-        return ids[0]
-    for i in ids:
-        if model in (i, f"{i}:latest") if ollama else model == i:
-            return model
-    raise APIError(404, f"the model '{model}' does not exist here; embeddings come from "
-                        f"{' or '.join(repr(i) for i in ids)}", "invalid_request_error", "model", "model_not_found")
+    if model and not any(model in (i, f"{i}:latest") if ollama else model == i for i in ids):
+        raise APIError(404, f"the model '{model}' does not exist here; embeddings come from "
+                            f"{' or '.join(repr(i) for i in ids)}", "invalid_request_error", "model",
+                       "model_not_found")
+    return ids[0]
 
 
-def _dimensions(dimensions: Optional[int], n: int) -> None:
-    if dimensions is not None and dimensions != n:
-        raise APIError(400, f"dimensions {dimensions}: this model's embeddings have {n} dimensions, and cutting "
-                            "them short is only meaningful for models trained for it; leave dimensions out",
-                       "invalid_request_error", "dimensions", "invalid_value")
-
-
-async def _embed(request: Request, inputs, normalize: bool, truncate: bool):
+async def _embed(request: Request, inputs, normalize: bool, truncate: bool, dimensions: Optional[int] = None,
+                 cut: bool = False):
     """(vectors, tokens per input) of the inputs, computed on the worker; the API's error when it fails."""
     state = jobs.server_state(request)
-    job = EmbedJob(inputs, normalize, truncate, asyncio.get_running_loop(), state.metrics)
+    job = EmbedJob(inputs, normalize, truncate, dimensions, cut, asyncio.get_running_loop(), state.metrics)
     jobs.enqueue(state, job)
     watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
     result = None
@@ -94,10 +104,7 @@ async def _embed(request: Request, inputs, normalize: bool, truncate: bool):
             if kind == "result":
                 result = value
             elif kind == "error":
-                error = jobs.generation_error(value)
-                if error.status == 400 and error.param is None:
-                    error.param = "input"  # what a bad embedding request can be wrong in
-                raise error
+                raise _error(value)
             else:
                 break
     finally:
@@ -109,6 +116,22 @@ async def _embed(request: Request, inputs, normalize: bool, truncate: bool):
     return result
 
 
+def _error(e: BaseException) -> APIError:
+    if isinstance(e, DimensionsError):
+        return APIError(400, str(e), "invalid_request_error", "dimensions", "invalid_value")
+    error = jobs.generation_error(e)
+    if error.status == 400 and error.param is None:
+        error.param = "input"  # what a bad embedding request can be wrong in
+    elif error.status == 500:
+        error.message = error.message.replace("the generation failed", "the embedding failed")
+    return error
+
+
+def _timed(request: Request, t0: float) -> None:
+    jobs.server_state(request).metrics.request_seconds.labels(endpoint=request.url.path).observe(
+        time.monotonic() - t0)
+
+
 # --- OpenAI
 
 class EmbeddingRequest(BaseModel):
@@ -116,7 +139,7 @@ class EmbeddingRequest(BaseModel):
     input: Union[str, List[str], List[int], List[List[int]]]
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
+    dimensions: Optional[int] = Field(None, ge=1)
     user: Optional[str] = None
 
 
@@ -131,10 +154,11 @@ def _encode(vector, fmt: str):
 async def embeddings(request: Request, req: EmbeddingRequest):
     state = jobs.server_state(request)
     state.require_ready()
+    t0 = time.monotonic()
     model = _check(state, req.model, ollama=False)
-    vectors, counts = await _embed(request, req.input, normalize=True, truncate=False)
-    _dimensions(req.dimensions, vectors.shape[1])
+    vectors, counts = await _embed(request, req.input, normalize=True, truncate=False, dimensions=req.dimensions)
     n = sum(counts)
+    _timed(request, t0)
     return {"object": "list", "model": model,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
                      for i, v in enumerate(vectors)],
@@ -146,9 +170,9 @@ async def embeddings(request: Request, req: EmbeddingRequest):
 class EmbedRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
-    input: Union[str, List[str]]
+    input: Union[str, List[str]] = ""  # none (or ""): Ollama's "load the model", answered with no embeddings
     truncate: bool = True
-    dimensions: Optional[int] = None
+    dimensions: Optional[int] = Field(None, ge=1)
     options: Optional[dict] = None
     keep_alive: Optional[Union[str, int, float]] = None
 
@@ -156,22 +180,24 @@ class EmbedRequest(BaseModel):
 class LegacyEmbedRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str
-    prompt: str
+    prompt: str = ""
     options: Optional[dict] = None
     keep_alive: Optional[Union[str, int, float]] = None
 
 
 @router.post("/api/embed")
 async def ollama_embed(request: Request, req: EmbedRequest):
-    """Ollama's: unit vectors, an input longer than the context cut to it unless truncate is false."""
+    """Ollama's: unit vectors, an input longer than the context cut to it unless truncate is false, dimensions
+    shorter than the model's: the first that many of each vector, normalized again."""
     state = jobs.server_state(request)
     state.require_ready()
     t0 = time.monotonic()
     model = _check(state, req.model, ollama=True)
-    if req.input == []:
+    if req.input in ("", []):
         return {"model": model, "embeddings": [], "total_duration": 0, "load_duration": 0, "prompt_eval_count": 0}
-    vectors, counts = await _embed(request, req.input, normalize=True, truncate=req.truncate)
-    _dimensions(req.dimensions, vectors.shape[1])
+    vectors, counts = await _embed(request, req.input, normalize=True, truncate=req.truncate,
+                                   dimensions=req.dimensions, cut=True)
+    _timed(request, t0)
     return {"model": model, "embeddings": vectors.tolist(), "total_duration": int((time.monotonic() - t0) * 1e9),
             "load_duration": 0, "prompt_eval_count": sum(counts)}
 
@@ -181,8 +207,10 @@ async def ollama_embeddings(request: Request, req: LegacyEmbedRequest):
     """Ollama's legacy endpoint: one prompt, the vector not normalized (as Ollama's is not)."""
     state = jobs.server_state(request)
     state.require_ready()
+    t0 = time.monotonic()
     _check(state, req.model, ollama=True)
     if not req.prompt:
         return {"embedding": []}
     vectors, _ = await _embed(request, [req.prompt], normalize=False, truncate=True)
+    _timed(request, t0)
     return {"embedding": vectors[0].tolist()}

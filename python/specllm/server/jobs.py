@@ -4,6 +4,7 @@ when the client goes away), and turn a failed generation into the API's error.""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Optional
 
@@ -15,6 +16,12 @@ from .errors import APIError
 from .worker import Job, QueueFull, ServerStopping
 
 DISCONNECT_POLL_S = 0.1
+
+
+def model_id(name_or_path: str) -> str:
+    """A model's id: a registry name as it is, a GGUF file's name without .gguf."""
+    name = os.path.basename(name_or_path)
+    return name[:-5] if name.endswith(".gguf") else name
 
 
 def server_state(request: Request):

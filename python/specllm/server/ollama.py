@@ -312,6 +312,11 @@ async def show(request: Request, body: Dict[str, Any]):
     name = body.get("model") or body.get("name")
     if not isinstance(name, str):
         raise _bad("model is required: the name /api/tags lists", "model")
+    if state.llm.embedding_model is not None and name in (embeddings.names(state)[0],
+                                                          f"{embeddings.names(state)[0]}:latest"):
+        card = _cards(state)[1]  # the embedding model of serve --embedding-model: it embeds, nothing else
+        return {"modelfile": "", "parameters": "", "template": "", "details": card["details"], "model_info": {},
+                "capabilities": ["embedding"], "modified_at": card["modified_at"]}
     _check_model(state, name)
     details = _details(state)
     template = state.llm.chat_template
