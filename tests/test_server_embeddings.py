@@ -3,6 +3,7 @@
 
 import os
 import signal
+import time
 
 import httpx
 import numpy as np
@@ -140,6 +141,19 @@ def test_waits_behind_a_generation_and_a_client_gone_while_queued_is_skipped(ser
     r = client.embeddings.create(model=MODEL, input="after")
     assert len(r.data) == 1
     # the skipped request embedded nothing: only "after" was counted
+    assert server.metric("specllm_embedded_tokens_total") == embedded + r.usage.prompt_tokens
+
+
+def test_a_client_gone_while_its_embedding_runs_stops_it(server, client):
+    before = server.metric("specllm_requests_cancelled_total", stage="running")
+    embedded = server.metric("specllm_embedded_tokens_total")
+    body = {"input": [LONG_TEXT[:1800]] * 60}  # 60 x ~1,800 tokens: far longer than the wait below
+    with pytest.raises(httpx.ReadTimeout):
+        post(server, "/v1/embeddings", body, timeout=1.0)
+    assert server.wait_metric("specllm_requests_cancelled_total", before + 1, stage="running") == before + 1
+    t0 = time.monotonic()
+    r = client.embeddings.create(model=MODEL, input="after")  # served at once: the cancelled job has stopped
+    assert time.monotonic() - t0 < 5 and len(r.data) == 1
     assert server.metric("specllm_embedded_tokens_total") == embedded + r.usage.prompt_tokens
 
 

@@ -36,10 +36,15 @@ class EmbedJob(Job):
         self.inputs, self.normalize, self.truncate = inputs, normalize, truncate
         self.dimensions, self.cut = dimensions, cut
         self._stop = threading.Event()
+        self._done = False  # its result is posted: a cancel then stops nothing
 
     def cancel(self, error=None) -> None:
+        with self._lock:
+            running = self.t_start is not None and not self.cancelled and not self._done
         super().cancel(error)
         self._stop.set()  # the running embedding stops before its next batch
+        if running:
+            self._metrics.cancelled.labels(stage="running").inc()
 
     def run(self, llm, metrics) -> None:
         with self._lock:
@@ -58,6 +63,8 @@ class EmbedJob(Job):
                 vectors = vectors[:, :self.dimensions]
                 vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
             metrics.embedded_tokens.inc(sum(len(t) for t in tokens))
+            with self._lock:
+                self._done = True
             self.post("result", (vectors, [len(t) for t in tokens]))
         except Exception as e:  # a bad input (400) or a failed decode (500): the server goes on
             if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
