@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <string>
 
 namespace py = pybind11;
@@ -23,4 +24,18 @@ inline py::str utf8_str(const std::string & s) {
         throw py::error_already_set();
     }
     return py::reinterpret_steal<py::str>(o);
+}
+
+// a poll for a long C++ call made without the GIL (a prefill, an embedding): between its batches, Python's signal
+// handlers run (Ctrl-C raises KeyboardInterrupt), then poll() unless it is None; either may throw to abandon it
+inline std::function<void()> python_poll(const py::object & poll) {
+    return [&poll] {
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() != 0) {
+            throw py::error_already_set();
+        }
+        if (!poll.is_none()) {
+            poll();
+        }
+    };
 }

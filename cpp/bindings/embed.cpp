@@ -31,16 +31,7 @@ void register_embed(py::module_ & m) {
         .def("tokenize", &Embedder::tokenize, py::arg("text"), py::arg("add_special") = true)
         .def("embed", [](Embedder & e, const std::vector<std::vector<llama_token>> & inputs, bool normalize,
                          py::object poll) {
-            // before every decode batch: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll
-            auto check = [&poll] {
-                py::gil_scoped_acquire gil;
-                if (PyErr_CheckSignals() != 0) {
-                    throw py::error_already_set();
-                }
-                if (!poll.is_none()) {
-                    poll();
-                }
-            };
+            const auto check = python_poll(poll); // before every decode batch
             std::vector<std::vector<float>> v;
             {
                 py::gil_scoped_release nogil;

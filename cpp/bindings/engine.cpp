@@ -93,16 +93,7 @@ void register_engine(py::module_ & m) {
                                "entries for prompt tokens 1.. after start() with prompt_logprobs >= 0")
         .def("start", [](Engine & e, const std::vector<llama_token> & prompt, const GenerateOptions & opts,
                          py::object poll) {
-            // between prefill batches: Python's signal handlers (Ctrl-C raises KeyboardInterrupt), then poll
-            auto check = [&poll] {
-                py::gil_scoped_acquire gil;
-                if (PyErr_CheckSignals() != 0) {
-                    throw py::error_already_set();
-                }
-                if (!poll.is_none()) {
-                    poll();
-                }
-            };
+            const auto check = python_poll(poll); // between prefill batches
             py::gil_scoped_release nogil;
             e.start(prompt, opts, check);
         }, py::arg("prompt"), py::arg("opts"), py::arg("poll") = py::none())
