@@ -41,12 +41,11 @@ def split(value: Input) -> Tuple[list, bool]:
     return list(value), False
 
 
-def tokens(embedder, value: Input, truncate: bool) -> List[List[int]]:
+def tokens(embedder, items: list, truncate: bool) -> List[List[int]]:
     """Each input's tokens (texts with the model's special tokens: BOS, CLS/SEP, EOS as it adds them), cut to the
     embedding context when truncate (the special tokens the model adds at the end kept: a CLS/SEP or last-token
     pooling reads them); an input that is empty, too long (and not truncate) or holds an id outside the vocabulary
-    raises InvalidOptionError / ContextOverflowError naming it."""
-    items, _ = split(value)
+    raises InvalidOptionError / ContextOverflowError naming it. items: split()'s."""
     out = []
     for i, item in enumerate(items):
         name = "input" if len(items) == 1 else f"input[{i}]"
@@ -118,16 +117,22 @@ class EmbedMethods:
         is then a dot product). An input longer than the embedding context (n_ctx; an embedding model's training
         context at most) raises ContextOverflowError unless truncate (its first tokens are embedded). Waits for a
         running generation; a stop Event set from another thread raises Cancelled within one batch of 64 tokens."""
-        one = split(input)[1]
+        out, _ = self.embed_counted(input, normalize=normalize, truncate=truncate, stop=stop)
+        return out[0] if split(input)[1] else out
+
+    def embed_counted(self, input: Input, *, normalize: bool = True, truncate: bool = False,
+                      stop: Optional[threading.Event] = None) -> Tuple[np.ndarray, List[int]]:
+        """embed()'s vectors, always one row per input, with the tokens each input was read as (a server's usage)."""
+        items, _ = split(input)
         with Call(self._gate):
             embedder = self._embedding()
-            out = vectors(embedder, tokens(embedder, input, truncate), normalize, stop)
-        return out[0] if one else out
+            ids = tokens(embedder, items, truncate)
+            return vectors(embedder, ids, normalize, stop), [len(t) for t in ids]
 
     def embedding_tokens(self, input: Input, truncate: bool = False) -> List[List[int]]:
         """The tokens embed() reads for each input (the embedding model's own when there is one)."""
         with Call(self._gate):
-            return tokens(self._embedding(), input, truncate)
+            return tokens(self._embedding(), split(input)[0], truncate)
 
     @property
     def embedding_info(self) -> dict:

@@ -57,15 +57,15 @@ class EmbedJob(Job):
             n_embd = llm.embedding_info["n_embd"]
             if self.dimensions is not None and (self.dimensions > n_embd or not self.cut and self.dimensions != n_embd):
                 raise DimensionsError(self.dimensions, n_embd)
-            tokens = llm.embedding_tokens(self.inputs, self.truncate)
-            vectors = llm.embed(tokens, normalize=self.normalize, stop=self._stop)
+            vectors, counts = llm.embed_counted(self.inputs, normalize=self.normalize, truncate=self.truncate,
+                                                stop=self._stop)
             if self.dimensions is not None and self.dimensions < n_embd:
                 vectors = vectors[:, :self.dimensions]
                 vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-            metrics.embedded_tokens.inc(sum(len(t) for t in tokens))
+            metrics.embedded_tokens.inc(sum(counts))
             with self._lock:
                 self._done = True
-            self.post("result", (vectors, [len(t) for t in tokens]))
+            self.post("result", (vectors, counts))
         except Exception as e:  # a bad input (400) or a failed decode (500): the server goes on
             if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
                 log.exception("embedding failed")
