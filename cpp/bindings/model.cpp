@@ -37,6 +37,7 @@ void register_model(py::module_ & m) {
         .def_property_readonly("n_past", &Model::n_past)
         .def_property_readonly("can_rollback", &Model::can_rollback)
         .def_property_readonly("cached", &Model::cached)
+        .def_property_readonly("state_size", &Model::state_size) // bytes of the cache's state (a prompt state's)
         .def_property_readonly("memory_pos_min", &Model::memory_pos_min)
         .def_property_readonly("memory_pos_max", &Model::memory_pos_max)
         .def("check_grammar",

@@ -14,7 +14,10 @@ void register_options(py::module_ & m) {
         .def_readwrite("n_threads", &ModelOptions::n_threads)
         .def_readwrite("n_gpu_layers", &ModelOptions::n_gpu_layers)
         .def_readwrite("n_batch", &ModelOptions::n_batch)
-        .def_readwrite("repack", &ModelOptions::repack);
+        .def_readwrite("repack", &ModelOptions::repack)
+        .def_readwrite("cache_type_k", &ModelOptions::cache_type_k)
+        .def_readwrite("cache_type_v", &ModelOptions::cache_type_v)
+        .def_readwrite("flash_attn", &ModelOptions::flash_attn);
 
     py::enum_<DraftKind>(m, "DraftKind")
         .value("none", DraftKind::none)

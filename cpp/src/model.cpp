@@ -37,6 +37,32 @@ void check_gguf_file(const std::string & path) {
     }
 }
 
+namespace {
+
+// llama-server's --cache-type-k/-v names
+const std::pair<const char *, ggml_type> cache_types[] = {
+    {"f16", GGML_TYPE_F16},   {"bf16", GGML_TYPE_BF16}, {"f32", GGML_TYPE_F32},       {"q8_0", GGML_TYPE_Q8_0},
+    {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1}, {"q5_0", GGML_TYPE_Q5_0},     {"q5_1", GGML_TYPE_Q5_1},
+    {"iq4_nl", GGML_TYPE_IQ4_NL},
+};
+
+bool is_float_cache(const std::string & name) {
+    return name == "f16" || name == "bf16" || name == "f32";
+}
+
+} // namespace
+
+ggml_type cache_type(const std::string & name, const char * which) {
+    std::string known;
+    for (const auto & [n, type] : cache_types) {
+        if (name == n) {
+            return type;
+        }
+        known += std::string(known.empty() ? "" : ", ") + n;
+    }
+    throw InvalidArgument(std::string(which) + " must be one of " + known + ", got '" + name + "'");
+}
+
 int default_threads() {
     unsigned n = std::thread::hardware_concurrency();
     return n == 0 ? 4 : (int) n;
@@ -54,6 +80,15 @@ llama_model_ptr load_model(const ModelOptions & opts, const std::string & what) 
     }
     if (opts.n_batch < 1) {
         throw InvalidArgument("n_batch must be >= 1, got " + std::to_string(opts.n_batch));
+    }
+    cache_type(opts.cache_type_k, "cache_type_k");
+    cache_type(opts.cache_type_v, "cache_type_v");
+    if (opts.flash_attn < -1 || opts.flash_attn > 1) {
+        throw InvalidArgument("flash_attn must be -1 (auto), 0 (off) or 1 (on), got " + std::to_string(opts.flash_attn));
+    }
+    if (opts.flash_attn == 0 && !is_float_cache(opts.cache_type_v)) {
+        throw InvalidArgument("a quantized V cache (cache_type_v " + opts.cache_type_v + ") needs flash attention: "
+                              "set flash_attn to auto or on, or cache_type_v to f16");
     }
     check_gguf_file(opts.path);
     log_take_errors();
@@ -98,11 +133,20 @@ Model::Model(const ModelOptions & opts) : opts_(opts), model_(load_model(opts, "
     cparams.n_threads = n_threads;
     cparams.n_threads_batch = n_threads;
     cparams.no_perf = true;
+    cparams.type_k = cache_type(opts.cache_type_k, "cache_type_k");
+    cparams.type_v = cache_type(opts.cache_type_v, "cache_type_v");
+    cparams.flash_attn_type = (llama_flash_attn_type) opts.flash_attn;
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
         std::string why = log_take_errors();
+        const bool own_types = opts.cache_type_k != "f16" || opts.cache_type_v != "f16";
+        // a quantized type's block (32 values) must divide the model's head size, which llama.h does not expose
         throw ModelLoadError("llama.cpp could not create a context for '" + opts.path + "' with n_ctx=" +
-                             std::to_string(opts.n_ctx) + " (out of memory? try a smaller n_ctx)" +
+                             std::to_string(opts.n_ctx) +
+                             (own_types ? " and KV cache types " + opts.cache_type_k + "/" + opts.cache_type_v +
+                                              " (a quantized type's blocks must divide the model's attention head "
+                                              "size, which this model's may not: try f16, the default)"
+                                        : " (out of memory? try a smaller n_ctx)") +
                              (why.empty() ? "" : ": " + why));
     }
     n_ctx_ = (int) llama_n_ctx(ctx_.get());

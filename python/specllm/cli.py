@@ -115,7 +115,8 @@ def _llm_options(args) -> dict:
     given = (("exact", args.exact), ("memory_tokens", args.memory_tokens), ("memory_file", args.memory_file),
              ("prompt_cache_mb", args.prompt_cache_mb), ("prompt_cache_dir", args.prompt_cache_dir),
              ("prompt_cache_disk_mb", args.prompt_cache_disk_mb), ("learn_batch_costs", args.learn_batch_costs),
-             ("embedding_model", getattr(args, "embedding_model", None)))
+             ("embedding_model", getattr(args, "embedding_model", None)), ("cache_type_k", args.cache_type_k),
+             ("cache_type_v", args.cache_type_v), ("flash_attn", args.flash_attn))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 

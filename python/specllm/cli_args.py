@@ -6,6 +6,7 @@ import argparse
 import math
 
 from .llm import DEFAULT
+from .options import CACHE_TYPES
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
@@ -111,6 +112,13 @@ def load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-file", default=None, metavar="PATH",
                    help="keep the drafting memory in PATH across runs: read at start if it exists, saved after "
                         "every reply")
+    g.add_argument("--cache-type-k", "-ctk", choices=CACHE_TYPES, default=None, metavar="TYPE",
+                   help="KV cache type for K, the target's and the draft model's, as llama-server's: "
+                        f"{', '.join(CACHE_TYPES)} (default: f16; q8_0 for K and V halves the cache's memory)")
+    g.add_argument("--cache-type-v", "-ctv", choices=CACHE_TYPES, default=None, metavar="TYPE",
+                   help="KV cache type for V (default: f16; a quantized one needs flash attention)")
+    g.add_argument("--flash-attn", "-fa", choices=("auto", "on", "off"), default=None,
+                   help="flash attention (default: auto, llama.cpp's choice for the device)")
     g.add_argument("--learn-batch-costs", action="store_true", default=None,
                    help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
                         "load changes; the choices then move with the clock; default: off, see README)")

@@ -26,7 +26,7 @@ class Costs:
 
     def _args(self) -> tuple:
         o = self._opts.target
-        return o.n_threads, o.n_gpu_layers, o.repack, self._opts.verify_rows
+        return o.n_threads, o.n_gpu_layers, profile.kernel_key(o), self._opts.verify_rows
 
     def drafter_loaded(self, draft_path: Optional[str], has_drafter: bool, swapped: bool) -> None:
         """A drafter was set (at load, or swapped in under a live KV cache): its profile from the cache, or measured."""

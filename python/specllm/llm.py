@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 from . import _core, costs, embed, gguf_check, infill, logs, memory
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
-from .options import _int, check_load, make_options
+from .options import _int, check_load, kv_cache, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
@@ -113,6 +113,9 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         prompt_cache_disk_mb: int = 4096,
         learn_batch_costs: bool = False,
         embedding_model: Union[str, os.PathLike, None] = None,
+        cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
+        flash_attn: Union[str, bool] = "auto",
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -160,6 +163,13 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         embedding_model: a GGUF embedding model (nomic-embed-text, bge, ...) that embed() uses, loaded now with its
             own pooling; None (default): embed() pools the target's own hidden states (a second llama.cpp context
             over the same weights, made at the first embed(): no second copy of the weights).
+        cache_type_k / cache_type_v: the KV cache's types, the target's and the draft model's (llama-server's
+            --cache-type-k/-v): "f16" (default), "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl".
+            "q8_0" for both halves the cache's memory and a prompt state's bytes, so a long context or more cached
+            prompts fit (README, "KV cache types", for what it costs in speed and output); a quantized type's block
+            of 32 values must divide the model's attention head size.
+        flash_attn: "auto" (default: llama.cpp's choice for the device, on for CPUs), "on" or "off"; a quantized V
+            cache needs it.
         """
         model, prompt_cache_dir = check_load(
             model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
@@ -169,12 +179,14 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
             stream_idle_timeout=stream_idle_timeout)
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
+        kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
         draft, ngram = _draft_arg(model, draft, ngram)
 
         opts = _core.EngineOptions()
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
         _check_ngram_sizes(draft, ngram, opts.ngram)
         opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, True)
+        opts.target.cache_type_k, opts.target.cache_type_v, opts.target.flash_attn = kv
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
         opts.memory_tokens = memory_tokens
@@ -198,6 +210,8 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         if prompt_cache_dir is not None:
             # the states' numbers depend on the model file, the kernels (exact mode, GPU) and llama.cpp's version
             numerics = f"{_core.llama_cpp_version}|verify_rows={opts.verify_rows}|gpu={not on_cpu}"
+            if kv != ("f16", "f16", -1):  # another cache's states (and their layout without flash attention)
+                numerics += "|kv={}/{}|fa={}".format(*kv)
             try:
                 self._engine.set_prompt_store(prompt_cache_dir, int(prompt_cache_disk_mb) << 20,
                                               _core.prompt_store_identity(self.model_path, numerics))
@@ -264,6 +278,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
             return _core.DraftKind.ngram, _core.ModelOptions()
         # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
         o = cls._model_options(_resolve(draft), target.n_ctx, target.n_threads, n_gpu_layers, target.n_batch, True)
+        o.cache_type_k, o.cache_type_v, o.flash_attn = target.cache_type_k, target.cache_type_v, target.flash_attn
         return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
 
     @staticmethod

@@ -198,6 +198,27 @@ def split_kwargs(kwargs: dict, keys: Iterable[str]):
     return {k: v for k, v in kwargs.items() if k in keys}, {k: v for k, v in kwargs.items() if k not in keys}
 
 
+CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama-server's -ctk/-ctv
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1, False: 0, True: 1}
+
+
+def kv_cache(cache_type_k, cache_type_v, flash_attn) -> tuple:
+    """LLM(...)'s KV cache options checked: (type_k, type_v, flash_attn as the core's -1/0/1)."""
+    for name, value in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        if value not in CACHE_TYPES:
+            raise InvalidOptionError(f"{name} must be one of {', '.join(CACHE_TYPES)}, got {value!r} (q8_0 halves "
+                                     f"the cache's memory, with the least change to the output)")
+    if not isinstance(flash_attn, (str, bool)) or flash_attn not in FLASH_ATTN:
+        raise InvalidOptionError(f"flash_attn must be 'auto', 'on' or 'off' (or a bool), got {flash_attn!r}")
+    fa = FLASH_ATTN[flash_attn]
+    if fa == 0 and cache_type_v not in ("f16", "bf16", "f32"):
+        raise InvalidOptionError(f"a quantized V cache (cache_type_v={cache_type_v!r}) needs flash attention: "
+                                 f"flash_attn='auto' or 'on', or cache_type_v='f16'")
+    return cache_type_k, cache_type_v, fa
+
+
 def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_threads, ngram_min, ngram_max,
                memory_tokens, memory_file, prompt_cache_mb, prompt_cache_dir, prompt_cache_disk_mb,
                learn_batch_costs, stream_idle_timeout):

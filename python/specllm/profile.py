@@ -122,10 +122,18 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SPECLLM_PROFILES", Path.home() / ".cache" / "specllm" / "profiles"))
 
 
-def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool, verify_rows: int) -> str:
+def kernel_key(opts) -> object:
+    """What, beside threads and layers, sets the target's kernels and so its costs (a ModelOptions): weight repacking,
+    and the KV cache's types and flash attention when not the defaults (so the defaults' profiles keep their keys)."""
+    if (opts.cache_type_k, opts.cache_type_v, opts.flash_attn) == ("f16", "f16", -1):
+        return opts.repack
+    return f"{opts.repack}|kv={opts.cache_type_k}/{opts.cache_type_v}|fa={opts.flash_attn}"
+
+
+def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, verify_rows: int) -> str:
     # verify_rows: exact mode (chunks of 3 rows) and fast mode load the same weights but measure other sizes
     parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers),
-             str(repack), str(verify_rows)]
+             str(kernels), str(verify_rows)]
     for path in (target, draft):
         if path:
             st = os.stat(path)
@@ -133,8 +141,8 @@ def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: boo
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool, verify_rows: int) -> Path:
-    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, repack, verify_rows)}.json"
+def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, verify_rows: int) -> Path:
+    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)}.json"
 
 
 def _read(path: Path, verify_rows: int) -> dict | None:
@@ -157,11 +165,11 @@ def noisy_loads(prof: dict | None) -> int:
     return int(mark) if isinstance(mark, (bool, int)) else 0
 
 
-def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
+def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
            verify_rows: int = 0, busy_ok: bool = False) -> dict | None:
     """The cached profile of this pair and settings if it can be used as it is: plausible, or found busy at
     NOISY_LOADS loads, or busy_ok (any profile on file); else None."""
-    prof = _read(_path(target, draft, n_threads, n_gpu_layers, repack, verify_rows), verify_rows)
+    prof = _read(_path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows), verify_rows)
     if prof is not None and (busy_ok or ((plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS)
                                          and "stale" not in prof)):
         return prof
@@ -174,7 +182,7 @@ def stale_loads(prof: dict | None) -> int:
     return int(mark) if isinstance(mark, int) and not isinstance(mark, bool) and mark > 0 else 0
 
 
-def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, kernels,
                   verify_rows: int = 0, since: int = 0) -> dict | None:
     """After a generation: if STALE_STEPS+ steps since the drafter was set (`since`: the engine's count then) have
     shown the engine's level below STALE_LEVEL (prof was measured while the machine was slower), or STALE_BATCHES+
@@ -203,7 +211,7 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
         # the steps agree: with the level, where that was why it was measured again, and with the shape judged too
         # where the shape was (stale_for; a machine that never drafts 24 batches keeps the count of those)
         if "stale_loads" in prof and (judged or prof.get("stale_for") != "shape"):
-            _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
+            _update(prof, target, drafts, n_threads, n_gpu_layers, kernels, verify_rows,
                     lambda on_file: ({k: v for k, v in on_file.items() if k not in COUNT_KEYS}
                                      if "stale_loads" in on_file and "stale" not in on_file else None))
             if not judged:  # kept here: a shape judged bent later on counts on from it, not from 0
@@ -221,31 +229,31 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     marks = {"stale_shape": round(shape, 3)} if level >= STALE_LEVEL else {}
     if "stale_loads_cleared" in prof:  # the count the level's agreement cleared from the files, written back
         marks["stale_loads"] = count
-    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, repack, verify_rows, **marks)
+    marked = mark_stale(prof, level, target, drafts, n_threads, n_gpu_layers, kernels, verify_rows, **marks)
     if marked:
         log.warning("%s (it was measured while the machine was slower or busy): it will be measured again at the next "
                     "load (%s)", why, ", ".join(map(str, marked)))
     return dict(prof, stale=round(level, 3), **marks)
 
 
-def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+def mark_stale(prof: dict, level: float, target: str, drafts: list, n_threads: int, n_gpu_layers: int, kernels,
                verify_rows: int = 0, **marks) -> list:
     """Marks the cached profiles of `target` with each of `drafts` ("" = the n-gram drafter) that hold prof's verify
     costs as stale (the steps cost `level` x what they say; `marks`: more to write beside it, e.g. stale_shape), so
     that the next load measures them again. Returns the paths marked; a file that cannot be written is left as it is."""
-    return _update(prof, target, drafts, n_threads, n_gpu_layers, repack, verify_rows,
+    return _update(prof, target, drafts, n_threads, n_gpu_layers, kernels, verify_rows,
                    lambda on_file: (None if "stale" in on_file or stale_loads(on_file) >= STALE_LOADS
                                     else dict(on_file, stale=round(level, 3), **marks)))
 
 
-def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, repack: bool,
+def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers: int, kernels,
             verify_rows: int, change) -> list:
     """Rewrites the cached profiles of `target` with each of `drafts` that hold prof's verify costs as
     change(on_file) says (None: left as it is). Returns the paths written."""
     written = []
     for draft in dict.fromkeys(drafts):
         try:  # a model file moved or deleted since the load (os.stat in _path), a full disk: left as it is
-            path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
+            path = _path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
             on_file = _read(path, verify_rows)
             new = None if on_file is None or on_file["verify_ms"] != prof["verify_ms"] else change(on_file)
             if new is not None:
@@ -271,7 +279,7 @@ def _write(path: Path, prof: dict) -> None:
         raise
 
 
-def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, repack: bool,
+def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
                     verify_rows: int = 0, known: dict | None = None, swapped: bool = False,
                     measure: bool = False) -> dict:
     """Gives the engine its verify costs T(n) and draft token cost, from the cache or measured now. `known`: a
@@ -280,11 +288,11 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     profile on file is taken as it is even if busy (a busy one is measured again at a load, never here). measure:
     measured now whatever is on file (LLM.measure_costs), counted as a load that measured a stale profile again."""
     sizes = sizes_for(verify_rows)
-    path = _path(target, draft, n_threads, n_gpu_layers, repack, verify_rows)
-    prof = None if measure else cached(target, draft, n_threads, n_gpu_layers, repack, verify_rows, busy_ok=swapped)
+    path = _path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
+    prof = None if measure else cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
     if prof is not None and known is not None and "stale" in known and "stale" not in prof:
         shape_mark = {"stale_shape": known["stale_shape"]} if "stale_shape" in known else {}
-        if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, repack, verify_rows,
+        if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, kernels, verify_rows,
                       **shape_mark):
             prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
     if prof is None:

@@ -100,6 +100,9 @@ void check_gguf_file(const std::string & path);
 llama_model_ptr load_model(const ModelOptions & opts, const std::string & what);
 std::string model_description(const llama_model * model); // "qwen2 1.5B Q4_K - Medium"
 
+// the ggml type of a KV cache type's name ("q8_0"), or InvalidArgument naming `which` and the names known
+ggml_type cache_type(const std::string & name, const char * which);
+
 // the hardware's threads (what n_threads = 0 means)
 int default_threads();
 

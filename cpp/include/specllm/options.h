@@ -16,6 +16,11 @@ struct ModelOptions {
     int n_batch = 512;         // most tokens in one llama_decode while processing a prompt
     bool repack = false;       // let llama.cpp repack weights for its CPU GEMM kernels (specllm.LLM always does: its
                                // batches of 4+ rows then round differently; exact mode verifies <= 3 rows a decode)
+    // the KV cache's types (llama-server's --cache-type-k/-v): f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
+    // q8_0 halves the cache's memory (and a prompt state's bytes); a quantized V cache needs flash attention
+    std::string cache_type_k = "f16";
+    std::string cache_type_v = "f16";
+    int flash_attn = -1;       // -1 auto (llama.cpp's choice for the device: on for CPUs), 0 off, 1 on
 };
 
 enum class DraftKind {

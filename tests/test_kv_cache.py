@@ -1,0 +1,131 @@
+"""KV cache types (LLM(cache_type_k=..., cache_type_v=..., flash_attn=...), llama-server's -ctk/-ctv/-fa): the
+target's and the draft model's caches take them, speculative greedy output stays plain decoding's with the same
+cache, a prompt state on disk is read back only by an LLM with the same cache, and bad settings are typed errors."""
+
+import pytest
+
+import specllm
+from helpers import check_kv, write_perturbed_copy
+
+# (K, V, flash attention): quantized both, 4-bit, quantized K without flash attention, f16 without it
+CACHES = [("q8_0", "q8_0", "auto"), ("q4_0", "q4_0", "on"), ("q8_0", "f16", "off"), ("f16", "f16", "off")]
+
+
+@pytest.fixture(scope="module")
+def head32(tmp_path_factory):
+    """A tiny target whose attention heads hold 32 values (a quantized cache's block; the standard set's hold 16 and
+    8) and a draft that agrees with it often: the target with noise on its output layer."""
+    from models.tiny import write_tiny_model
+
+    d = tmp_path_factory.mktemp("head32")
+    target = write_tiny_model(d / "target.gguf", seed=0, n_head=2, n_head_kv=2, name="tiny-head32")
+    return {"target": str(target), "draft": str(write_perturbed_copy(target, d / "draft.gguf", noise=0.3, seed=1))}
+
+
+def prompts():
+    words = ["the", "cat", "sat", "on", "a", "mat", "x = 1", "def f():", "return"]
+    return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(4 + 9 * i)) for i in range(5)]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("k,v,fa", CACHES)
+def test_speculative_greedy_output_is_plain_decodings_with_the_same_cache(head32, make_llm, k, v, fa, exact):
+    kv = dict(cache_type_k=k, cache_type_v=v, flash_attn=fa, exact=exact)
+    plain = make_llm(head32["target"], None, **kv)
+    model = make_llm(head32["target"], head32["draft"], **kv)
+    ngram = make_llm(head32["target"], "ngram", **kv)
+    accepted = 0
+    for p in prompts():
+        want = plain.generate(p, max_tokens=48).tokens
+        for llm in (model, ngram):
+            got = llm.generate(p, max_tokens=48, draft_length=6)
+            assert got.tokens == want, (k, v, fa, exact, p)
+            accepted += got.stats.n_accepted
+            check_kv(llm, llm.tokenize(p), got)
+    assert accepted > 50  # the drafts were verified, accepted and cut back, not skipped
+
+
+def test_the_cache_types_reach_target_and_draft(head32, make_llm):
+    # a state's bytes per token: q8_0 stores 34 bytes per 32 values, f16 64, q4_0 18 (plus the tokens' bookkeeping)
+    prompt = prompts()[-1]
+    sizes = {}
+    for k in ("f16", "q8_0", "q4_0"):
+        llm = make_llm(head32["target"], head32["draft"], cache_type_k=k, cache_type_v=k)
+        llm.generate(prompt, max_tokens=8, draft_length=4)
+        t, d = llm._engine.target, llm._engine.draft
+        assert t.n_past > 30 and d.n_past > 30
+        sizes[k] = (t.state_size / t.n_past, d.state_size / d.n_past)  # bytes a token
+    for i in (0, 1):  # target, then draft
+        assert 0.45 < sizes["q8_0"][i] / sizes["f16"][i] < 0.6, sizes
+        assert 0.22 < sizes["q4_0"][i] / sizes["f16"][i] < 0.35, sizes
+
+
+def test_a_new_draft_model_takes_the_cache_types(head32, make_llm):
+    llm = make_llm(head32["target"], None, cache_type_k="q8_0", cache_type_v="q8_0")
+    llm.set_draft(head32["draft"], ngram=False)
+    p = prompts()[-1]
+    got = llm.generate(p, max_tokens=24, draft_length=4)
+    f16 = make_llm(head32["target"], head32["draft"])
+    f16.generate(p, max_tokens=24, draft_length=4)
+    assert llm._engine.draft.state_size / llm._engine.draft.n_past < 0.6 * (f16._engine.draft.state_size /
+                                                                            f16._engine.draft.n_past)
+    assert got.tokens == make_llm(head32["target"], None, cache_type_k="q8_0",
+                                  cache_type_v="q8_0").generate(p, max_tokens=24).tokens
+
+
+def test_prompt_states_on_disk_are_read_back_by_the_same_cache_only(head32, make_llm, tmp_path):
+    prompt = " ".join(prompts())  # ~380 tokens: a state is kept from 64
+    q8 = dict(cache_type_k="q8_0", cache_type_v="q8_0", prompt_cache_dir=tmp_path)
+    with make_llm(head32["target"], "ngram", **q8) as first:
+        one = first.generate(prompt, max_tokens=8)
+    assert len(list(tmp_path.glob("*.kv"))) == 1
+    again = make_llm(head32["target"], "ngram", **q8).generate(prompt, max_tokens=8)
+    assert again.stats.restored_from_disk and again.tokens == one.tokens
+    # the f16 LLM sees no state of its own there (a q8_0 state would not fit its cache): it decodes the prompt
+    with make_llm(head32["target"], "ngram", prompt_cache_dir=tmp_path) as f16:
+        other = f16.generate(prompt, max_tokens=8)
+    assert not other.stats.restored_from_disk and other.stats.n_cached == 0
+    assert len(list(tmp_path.glob("*.kv"))) == 2  # and writes its own beside it (one would do for one cache)
+    for kv in (q8, dict(prompt_cache_dir=tmp_path)):
+        assert make_llm(head32["target"], "ngram", **kv).generate(prompt, max_tokens=8).stats.restored_from_disk
+
+
+def test_a_profile_is_kept_per_cache_type(head32):
+    from specllm import _core, profile
+
+    o = _core.ModelOptions()
+    o.repack = True
+    assert profile.kernel_key(o) is True  # the defaults' profiles keep the keys they had before cache types
+    keys = set()
+    for k, v, fa in CACHES + [("f16", "f16", -1)]:
+        o.cache_type_k, o.cache_type_v, o.flash_attn = k, v, {"auto": -1, "off": 0, "on": 1}.get(fa, fa)
+        keys.add(profile._key(head32["target"], "", 1, 0, profile.kernel_key(o), 0))
+    assert len(keys) == len(CACHES) + 1
+
+
+@pytest.mark.parametrize("kw,error,words", [
+    (dict(cache_type_k="q9"), specllm.InvalidOptionError, "cache_type_k must be one of f16"),
+    (dict(cache_type_v="Q8_0"), specllm.InvalidOptionError, "cache_type_v must be one of"),
+    (dict(cache_type_k=8), TypeError, "cache_type_k must be a str"),
+    (dict(flash_attn="yes"), specllm.InvalidOptionError, "flash_attn must be 'auto', 'on' or 'off'"),
+    (dict(flash_attn=1), specllm.InvalidOptionError, "flash_attn must be"),
+    (dict(cache_type_v="q4_0", flash_attn="off"), specllm.InvalidOptionError, "needs flash attention"),
+    (dict(cache_type_v="q4_0", flash_attn=False), specllm.InvalidOptionError, "needs flash attention"),
+])
+def test_bad_settings_are_typed_errors_before_loading(tiny, make_llm, kw, error, words):
+    with pytest.raises(error, match=words):
+        make_llm(tiny["target"], None, **kw)
+
+
+def test_a_quantized_cache_the_heads_do_not_fit_is_a_load_error_naming_them(tiny, head32, make_llm):
+    # the standard tiny target's heads hold 16 values, less than a q8_0 block of 32
+    with pytest.raises(specllm.ModelLoadError, match=r"does not divide n_embd_head_k=16.*|try f16") as e:
+        make_llm(tiny["target"], None, cache_type_k="q8_0")
+    assert "KV cache types q8_0/f16" in str(e.value) and "try f16" in str(e.value)
+    # a draft model whose heads do not fit (8 values) fails the load the same way, naming the draft
+    with pytest.raises(specllm.ModelLoadError, match="draft.gguf"):
+        make_llm(head32["target"], tiny["draft"], cache_type_k="q8_0", cache_type_v="q8_0")
+    llm = make_llm(head32["target"], None, cache_type_k="q8_0", cache_type_v="q8_0")
+    with pytest.raises(specllm.ModelLoadError, match="divide"):  # a swap to it leaves the old drafter in place
+        llm.set_draft(tiny["draft"], ngram=False)
+    assert llm.draft is None and len(llm.generate("the cat", max_tokens=4).tokens) == 4
