@@ -50,11 +50,17 @@ SPECLLM_SYSTEMS = {
     "hybrid-learn": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": True}}),
     # the default drafting with the Xeon VM's pair profile measured while the machine was busy (BUSY_XEON_PAIR)
     "hybrid-busy-profile": ("{draft}", "auto", {"ngram": True, "engine": {"verify_costs": BUSY_XEON_PAIR}}),
+    # KV caches of 8 and 4 bits (K and V; flash attention, llama.cpp's choice on a CPU): plain and the default
+    "plain-q8": (None, None, {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}),
+    "hybrid-q8": ("{draft}", "auto", {"ngram": True, "cache_type_k": "q8_0", "cache_type_v": "q8_0"}),
+    "plain-q4": (None, None, {"cache_type_k": "q4_0", "cache_type_v": "q4_0"}),
+    "hybrid-q4": ("{draft}", "auto", {"ngram": True, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
-# rolling-hash pool (llama.cpp's defaults for each)
+# rolling-hash pool (llama.cpp's defaults for each); llama.cpp-q8: llama-completion with -ctk q8_0 -ctv q8_0
+LLAMA_CPP_PLAIN = {"llama.cpp": [], "llama.cpp-q8": ["-ctk", "q8_0", "-ctv", "q8_0"]}
 LLAMA_CPP_SYSTEMS = ("llama.cpp", "llama.cpp-draft-k3", "llama.cpp-ngram", "llama.cpp-ngram-cache",
-                     "llama.cpp-ngram-mod")
+                     "llama.cpp-ngram-mod", "llama.cpp-q8")
 LLAMA_CPP_PYTHON_SYSTEMS = ("llama-cpp-python", "llama-cpp-python-lookup")
 ALL_SYSTEMS = tuple(SPECLLM_SYSTEMS) + LLAMA_CPP_SYSTEMS + LLAMA_CPP_PYTHON_SYSTEMS
 # llama-cpp-python's README: "num_pred_tokens ... 10 is the default and generally good for gpu, 2 performs better
@@ -227,8 +233,9 @@ class LlamaCppToolSystem:
         c = self.cfg
         common = dict(model=c.target, prompt_file=prompt_file, n_ctx=c.n_ctx, n_threads=c.n_threads,
                       temperature=c.temperature)
-        if self.name == "llama.cpp":
-            return anchors.completion_cmd(self.paths["llama-completion"], n_predict=max_tokens, **common)
+        if self.name in LLAMA_CPP_PLAIN:
+            return anchors.completion_cmd(self.paths["llama-completion"], n_predict=max_tokens,
+                                          **common) + LLAMA_CPP_PLAIN[self.name]
         spec = {"llama.cpp-draft-k3": ("draft-simple", c.draft), "llama.cpp-ngram": ("ngram-simple", None),
                 "llama.cpp-ngram-cache": ("ngram-cache", None), "llama.cpp-ngram-mod": ("ngram-mod", None)}[self.name]
         return anchors.speculative_cmd(self.paths["llama-speculative-simple"], spec_type=spec[0], draft=spec[1],
@@ -239,13 +246,13 @@ class LlamaCppToolSystem:
             f.write(anchors.prompt_file_text(prompt_text))
         try:
             cmd = self.command(f.name, max_tokens)
-            if self.name == "llama.cpp":
+            if self.name in LLAMA_CPP_PLAIN:
                 p = anchors.run_parsed(cmd, anchors.parse_completion)
             else:
                 p = anchors.run_parsed(cmd, anchors.parse_speculative, prompt_text, max_tokens)
         finally:
             os.unlink(f.name)
-        if self.name == "llama.cpp":
+        if self.name in LLAMA_CPP_PLAIN:
             return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], n_steps=p["n_gen"],
                           load_ms=p["load_ms"])
         return Result(p["text"], p["n_gen"], p["gen_tps"], p["prompt_ms"], p["n_drafted"], p["n_accepted"],

@@ -71,6 +71,19 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_head32(tmp_path_factory):
+    """{"target", "draft"}: a tiny target whose attention heads hold 32 values (a quantized KV cache's block; the
+    standard set's hold 16 and 8) and a draft that agrees with it often: the target with noise on its output layer."""
+    from models.tiny import write_tiny_model
+
+    from helpers import write_perturbed_copy
+
+    d = tmp_path_factory.mktemp("head32")
+    target = write_tiny_model(d / "target.gguf", seed=0, n_head=2, n_head_kv=2, name="tiny-head32")
+    return {"target": str(target), "draft": str(write_perturbed_copy(target, d / "draft.gguf", noise=0.3, seed=1))}
+
+
+@pytest.fixture(scope="session")
 def tiny_tools(tmp_path_factory):
     """The slow tiny model's shape (~135 tokens/s, so that a generation lasts long enough to leave in the middle
     of) with a Hermes-style chat template that offers tools (models/tiny.py "tools"), named tiny-tools."""

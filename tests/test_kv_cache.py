@@ -5,21 +5,15 @@ cache, a prompt state on disk is read back only by an LLM with the same cache, a
 import pytest
 
 import specllm
-from helpers import check_kv, write_perturbed_copy
+from helpers import check_kv
 
 # (K, V, flash attention): quantized both, 4-bit, quantized K without flash attention, f16 without it
 CACHES = [("q8_0", "q8_0", "auto"), ("q4_0", "q4_0", "on"), ("q8_0", "f16", "off"), ("f16", "f16", "off")]
 
 
 @pytest.fixture(scope="module")
-def head32(tmp_path_factory):
-    """A tiny target whose attention heads hold 32 values (a quantized cache's block; the standard set's hold 16 and
-    8) and a draft that agrees with it often: the target with noise on its output layer."""
-    from models.tiny import write_tiny_model
-
-    d = tmp_path_factory.mktemp("head32")
-    target = write_tiny_model(d / "target.gguf", seed=0, n_head=2, n_head_kv=2, name="tiny-head32")
-    return {"target": str(target), "draft": str(write_perturbed_copy(target, d / "draft.gguf", noise=0.3, seed=1))}
+def head32(tiny_head32):
+    return tiny_head32
 
 
 def prompts():

@@ -1,0 +1,79 @@
+"""What a quantized KV cache saves and changes: the bytes a token takes in the target's and the draft model's cache,
+and how far greedy plain decoding with it follows f16's, per cache type (bench/README.md, "KV cache types"). Speed
+is bench.run's job: its systems plain-q8, hybrid-q8, plain-q4, hybrid-q4 and llama.cpp-q8.
+
+    python -m bench.kv_cache                                  # f16, q8_0, q4_0; the first prompt of every task
+    python -m bench.kv_cache --types f16,q8_0 --limit 2 --prompts holdout4
+
+A prompt's first turn is chat-templated and answered greedily by plain decoding, max-tokens tokens, with K and V of
+one type (flash attention on, llama.cpp's choice on a CPU). "same" counts the answers equal to f16's; "first
+difference" is the median token where an answer leaves f16's (an equal answer counts its length).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bench import tasks
+
+
+def first_difference(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", default="f16,q8_0,q4_0", help="KV cache types, f16 first (default: %(default)s)")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="holdout5")
+    ap.add_argument("--tasks", default=",".join(tasks.ALL_TASKS))
+    ap.add_argument("--limit", type=int, default=1, help="prompts per task (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    types = args.types.split(",")
+    from specllm.options import CACHE_TYPES
+
+    if types[0] != "f16" or not set(types) <= set(CACHE_TYPES) or len(set(types)) != len(types):
+        ap.error(f"--types must start with f16 and name each of {', '.join(CACHE_TYPES)} at most once")
+    if args.limit < 1 or args.max_tokens < 1:
+        ap.error("--limit and --max-tokens must be >= 1")
+
+    import specllm
+
+    prompts = tasks.load_tasks(args.tasks.split(","), args.limit, prompt_set=args.prompts)
+    answers, sizes, contexts = {}, {}, []
+    for t in types:
+        kv = dict(cache_type_k=t, cache_type_v=t, n_ctx=args.ctx, n_threads=args.threads, profile_costs=False,
+                  prompt_cache_mb=0, memory_tokens=0)
+        with specllm.LLM(args.target, args.draft, **kv) as pair:
+            pair.generate(pair.apply_chat_template([{"role": "user", "content": prompts[0].turns[0]}]), max_tokens=8,
+                          draft_length=4)
+            target, draft = pair._engine.target, pair._engine.draft
+            sizes[t] = (target.state_size / target.n_past, draft.state_size / draft.n_past)
+        with specllm.LLM(args.target, None, **kv) as plain:
+            answers[t] = []
+            for p in prompts:
+                ids = plain.tokenize(plain.apply_chat_template([{"role": "user", "content": p.turns[0]}]))
+                if t == types[0]:
+                    contexts.append(len(ids))
+                answers[t].append(plain.generate(ids, max_tokens=args.max_tokens).tokens)
+                plain.reset()
+
+    print(f"| cache (K and V) | target KiB a token | draft KiB a token | target MiB at {args.ctx} tokens | "
+          f"answers equal to f16's | first difference (median token) |")
+    print("|---|---|---|---|---|---|")
+    for t in types:
+        same = sum(a == b for a, b in zip(answers[t], answers[types[0]]))
+        first = statistics.median(first_difference(a, b) for a, b in zip(answers[t], answers[types[0]]))
+        print(f"| {t} | {sizes[t][0] / 1024:.2f} | {sizes[t][1] / 1024:.2f} | {sizes[t][0] * args.ctx / 2**20:.0f} | "
+              f"{same} of {len(prompts)} | {first:g} |", flush=True)
+    print(f"\n{len(prompts)} prompts ({args.prompts}: {args.tasks}), {statistics.median(contexts):g} prompt tokens "
+          f"(median), greedy, {args.max_tokens} tokens")
+
+
+if __name__ == "__main__":
+    main()
