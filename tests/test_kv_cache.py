@@ -2,6 +2,10 @@
 target's and the draft model's caches take them, speculative greedy output stays plain decoding's with the same
 cache, a prompt state on disk is read back only by an LLM with the same cache, and bad settings are typed errors."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import specllm
@@ -123,3 +127,53 @@ def test_a_quantized_cache_the_heads_do_not_fit_is_a_load_error_naming_them(tiny
     with pytest.raises(specllm.ModelLoadError, match="divide"):  # a swap to it leaves the old drafter in place
         llm.set_draft(tiny["draft"], ngram=False)
     assert llm.draft is None and len(llm.generate("the cat", max_tokens=4).tokens) == 4
+
+
+# --- specllm-cli and serve: llama-server's flags
+
+def cli(env, *args):
+    return subprocess.run([sys.executable, "-m", "specllm.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def env(tmp_path):
+    return dict(os.environ, HOME=str(tmp_path), SPECLLM_CACHE=str(tmp_path / "models"))
+
+
+def test_specllm_cli_takes_llama_servers_cache_flags(head32, tiny, make_llm, env):
+    m = head32
+    r = cli(env, "generate", "the cat sat", "--raw", "--max-tokens", "24", "--model", m["target"], "--draft",
+            m["draft"], "--threads", "1", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on")
+    assert r.returncode == 0, r.stderr
+    want = make_llm(m["target"], None, cache_type_k="q8_0", cache_type_v="q8_0")
+    assert r.stdout == want.generate("the cat sat", max_tokens=24).text
+    for flags, words in ((["--model", tiny["target"], "--cache-type-k", "q8_0"], "does not divide n_embd_head_k=16"),
+                         (["--model", m["target"], "-ctv", "q4_0", "--flash-attn", "off"], "needs flash attention")):
+        r = cli(env, "generate", "x", "--raw", "--draft", "none", *flags)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
+    r = cli(env, "generate", "x", "--model", m["target"], "-ctk", "q3_k")
+    assert r.returncode == 2 and "argument --cache-type-k/-ctk: invalid choice: 'q3_k'" in r.stderr
+
+
+def test_serve_with_a_quantized_cache_answers_as_the_library_does(head32, make_llm, tmp_path):
+    import openai
+
+    from serving import Server
+
+    m = head32
+    s = Server("--model", m["target"], "--draft", m["draft"], "--threads", "1", "--ctx", "1024", "-ctk", "q8_0",
+               "-ctv", "q8_0", log_path=tmp_path / "log")
+    try:
+        s.wait_healthy()
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "the cat sat on"}]
+        got = client.chat.completions.create(model="target", messages=messages, max_tokens=24, temperature=0)
+        want = make_llm(m["target"], None, cache_type_k="q8_0", cache_type_v="q8_0").chat(messages, max_tokens=24)
+        assert got.choices[0].message.content == want.text
+    finally:
+        assert s.stop() == 0, s.log()
+    bad = Server("--model", m["target"], "--draft", "none", "-ctv", "q8_0", "-fa", "off", log_path=tmp_path / "log2")
+    assert bad.proc.wait(60) == 1
+    assert "needs flash attention" in bad.log() and "Traceback" not in bad.log()
