@@ -2,11 +2,11 @@
 and how far greedy plain decoding with it follows f16's, per cache type (bench/README.md, "KV cache types"). Speed
 is bench.run's job: its systems plain-q8, hybrid-q8, plain-q4, hybrid-q4 and llama.cpp-q8.
 
-    python -m bench.kv_cache                                  # f16, q8_0, q4_0; the first prompt of every task
-    python -m bench.kv_cache --types f16,q8_0 --limit 2 --prompts holdout4
+    python -m bench.kv_cache                                  # the first prompt of every task, 2 per task below
+    python -m bench.kv_cache --types f16,q8_0,q8_0/q4_0 --limit 2 --prompts holdout4
 
-A prompt's first turn is chat-templated and answered greedily by plain decoding, max-tokens tokens, with K and V of
-one type (flash attention on, llama.cpp's choice on a CPU). "same" counts the answers equal to f16's; "first
+A prompt's first turn is chat-templated and answered greedily by plain decoding, max-tokens tokens, with each cache
+("q8_0": K and V q8_0; "q8_0/q4_0": K q8_0, V q4_0; flash attention on, llama.cpp's choice on a CPU). "same" counts the answers equal to f16's; "first
 difference" is the median token where an answer leaves f16's (an equal answer counts its length).
 """
 from __future__ import annotations
@@ -24,7 +24,8 @@ def first_difference(a: list, b: list) -> int:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="f16,q8_0,q4_0", help="KV cache types, f16 first (default: %(default)s)")
+    ap.add_argument("--types", default="f16,q8_0,q8_0/q4_0,q4_0",
+                    help="caches, f16 first: a type for K and V, or K/V (default: %(default)s)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
     ap.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="holdout5")
@@ -37,8 +38,10 @@ def main(argv=None) -> None:
     types = args.types.split(",")
     from specllm.options import CACHE_TYPES
 
-    if types[0] != "f16" or not set(types) <= set(CACHE_TYPES) or len(set(types)) != len(types):
-        ap.error(f"--types must start with f16 and name each of {', '.join(CACHE_TYPES)} at most once")
+    pairs = {t: (t.split("/") * 2)[:2] if t.count("/") < 2 else [] for t in types}
+    if types[0] != "f16" or len(set(types)) != len(types) or not all(
+            len(kv) == 2 and set(kv) <= set(CACHE_TYPES) for kv in pairs.values()):
+        ap.error(f"--types must start with f16 and name each cache once, as a type or K/V of {', '.join(CACHE_TYPES)}")
     if args.limit < 1 or args.max_tokens < 1:
         ap.error("--limit and --max-tokens must be >= 1")
 
@@ -47,7 +50,7 @@ def main(argv=None) -> None:
     prompts = tasks.load_tasks(args.tasks.split(","), args.limit, prompt_set=args.prompts)
     answers, sizes, contexts = {}, {}, []
     for t in types:
-        kv = dict(cache_type_k=t, cache_type_v=t, n_ctx=args.ctx, n_threads=args.threads, profile_costs=False,
+        kv = dict(cache_type_k=pairs[t][0], cache_type_v=pairs[t][1], n_ctx=args.ctx, n_threads=args.threads, profile_costs=False,
                   prompt_cache_mb=0, memory_tokens=0)
         with specllm.LLM(args.target, args.draft, **kv) as pair:
             pair.generate(pair.apply_chat_template([{"role": "user", "content": prompts[0].turns[0]}]), max_tokens=8,
@@ -63,7 +66,7 @@ def main(argv=None) -> None:
                 answers[t].append(plain.generate(ids, max_tokens=args.max_tokens).tokens)
                 plain.reset()
 
-    print(f"| cache (K and V) | target KiB a token | draft KiB a token | target MiB at {args.ctx} tokens | "
+    print(f"| cache (K/V) | target KiB a token | draft KiB a token | target MiB at {args.ctx} tokens | "
           f"answers equal to f16's | first difference (median token) |")
     print("|---|---|---|---|---|---|")
     for t in types:

@@ -50,11 +50,12 @@ SPECLLM_SYSTEMS = {
     "hybrid-learn": ("{draft}", "auto", {"ngram": True, "engine": {"learn_batch_costs": True}}),
     # the default drafting with the Xeon VM's pair profile measured while the machine was busy (BUSY_XEON_PAIR)
     "hybrid-busy-profile": ("{draft}", "auto", {"ngram": True, "engine": {"verify_costs": BUSY_XEON_PAIR}}),
-    # KV caches of 8 and 4 bits (K and V; flash attention, llama.cpp's choice on a CPU): plain and the default
+    # KV caches of 8 bits (K and V), and K of 8 bits with V of 4 (a K cache below 8 bits breaks Qwen2.5-Coder's
+    # answers: bench.kv_cache); flash attention, llama.cpp's choice on a CPU: plain and the default
     "plain-q8": (None, None, {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}),
     "hybrid-q8": ("{draft}", "auto", {"ngram": True, "cache_type_k": "q8_0", "cache_type_v": "q8_0"}),
-    "plain-q4": (None, None, {"cache_type_k": "q4_0", "cache_type_v": "q4_0"}),
-    "hybrid-q4": ("{draft}", "auto", {"ngram": True, "cache_type_k": "q4_0", "cache_type_v": "q4_0"}),
+    "plain-k8v4": (None, None, {"cache_type_k": "q8_0", "cache_type_v": "q4_0"}),
+    "hybrid-k8v4": ("{draft}", "auto", {"ngram": True, "cache_type_k": "q8_0", "cache_type_v": "q4_0"}),
 }
 # llama.cpp-ngram: --spec-type ngram-simple; -ngram-cache and -ngram-mod: llama.cpp's n-gram cache and its
 # rolling-hash pool (llama.cpp's defaults for each); llama.cpp-q8: llama-completion with -ctk q8_0 -ctv q8_0

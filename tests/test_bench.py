@@ -1192,13 +1192,15 @@ def test_kv_cache_reports_bytes_and_agreement_per_cache_type(tiny_head32, capsys
     from bench.kv_cache import main
 
     m = tiny_head32
-    main(["--target", m["target"], "--draft", m["draft"], "--types", "f16,q8_0,q4_0", "--tasks", "qa,code",
+    main(["--target", m["target"], "--draft", m["draft"], "--types", "f16,q8_0,q8_0/q4_0,q4_0", "--tasks", "qa,code",
           "--prompts", "holdout5", "--max-tokens", "12", "--threads", "1", "--ctx", "2048"])
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert [r[1].strip() for r in rows[1:]] == ["f16", "q8_0", "q4_0"]
+    assert [r[1].strip() for r in rows[1:]] == ["f16", "q8_0", "q8_0/q4_0", "q4_0"]
     kib = [float(r[2]) for r in rows[1:]]
-    assert 0.45 < kib[1] / kib[0] < 0.6 and 0.22 < kib[2] / kib[0] < 0.35  # llama.cpp took the types
+    assert 0.45 < kib[1] / kib[0] < 0.6 and 0.22 < kib[3] / kib[0] < 0.35  # llama.cpp took the types
+    assert kib[3] < kib[2] < kib[1]
     assert rows[1][5].strip() == "2 of 2" and float(rows[1][6]) == 12  # f16 against itself
-    for bad in (["--types", "q8_0,f16"], ["--types", "f16,q9"], ["--types", "f16,f16"], ["--limit", "0"]):
+    for bad in (["--types", "q8_0,f16"], ["--types", "f16,q9"], ["--types", "f16,f16"], ["--types", "f16,q8_0/q9"],
+                ["--types", "f16,q8_0/q4_0/f16"], ["--limit", "0"]):
         with pytest.raises(SystemExit):
             main(bad + ["--target", m["target"]])

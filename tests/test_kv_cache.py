@@ -177,3 +177,11 @@ def test_serve_with_a_quantized_cache_answers_as_the_library_does(head32, make_l
     bad = Server("--model", m["target"], "--draft", "none", "-ctv", "q8_0", "-fa", "off", log_path=tmp_path / "log2")
     assert bad.proc.wait(60) == 1
     assert "needs flash attention" in bad.log() and "Traceback" not in bad.log()
+
+
+def test_a_k_cache_below_8_bits_is_warned_about(head32, make_llm, caplog):
+    with caplog.at_level("WARNING", logger="specllm"):
+        make_llm(head32["target"], None, cache_type_k="q8_0", cache_type_v="q4_0")
+        assert "below 8 bits" not in caplog.text
+        make_llm(head32["target"], None, cache_type_k="q5_1", cache_type_v="q8_0")
+    assert "a K cache of q5_1 (below 8 bits)" in caplog.text

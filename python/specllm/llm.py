@@ -180,6 +180,10 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
         kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
+        if kv[0] not in ("f16", "bf16", "f32", "q8_0"):
+            logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
+                                "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "
+                                "smaller V is safer", kv[0])
         draft, ngram = _draft_arg(model, draft, ngram)
 
         opts = _core.EngineOptions()
