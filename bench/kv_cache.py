@@ -4,10 +4,15 @@ is bench.run's job: its systems plain-q8, hybrid-q8, plain-q4, hybrid-q4 and lla
 
     python -m bench.kv_cache                                  # the first prompt of every task, 2 per task below
     python -m bench.kv_cache --types f16,q8_0,q8_0/q4_0 --limit 2 --prompts holdout4
+    python -m bench.kv_cache --types f16,q8_0 --long 1000,3000,7000   # generation speed at long contexts
 
 A prompt's first turn is chat-templated and answered greedily by plain decoding, max-tokens tokens, with each cache
 ("q8_0": K and V q8_0; "q8_0/q4_0": K q8_0, V q4_0; flash attention on, llama.cpp's choice on a CPU). "same" counts the answers equal to f16's; "first
 difference" is the median token where an answer leaves f16's (an equal answer counts its length).
+
+--long C1,C2,...: plain decoding's speed at contexts of C tokens (the start of bench/README.md), each cache its own
+LLM, the prompt decoded once (timed) and then --rounds times 32 tokens from the cached prompt, the caches in turn
+(rotated each round); the ratio to f16 is the median of the rounds'.
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--long", default=None, metavar="C1,C2", help="generation speed at these contexts instead")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of --long (default: %(default)s)")
     args = ap.parse_args(argv)
     types = args.types.split(",")
     from specllm.options import CACHE_TYPES
@@ -42,10 +49,19 @@ def main(argv=None) -> None:
     if types[0] != "f16" or len(set(types)) != len(types) or not all(
             len(kv) == 2 and set(kv) <= set(CACHE_TYPES) for kv in pairs.values()):
         ap.error(f"--types must start with f16 and name each cache once, as a type or K/V of {', '.join(CACHE_TYPES)}")
-    if args.limit < 1 or args.max_tokens < 1:
-        ap.error("--limit and --max-tokens must be >= 1")
+    if args.limit < 1 or args.max_tokens < 1 or args.rounds < 1:
+        ap.error("--limit, --max-tokens and --rounds must be >= 1")
+    try:
+        contexts = [int(c) for c in args.long.split(",")] if args.long else []
+    except ValueError:
+        ap.error(f"--long must be token counts separated by commas, got {args.long!r}")
+    if contexts and min(contexts) < 1:
+        ap.error("--long's contexts must be >= 1")
 
     import specllm
+
+    if contexts:
+        return long_contexts(specllm, args, types, pairs, contexts)
 
     prompts = tasks.load_tasks(args.tasks.split(","), args.limit, prompt_set=args.prompts)
     answers, sizes, contexts = {}, {}, []
@@ -76,6 +92,30 @@ def main(argv=None) -> None:
               f"{same} of {len(prompts)} | {first:g} |", flush=True)
     print(f"\n{len(prompts)} prompts ({args.prompts}: {args.tasks}), {statistics.median(contexts):g} prompt tokens "
           f"(median), greedy, {args.max_tokens} tokens")
+
+
+def long_contexts(specllm, args, types, pairs, contexts) -> None:
+    text = open(__file__.rsplit("/", 1)[0] + "/README.md", encoding="utf-8").read()
+    print("| context | cache (K/V) | prompt s | tok/s at the context (median) | / f16 (median of rounds) |")
+    print("|---|---|---|---|---|")
+    for c in contexts:
+        llms, prompt_s, tps = {}, {}, {t: [] for t in types}
+        try:
+            for t in types:
+                llms[t] = specllm.LLM(args.target, None, cache_type_k=pairs[t][0], cache_type_v=pairs[t][1],
+                                      n_ctx=c + 64, n_threads=args.threads, profile_costs=False, prompt_cache_mb=0,
+                                      memory_tokens=0)
+                ids = llms[t].tokenize(text * (1 + 4 * c // max(len(text), 1)))[:c]
+                prompt_s[t] = llms[t].generate(ids, max_tokens=0).stats.prefill_ms / 1000
+            for r in range(args.rounds):
+                for t in types[r % len(types):] + types[:r % len(types)]:
+                    tps[t].append(llms[t].generate(ids, max_tokens=32).stats.tokens_per_second)
+        finally:
+            for llm in llms.values():
+                llm.close()
+        for t in types:
+            ratio = statistics.median(a / b for a, b in zip(tps[t], tps[types[0]]))
+            print(f"| {c} | {t} | {prompt_s[t]:.1f} | {statistics.median(tps[t]):.2f} | {ratio:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1201,6 +1201,11 @@ def test_kv_cache_reports_bytes_and_agreement_per_cache_type(tiny_head32, capsys
     assert kib[3] < kib[2] < kib[1]
     assert rows[1][5].strip() == "2 of 2" and float(rows[1][6]) == 12  # f16 against itself
     for bad in (["--types", "q8_0,f16"], ["--types", "f16,q9"], ["--types", "f16,f16"], ["--types", "f16,q8_0/q9"],
-                ["--types", "f16,q8_0/q4_0/f16"], ["--limit", "0"]):
+                ["--types", "f16,q8_0/q4_0/f16"], ["--limit", "0"], ["--long", "1k"], ["--long", "0"],
+                ["--long", "100", "--rounds", "0"]):
         with pytest.raises(SystemExit):
             main(bad + ["--target", m["target"]])
+    main(["--target", m["target"], "--types", "f16,q8_0", "--long", "100,300", "--rounds", "2", "--threads", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [(int(r[1]), r[2].strip()) for r in rows] == [(100, "f16"), (100, "q8_0"), (300, "f16"), (300, "q8_0")]
+    assert all(float(r[4]) > 0 for r in rows) and float(rows[0][5]) == 1.0
