@@ -1,6 +1,7 @@
 // Registers the bindings; each exposed class has its own file.
 #include "bindings.h"
 
+#include "specllm/model.h"
 #include "specllm/prompt_store.h"
 
 #include "llama.h"
@@ -8,6 +9,7 @@
 PYBIND11_MODULE(_core, m) {
     m.doc() = "specllm C++ core: speculative decoding over llama.cpp";
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
+    m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
     m.def("prompt_store_identity", &specllm::prompt_store_identity, py::arg("model_path"), py::arg("options"),
           "the identity a model's prompt states are stored under (its size, its first MiB, the options given)");

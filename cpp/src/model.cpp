@@ -52,6 +52,14 @@ bool is_float_cache(const std::string & name) {
 
 } // namespace
 
+std::vector<std::string> cache_type_names() {
+    std::vector<std::string> names;
+    for (const auto & entry : cache_types) {
+        names.emplace_back(entry.first);
+    }
+    return names;
+}
+
 ggml_type cache_type(const std::string & name, const char * which) {
     std::string known;
     for (const auto & [n, type] : cache_types) {

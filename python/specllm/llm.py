@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 from . import _core, costs, embed, gguf_check, infill, logs, memory
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
-from .options import _int, check_load, kv_cache, make_options
+from .options import FLOAT_CACHE_TYPES, _int, check_load, kv_cache, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
@@ -180,7 +180,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
         kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
-        if kv[0] not in ("f16", "bf16", "f32", "q8_0"):
+        if kv[0] not in FLOAT_CACHE_TYPES + ("q8_0",):
             logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
                                 "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "
                                 "smaller V is safer", kv[0])

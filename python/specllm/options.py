@@ -198,7 +198,8 @@ def split_kwargs(kwargs: dict, keys: Iterable[str]):
     return {k: v for k, v in kwargs.items() if k in keys}, {k: v for k, v in kwargs.items() if k not in keys}
 
 
-CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # llama-server's -ctk/-ctv
+CACHE_TYPES = tuple(_core.cache_types)  # llama-server's -ctk/-ctv names: f16, bf16, f32, q8_0, q4_0, ...
+FLOAT_CACHE_TYPES = ("f16", "bf16", "f32")  # the rest are quantized
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1, False: 0, True: 1}
 
 
@@ -213,7 +214,7 @@ def kv_cache(cache_type_k, cache_type_v, flash_attn) -> tuple:
     if not isinstance(flash_attn, (str, bool)) or flash_attn not in FLASH_ATTN:
         raise InvalidOptionError(f"flash_attn must be 'auto', 'on' or 'off' (or a bool), got {flash_attn!r}")
     fa = FLASH_ATTN[flash_attn]
-    if fa == 0 and cache_type_v not in ("f16", "bf16", "f32"):
+    if fa == 0 and cache_type_v not in FLOAT_CACHE_TYPES:
         raise InvalidOptionError(f"a quantized V cache (cache_type_v={cache_type_v!r}) needs flash attention: "
                                  f"flash_attn='auto' or 'on', or cache_type_v='f16'")
     return cache_type_k, cache_type_v, fa

@@ -102,6 +102,7 @@ std::string model_description(const llama_model * model); // "qwen2 1.5B Q4_K - 
 
 // the ggml type of a KV cache type's name ("q8_0"), or InvalidArgument naming `which` and the names known
 ggml_type cache_type(const std::string & name, const char * which);
+std::vector<std::string> cache_type_names(); // f16 first
 
 // the hardware's threads (what n_threads = 0 means)
 int default_threads();
