@@ -59,6 +59,38 @@ def test_a_text_prompt_is_completed_as_in_process_generation(server, local):
     assert r["tokens_evaluated"] == len(mixed) and r["timings"]["cache_n"] > 0  # the earlier prompts' prefix
 
 
+def test_several_prompts_are_answered_in_order_as_a_list_as_llama_server(server, local):
+    # llama-server's forms of several prompts: texts, token lists, mixed lists; one answer each, in order, with its
+    # index and prompt (a single prompt's answer is an object, as before)
+    texts = [PROMPT, "in the mat the ", "an the in "]
+    want = [local.generate(t, max_tokens=12) for t in texts]
+    ids = [local.prompt_tokens(t) for t in texts]
+    mixed = ["an the", *local.tokenize(" mat ", False)]  # a mixed list is one prompt
+    mixed_ids = local.prompt_tokens("an the") + mixed[1:]
+    for prompt in (texts, ids, [texts[0], ids[1], mixed]):
+        if prompt[2] is mixed:
+            want[2], ids[2] = local.generate(mixed_ids, max_tokens=12), mixed_ids
+        status, r = post(server.url, prompt=prompt, n_predict=12, temperature=0, return_tokens=True)
+        assert status == 200 and isinstance(r, list) and len(r) == 3, r
+        assert [a["index"] for a in r] == [0, 1, 2]
+        assert [a["content"] for a in r] == [w.text for w in want]
+        assert [a["tokens"] for a in r] == [w.tokens for w in want]
+        assert [a["prompt"] for a in r] == [local.detokenize(i) for i in ids]
+        assert [a["tokens_evaluated"] for a in r] == [len(i) for i in ids]
+    # streamed: each prompt's events in turn, each carrying its index, each prompt ending with its "stop" event
+    events = stream(server.url, prompt=texts[:2], n_predict=12, temperature=0)
+    for i in range(2):
+        mine = [e for e in events if e["index"] == i]
+        assert "".join(e["content"] for e in mine) == want[i].text
+        assert [e["stop"] for e in mine] == [False] * (len(mine) - 1) + [True]
+        assert mine[-1]["prompt"] == local.detokenize(ids[i])
+    assert [e["index"] for e in events] == sorted(e["index"] for e in events)  # one after another
+    # sampled with a seed: each prompt as a request of its own with that seed
+    status, r = post(server.url, prompt=texts[:2], n_predict=12, seed=7)
+    singles = [post(server.url, prompt=t, n_predict=12, seed=7)[1]["content"] for t in texts[:2]]
+    assert status == 200 and [a["content"] for a in r] == singles
+
+
 def test_sampling_follows_llama_servers_defaults_and_the_seed(server, local):
     want = local.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
     status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=7)
@@ -161,8 +193,10 @@ def test_n_predict_0_warms_the_cache_and_ignore_eos_runs_to_n_predict(server, lo
 
 
 @pytest.mark.parametrize("body, param, code", [
-    (dict(prompt=["a", "b"]), "prompt", "unsupported_parameter"),
-    (dict(prompt=[[1, 2], [3]]), "prompt", "unsupported_parameter"),
+    (dict(prompt=["the"] * 129), "prompt", "invalid_value"),
+    (dict(prompt=["the", ""]), "prompt", "invalid_value"),
+    (dict(prompt=[[1, 2], [1, 10**9]]), "prompt", "invalid_value"),
+    (dict(prompt=["the", "the " * 600]), "prompt", "context_length_exceeded"),
     (dict(prompt=""), "prompt", "invalid_value"),
     (dict(prompt=[]), "prompt", "invalid_value"),
     (dict(prompt=[1, 10**9]), "prompt", "invalid_value"),

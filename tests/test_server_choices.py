@@ -113,3 +113,29 @@ def test_leaving_a_request_for_several_choices_runs_no_more_of_them(server, clie
     assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == before + 1
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued") == queued  # none queued
+
+
+def test_leaving_llama_servers_completion_of_several_prompts_runs_no_more_of_them(server, client):
+    # /completion with three prompts of LONG tokens each, streamed and whole: the client leaves during the first;
+    # the running one is cancelled and the other two are never queued
+    prompts = ["the cat sat", "on the mat", "and the cat"]
+    before = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running")
+    queued = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued")
+    with httpx.stream("POST", f"{server.url}/completion", headers=AUTH, timeout=30,
+                      json={"prompt": prompts, "n_predict": LONG, "stream": True}) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 5:
+                break
+    assert server.wait_metric("specllm_requests_cancelled_total", before + 1, headers=AUTH,
+                              stage="running") == before + 1
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/completion", headers=AUTH, timeout=1.0, json={"prompt": prompts, "n_predict": LONG})
+    assert server.wait_metric("specllm_requests_cancelled_total", before + 2, headers=AUTH,
+                              stage="running") == before + 2
+    t0 = time.monotonic()
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
+    assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+    assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == before + 2
+    assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued") == queued  # none queued

@@ -1,6 +1,7 @@
 """llama-server's native text endpoints, which front ends and scripts written for llama.cpp call (SillyTavern's
 llama.cpp backend, llama.cpp's own examples). POST /completion (and /completions): `prompt` as text, token ids, or
-both mixed, completed as given (no chat template), with llama-server's sampling defaults, n_predict, stop, `grammar`
+both mixed, completed as given (no chat template), or a list of such prompts (answered one after another, as a list
+of answers, or streamed with each event's "index"), with llama-server's sampling defaults, n_predict, stop, `grammar`
 (GBNF) or `json_schema`, `ignore_eos`, `return_tokens`; the answer is llama-server's own form (native.py: content,
 stop_type, timings...) with the prompt's text; `cache_prompt` is always on (the KV prefix is reused). POST /tokenize
 and /detokenize (front ends count a prompt's tokens with them), GET /props (the context size, the chat template, the
@@ -15,7 +16,7 @@ from .. import grammar as grammars
 from ..errors import InvalidOptionError
 from .. import __version__
 from ..options import text as checked_text
-from . import native
+from . import choices, native
 from .errors import APIError
 from .protocol import _Request
 
@@ -33,21 +34,17 @@ class CompletionRequest(native.NativeFields):
     n_keep: int = 0            # nothing is dropped from the context: a prompt that does not fit is a 400
 
 
+MAX_PROMPTS = choices.MAX_CHOICES
+
+
 def _bad_prompt(message: str) -> APIError:
     return APIError(400, message, "invalid_request_error", "prompt", "invalid_value")
 
 
-def prompt_tokens(llm, prompt) -> List[int]:
-    """The tokens of llama-server's prompt forms: text (BOS added as the model wants), token ids, or a list mixing
-    text and ids (the text's special tokens parsed, BOS only before a first text); a list holding one such prompt
-    is that prompt. Several prompts in one request are a 400."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and any(isinstance(x, list) for x in prompt) or (
-            isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(x, str) for x in prompt)):
-        raise APIError(400, "one prompt per request: a list of several prompts is not supported; send them one by "
-                            "one", "invalid_request_error", "prompt", "unsupported_parameter")
-    if prompt == "":
+def _one_prompt(llm, prompt) -> List[int]:
+    """The tokens of one prompt: text (BOS added as the model wants), token ids, or a list mixing text and ids (the
+    text's special tokens parsed, BOS only before a first text)."""
+    if prompt == "" or prompt == []:
         raise _bad_prompt("prompt is empty; give some text or token ids")
     try:
         if isinstance(prompt, str) or all(isinstance(x, int) for x in prompt):
@@ -62,6 +59,19 @@ def prompt_tokens(llm, prompt) -> List[int]:
     if not tokens:
         raise _bad_prompt("prompt is empty; give some text or token ids")
     return tokens
+
+
+def prompt_tokens(llm, prompt) -> List[List[int]]:
+    """The prompts of a request, each as tokens, in llama-server's forms: one prompt (text, token ids, or a list
+    mixing text and ids), or a list of several — texts, token lists or mixed lists, each one prompt (at most
+    MAX_PROMPTS). A list of texts alone is several prompts, as llama-server reads it."""
+    if isinstance(prompt, list) and prompt and (any(isinstance(x, list) for x in prompt)
+                                                or all(isinstance(x, str) for x in prompt)):
+        if len(prompt) > MAX_PROMPTS:
+            raise APIError(400, f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}; send the rest in "
+                                "another request", "invalid_request_error", "prompt", "invalid_value")
+        return [_one_prompt(llm, [x] if isinstance(x, int) else x) for x in prompt]
+    return [_one_prompt(llm, prompt)]
 
 
 def _grammar(state, req: CompletionRequest) -> dict:
@@ -86,15 +96,15 @@ def _grammar(state, req: CompletionRequest) -> dict:
 @router.post("/completions")
 async def completion(request: Request, req: CompletionRequest):
     state, t0 = native.begin(request, req)
-    tokens = prompt_tokens(state.llm, req.prompt)
+    prompts = prompt_tokens(state.llm, req.prompt)
     extra = _grammar(state, req)
     if req.ignore_eos:
         extra["ignore_eos"] = True
-    text = state.llm.detokenize(tokens)
-    return await native.answer(request, state, req, tokens, request.url.path, "prompt", extra=extra,
+    texts = [state.llm.detokenize(tokens) for tokens in prompts]
+    return await native.answer(request, state, req, prompts, request.url.path, "prompt", extra=extra,
                                settings_extra={"ignore_eos": req.ignore_eos, "grammar": extra.get("grammar", "")},
-                               body_extra=lambda generated: {"prompt": text}, return_tokens=req.return_tokens,
-                               t0=t0)
+                               body_extra=lambda index, generated: {"prompt": texts[index]},
+                               return_tokens=req.return_tokens, t0=t0)
 
 
 class TokenizeRequest(_Request):

@@ -44,4 +44,4 @@ async def infill(request: Request, req: InfillRequest):
         param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word, "input_suffix")
         raise APIError(400, f"{param}{str(e)[len(word):]}" if word in ("prompt", "suffix", "middle") else str(e),
                        "invalid_request_error", param, "invalid_value") from None
-    return await native.answer(request, state, req, tokens, "/infill", "input_prefix", t0=t0)
+    return await native.answer(request, state, req, [tokens], "/infill", "input_prefix", t0=t0)

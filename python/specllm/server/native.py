@@ -240,12 +240,25 @@ async def run(request: Request, job, limits: Limits, warm: bool):
         watcher.cancel()
 
 
-async def answer(request: Request, state, req: NativeFields, tokens: list, endpoint: str, prompt_param: str,
+def _fit(n_ctx: int, tokens: list, n_predict: int, warm: bool, prompt_param: str) -> int:
+    """max_tokens for this prompt: n_predict, or what the context has left (-1); a 400 when it does not fit."""
+    max_tokens = 0 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
+    if (max_tokens < 1 and not warm) or len(tokens) + max_tokens > n_ctx:
+        wanted = f" + n_predict {n_predict}" if n_predict > 0 else ""
+        raise APIError(400, f"the prompt ({len(tokens)} tokens){wanted} does not fit the context of {n_ctx} tokens; "
+                            "shorten it or lower n_predict", "invalid_request_error", prompt_param,
+                       "context_length_exceeded")
+    return max_tokens
+
+
+async def answer(request: Request, state, req: NativeFields, prompts: List[list], endpoint: str, prompt_param: str,
                  extra: Optional[dict] = None, settings_extra: Optional[dict] = None,
                  body_extra: Optional[Callable] = None, return_tokens: bool = False, t0: Optional[float] = None):
-    """Generates from a checked prompt and answers in llama-server's form, whole or streamed. extra: options
-    beyond the sampling fields (a grammar); body_extra(generated tokens) -> fields for the final answer (the
-    prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came."""
+    """Generates from checked prompts (token lists) and answers in llama-server's form, whole or streamed: one
+    prompt, its answer; several, one after another (each queued when the one before it ends, as /v1/completions'
+    choices), the answers as a list in the prompts' order and a stream's events carrying their prompt's "index".
+    extra: options beyond the sampling fields (a grammar); body_extra(index, generated tokens) -> fields for a final
+    answer (the prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came."""
     t0 = time.monotonic() if t0 is None else t0
     n_predict = n_predict_of(req)
     warm = n_predict == 0  # the prompt into the cache, nothing generated (max_tokens 0: no step)
@@ -264,78 +277,97 @@ async def answer(request: Request, state, req: NativeFields, tokens: list, endpo
             raise APIError(400, f"n_probs must be between 0 and {_core.max_top_logprobs}, got {req.n_probs}",
                            "invalid_request_error", "n_probs", "invalid_value")
         opts["logprobs"] = req.n_probs
-    n_ctx = state.llm.n_ctx
-    opts["max_tokens"] = 0 if warm else n_predict if n_predict > 0 else n_ctx - len(tokens)
-    if (opts["max_tokens"] < 1 and not warm) or len(tokens) + opts["max_tokens"] > n_ctx:
-        wanted = f" + n_predict {n_predict}" if n_predict > 0 else ""
-        raise APIError(400, f"the prompt ({len(tokens)} tokens){wanted} does not fit the context of {n_ctx} tokens; "
-                            "shorten it or lower n_predict", "invalid_request_error", prompt_param,
-                       "context_length_exceeded")
+    budgets = [_fit(state.llm.n_ctx, tokens, n_predict, warm, prompt_param) for tokens in prompts]
     try:
-        state.llm.check_options(**opts)
+        state.llm.check_options(**dict(opts, max_tokens=budgets[0]))
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
-    settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items() if k != "max_tokens"}
+    settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items()}
     settings["logit_bias"] = [{"token": t, "bias": b if b > -math.inf else None}  # llama-server's form (-inf: null)
                               for t, b in (logit_bias or {}).items()]
     settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
                     **(settings_extra or {}))
     opts.update(extra or {})
-    job = jobs.submit(request, tokens, opts)
-    limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
-    events = run(request, job, limits, warm)
     stops = [req.stop] if isinstance(req.stop, str) else req.stop
-    released = lp.Released(state.llm.token_bytes)  # a stop string's tokens, whose text is cut, are left out
+    first = jobs.submit(request, prompts[0], dict(opts, max_tokens=budgets[0]))  # a full queue: a 429 before a reply
 
-    def probs(entries, text) -> dict:
+    def start(index: int):
+        """(job, its events) of prompt `index`, queued now (the first one already is)."""
+        job = first if index == 0 else jobs.submit(request, prompts[index], dict(opts, max_tokens=budgets[index]))
+        limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
+        return job, limits, run(request, job, limits, warm)
+
+    def probs(released, entries, text) -> dict:
         if req.n_probs <= 0:
             return {}
         return {"completion_probabilities": [probability(state.llm.token_bytes, e) for e in released.add(entries, text)]}
 
-    def last_body(content, last, generated):
+    def last_body(index, job, limits, content, last, generated):
         kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
         truncated = last.finish_reason == "length" and n_predict < 0  # the context is full
         body = final(state, req, settings, content, last.stats, kind, job, truncated)
+        body["index"] = index
         if kind == "word":  # the stop string found where the content ends, in the text of every generated token
             whole = state.llm.detokenize(generated)
             body["stopping_word"] = next((s for s in stops if whole.startswith(s, len(content))), "")
         if return_tokens:
             body["tokens"] = [] if warm else list(generated)
-        body.update(body_extra(generated) if body_extra else {})
+        body.update(body_extra(index, generated) if body_extra else {})
         return body
+
+    def observe():
+        state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
 
     if req.stream:
         async def sse():
+            job = first
             try:
-                text, sent = [], 0
-                async for kind, value, entries, generated in events:
-                    if kind == "text":
-                        text.append(value)
-                        ids = list(generated[sent:]) if return_tokens else []
-                        sent = len(generated)
-                        yield json.dumps({"index": 0, "content": value, "tokens": ids, "stop": False, "id_slot": 0,
-                                          "tokens_predicted": len(generated), "tokens_evaluated": len(tokens),
-                                          **probs(entries, value)})
-                    else:
-                        body = last_body("".join(text), entries, generated)
-                        body["content"], body["tokens"] = "", []
-                        yield json.dumps(body)
+                for index, tokens in enumerate(prompts):
+                    job, limits, events = start(index)
+                    released = lp.Released(state.llm.token_bytes)  # a stop string's tokens, whose text is cut, are left out
+                    text, sent = [], 0
+                    async for kind, value, entries, generated in events:
+                        if kind == "text":
+                            text.append(value)
+                            ids = list(generated[sent:]) if return_tokens else []
+                            sent = len(generated)
+                            yield json.dumps({"index": index, "content": value, "tokens": ids, "stop": False,
+                                              "id_slot": 0, "tokens_predicted": len(generated),
+                                              "tokens_evaluated": len(tokens), **probs(released, entries, value)})
+                        else:
+                            body = last_body(index, job, limits, "".join(text), entries, generated)
+                            body["content"], body["tokens"] = "", []
+                            yield json.dumps(body)
+                    if job.cancelled and not job.limited:  # the client went away: queue no more
+                        break
             except APIError as e:
                 yield json.dumps(e.body())
             finally:
                 job.cancel()
-                state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
+                observe()
         return EventSourceResponse(sse(), ping=15, sep="\n")
-    text, entries = [], []
-    async for kind, value, more, generated in events:
-        if kind == "text":
-            text.append(value)
-            entries.extend(more)
-        else:
-            state.metrics.request_seconds.labels(endpoint=endpoint).observe(time.monotonic() - t0)
-            return dict(last_body("".join(text), more, generated), **probs(entries, "".join(text)))
-    raise APIError(503, "the generation ended without a result (the server is stopping); retry", "server_error",
-                   None, "generation_ended")
+    bodies, job = [], first
+    try:
+        for index in range(len(prompts)):
+            job, limits, events = start(index)
+            released = lp.Released(state.llm.token_bytes)
+            text, entries = [], []
+            async for kind, value, more, generated in events:
+                if kind == "text":
+                    text.append(value)
+                    entries.extend(more)
+                else:
+                    bodies.append(dict(last_body(index, job, limits, "".join(text), more, generated),
+                                       **probs(released, entries, "".join(text))))
+            if len(bodies) <= index:
+                raise APIError(503, "the generation ended without a result (the server is stopping); retry",
+                               "server_error", None, "generation_ended")
+            if job.cancelled and not job.limited:  # the client went away: queue no more
+                break
+    finally:
+        job.cancel()
+    observe()
+    return bodies[0] if len(bodies) == 1 else bodies
 
 
 def probability(token_bytes, e) -> dict:
