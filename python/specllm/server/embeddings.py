@@ -11,6 +11,7 @@ import base64
 import logging
 import threading
 import time
+from contextlib import aclosing
 from typing import List, Literal, Optional, Union
 
 import numpy as np
@@ -46,33 +47,26 @@ class EmbedJob(Job):
         if running:
             self._metrics.cancelled.labels(stage="running").inc()
 
-    def run(self, llm, metrics) -> None:
+    def work(self, llm, metrics) -> None:
+        n_embd = llm.embedding_info["n_embd"]
+        if self.dimensions is not None and (self.dimensions > n_embd or not self.cut and self.dimensions != n_embd):
+            raise DimensionsError(self.dimensions, n_embd)
+        vectors, counts = llm.embed_counted(self.inputs, normalize=self.normalize, truncate=self.truncate,
+                                            stop=self._stop)
+        if self.dimensions is not None and self.dimensions < n_embd:
+            vectors = vectors[:, :self.dimensions]
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        metrics.embedded_tokens.inc(sum(counts))
         with self._lock:
-            if self.cancelled:
-                self.post("end")
-                return
-            self.t_start = time.monotonic()
-        metrics.queue_seconds.observe(self.t_start - self.t_submit)
-        try:
-            n_embd = llm.embedding_info["n_embd"]
-            if self.dimensions is not None and (self.dimensions > n_embd or not self.cut and self.dimensions != n_embd):
-                raise DimensionsError(self.dimensions, n_embd)
-            vectors, counts = llm.embed_counted(self.inputs, normalize=self.normalize, truncate=self.truncate,
-                                                stop=self._stop)
-            if self.dimensions is not None and self.dimensions < n_embd:
-                vectors = vectors[:, :self.dimensions]
-                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-            metrics.embedded_tokens.inc(sum(counts))
-            with self._lock:
-                self._done = True
-            self.post("result", (vectors, counts))
-        except Exception as e:  # a bad input (400) or a failed decode (500): the server goes on
-            if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
-                log.exception("embedding failed")
-            if not self._stop.is_set():
-                self.post("error", e)
-        finally:
-            self.post("end")
+            self._done = True
+        self.post("result", (vectors, counts))
+
+    def failed(self, e: Exception) -> None:
+        """A bad input (400) or a failed decode (500); nothing is posted for an embedding stopped by a cancel."""
+        if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
+            log.exception("embedding failed")
+        if not self._stop.is_set():
+            self.post("error", e)
 
 
 class DimensionsError(Exception):
@@ -103,21 +97,10 @@ async def _embed(request: Request, inputs, normalize: bool, truncate: bool, dime
     state = jobs.server_state(request)
     job = EmbedJob(inputs, normalize, truncate, dimensions, cut, asyncio.get_running_loop(), state.metrics)
     jobs.enqueue(state, job)
-    watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
     result = None
-    try:
-        while True:
-            kind, value = await job.events.get()
-            if kind == "result":
-                result = value
-            elif kind == "error":
-                raise _error(value)
-            else:
-                break
-    finally:
-        if result is None:
-            job.cancel()
-        watcher.cancel()
+    async with aclosing(jobs.follow(request, job, _error)) as events:
+        async for _, value in events:  # its one "result"
+            result = value
     if result is None:  # cancelled: the client is gone, nobody reads this
         raise APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
     return result

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Optional
+from contextlib import aclosing
+from typing import Callable, Optional
 
 from fastapi import Request
 
@@ -105,28 +106,38 @@ def generation_error(e: BaseException) -> APIError:
                     "generation_failed")
 
 
-async def collect(request: Request, job: Job, tokens: Optional[list] = None):
-    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
-    to `tokens` when it is given, the prompt's logprobs (when asked for) kept in job.prompt_logprobs."""
+async def follow(request: Request, job: Job, error: Callable[[BaseException], APIError] = None):
+    """The job's events, (kind, value), until its "end"; an "error" event raises error(value) (generation_error's
+    API error by default). Left before the end (an exception, a break, this handler cancelled, the client gone) the
+    job is cancelled. Use it under contextlib.aclosing, so that a consumer that stops early ends it at once."""
     watcher = asyncio.create_task(watch_disconnect(request, job))
-    texts, last, logprobs = [], None, []
+    ended = False
     try:
         while True:
             kind, value = await job.events.get()
-            if kind == "chunk":
-                texts.append(value.text)
-                logprobs.extend(value.logprobs or [])
-                if value.prompt_logprobs is not None:
-                    job.prompt_logprobs = value.prompt_logprobs
-                if tokens is not None:
-                    tokens.extend(value.tokens)
-                last = value
-            elif kind == "error":
-                raise generation_error(value)
-            else:
-                break
+            if kind == "error":
+                raise (error or generation_error)(value)
+            if kind == "end":
+                ended = True
+                return
+            yield kind, value
     finally:
-        if last is None or last.finish_reason is None:  # an error, or this handler was cancelled
+        if not ended:
             job.cancel()
         watcher.cancel()
+
+
+async def collect(request: Request, job: Job, tokens: Optional[list] = None):
+    """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
+    to `tokens` when it is given, the prompt's logprobs (when asked for) kept in job.prompt_logprobs."""
+    texts, last, logprobs = [], None, []
+    async with aclosing(follow(request, job)) as events:
+        async for _, value in events:
+            texts.append(value.text)
+            logprobs.extend(value.logprobs or [])
+            if value.prompt_logprobs is not None:
+                job.prompt_logprobs = value.prompt_logprobs
+            if tokens is not None:
+                tokens.extend(value.tokens)
+            last = value
     return "".join(texts), last, logprobs

@@ -5,10 +5,10 @@ as one `data:` event per step and a last one with "stop": true. n_predict 0 eval
 generates nothing (editor plugins send one when their ring of chunks changes, so that the next request finds it)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
+from contextlib import aclosing
 from typing import Callable, List, Optional, Union
 
 from fastapi import Request
@@ -208,17 +208,12 @@ def final(state, req: NativeFields, settings: dict, content: str, stats, stop_ty
 
 
 async def run(request: Request, job, limits: Limits, warm: bool):
-    """("text", text, logprob entries since the last text, tokens so far) as the limits pass it on, then ("end", None, last chunk, generated tokens); a
-    generation error raises its APIError. Leaving early (the client went away) cancels the job."""
-    watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
+    """("text", text, logprob entries since the last text, tokens so far) as the limits pass it on, then ("end",
+    None, last chunk, generated tokens); a generation error raises its APIError. Leaving early (the client went
+    away) cancels the job."""
     last, generated, logprobs = None, [], []
-    try:
-        while True:
-            kind, value = await job.events.get()
-            if kind == "error":
-                raise jobs.generation_error(value)
-            if kind == "end":
-                break
+    async with aclosing(jobs.follow(request, job)) as events:
+        async for _, value in events:
             generated.extend(value.tokens)
             if value.finish_reason is not None:
                 last = value
@@ -232,12 +227,8 @@ async def run(request: Request, job, limits: Limits, warm: bool):
                 if out:
                     yield "text", out, logprobs, generated
                     logprobs = []
-        if last is not None:
-            yield "end", None, last, generated
-    finally:
-        if last is None:
-            job.cancel()
-        watcher.cancel()
+    if last is not None:
+        yield "end", None, last, generated
 
 
 def _fit(n_ctx: int, tokens: list, n_predict: int, warm: bool, prompt_param: str) -> int:
@@ -300,7 +291,8 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
     def probs(released, entries, text) -> dict:
         if req.n_probs <= 0:
             return {}
-        return {"completion_probabilities": [probability(state.llm.token_bytes, e) for e in released.add(entries, text)]}
+        return {"completion_probabilities": [probability(state.llm.token_bytes, e)
+                                             for e in released.add(entries, text)]}
 
     def last_body(index, job, limits, content, last, generated):
         kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
@@ -324,20 +316,21 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
             try:
                 for index, tokens in enumerate(prompts):
                     job, limits, events = start(index)
-                    released = lp.Released(state.llm.token_bytes)  # a stop string's tokens, whose text is cut, are left out
+                    released = lp.Released(state.llm.token_bytes)  # a stop string's tokens (text cut) left out
                     text, sent = [], 0
-                    async for kind, value, entries, generated in events:
-                        if kind == "text":
-                            text.append(value)
-                            ids = list(generated[sent:]) if return_tokens else []
-                            sent = len(generated)
-                            yield json.dumps({"index": index, "content": value, "tokens": ids, "stop": False,
-                                              "id_slot": 0, "tokens_predicted": len(generated),
-                                              "tokens_evaluated": len(tokens), **probs(released, entries, value)})
-                        else:
-                            body = last_body(index, job, limits, "".join(text), entries, generated)
-                            body["content"], body["tokens"] = "", []
-                            yield json.dumps(body)
+                    async with aclosing(events):
+                        async for kind, value, entries, generated in events:
+                            if kind == "text":
+                                text.append(value)
+                                ids = list(generated[sent:]) if return_tokens else []
+                                sent = len(generated)
+                                yield json.dumps({"index": index, "content": value, "tokens": ids, "stop": False,
+                                                  "id_slot": 0, "tokens_predicted": len(generated),
+                                                  "tokens_evaluated": len(tokens), **probs(released, entries, value)})
+                            else:
+                                body = last_body(index, job, limits, "".join(text), entries, generated)
+                                body["content"], body["tokens"] = "", []
+                                yield json.dumps(body)
                     if job.cancelled and not job.limited:  # the client went away: queue no more
                         break
             except APIError as e:
@@ -352,13 +345,14 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
             job, limits, events = start(index)
             released = lp.Released(state.llm.token_bytes)
             text, entries = [], []
-            async for kind, value, more, generated in events:
-                if kind == "text":
-                    text.append(value)
-                    entries.extend(more)
-                else:
-                    bodies.append(dict(last_body(index, job, limits, "".join(text), more, generated),
-                                       **probs(released, entries, "".join(text))))
+            async with aclosing(events):
+                async for kind, value, more, generated in events:
+                    if kind == "text":
+                        text.append(value)
+                        entries.extend(more)
+                    else:
+                        bodies.append(dict(last_body(index, job, limits, "".join(text), more, generated),
+                                           **probs(released, entries, "".join(text))))
             if len(bodies) <= index:
                 raise APIError(503, "the generation ended without a result (the server is stopping); retry",
                                "server_error", None, "generation_ended")

@@ -84,6 +84,8 @@ class Job:
             pass
 
     def run(self, llm: LLM, metrics: Metrics) -> None:
+        """On the worker's thread: skipped when cancelled while queued, else work(); an exception goes to failed()
+        (the request fails, the server goes on); "end" is the last event either way."""
         with self._lock:
             if self.cancelled:  # while queued
                 self.post("end")
@@ -91,21 +93,28 @@ class Job:
             self.t_start = time.monotonic()
         metrics.queue_seconds.observe(self.t_start - self.t_submit)
         try:
-            stream = llm.stream(self.tokens, **self.options)
-            with self._lock:
-                self._stream = stream
-                if self.cancelled:
-                    stream.cancel()
-            with stream:
-                for chunk in stream:
-                    self.post("chunk", chunk)
-            metrics.finished(stream.stats, "length" if self.limited else stream.finish_reason)
-            metrics.prompt_cache_bytes.set(llm.prompt_cache_used)
-        except Exception as e:  # a decode error: the request fails, the server goes on
-            log.exception("generation failed")
-            self.post("error", e)
+            self.work(llm, metrics)
+        except Exception as e:
+            self.failed(e)
         finally:
             self.post("end")
+
+    def work(self, llm: LLM, metrics: Metrics) -> None:
+        """The generation: a "chunk" event per step."""
+        stream = llm.stream(self.tokens, **self.options)
+        with self._lock:
+            self._stream = stream
+            if self.cancelled:
+                stream.cancel()
+        with stream:
+            for chunk in stream:
+                self.post("chunk", chunk)
+        metrics.finished(stream.stats, "length" if self.limited else stream.finish_reason)
+        metrics.prompt_cache_bytes.set(llm.prompt_cache_used)
+
+    def failed(self, e: Exception) -> None:
+        log.exception("generation failed")  # a decode error
+        self.post("error", e)
 
 
 class Worker:
