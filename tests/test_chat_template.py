@@ -57,3 +57,59 @@ def test_a_broken_or_unsafe_template_is_a_typed_error(llm, tmpl, match):
 def test_an_unknown_built_in_name_is_a_typed_error(llm):
     with pytest.raises(specllm.InvalidOptionError, match="llama.cpp does not know"):
         llm.apply_chat_template(HI, chat_template="no-such-format")
+
+
+# --- LLM(chat_template=..., chat_template_kwargs=...), chat_template_kwargs per call (llama-server's options)
+
+THINKING = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% endif %}{{ style | default('') }}{% endif %}")
+
+
+def test_an_llms_own_template_and_variables_format_every_conversation(tiny, make_llm):
+    llm = make_llm(tiny["target"], chat_template=THINKING, chat_template_kwargs={"enable_thinking": False})
+    assert llm.chat_template == THINKING
+    assert llm.apply_chat_template(HI) == "<user>hi<assistant><think></think>"
+    # a call's variables go over the LLM's; a variable the template does not read changes nothing
+    assert llm.apply_chat_template(HI, chat_template_kwargs={"enable_thinking": True}) == "<user>hi<assistant>"
+    assert llm.apply_chat_template(HI, chat_template_kwargs={"style": "terse", "unread": 1}) == \
+        "<user>hi<assistant><think></think>terse"
+    # chat() formats with them: the reply is generate()'s of that prompt
+    want = llm.generate("<user>hi<assistant>", max_tokens=8)
+    assert llm.chat(HI, max_tokens=8, chat_template_kwargs={"enable_thinking": True}).tokens == want.tokens
+    # a template named per call still wins; a built-in format has no variables and ignores them
+    plain = make_llm(tiny["target"])
+    assert llm.apply_chat_template(HI, chat_template="chatml") == plain.apply_chat_template(HI)
+    named = make_llm(tiny["target"], chat_template="chatml", chat_template_kwargs={"enable_thinking": False})
+    assert named.chat_template == "chatml" and named.apply_chat_template(HI) == plain.apply_chat_template(HI)
+    assert plain.chat_template == plain._engine.target.chat_template  # none given: the model's own
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(chat_template="{% for m in messages %}"), specllm.InvalidOptionError, "not a valid Jinja template"),
+    (dict(chat_template=3), TypeError, "chat_template"),
+    (dict(chat_template_kwargs=["enable_thinking"]), TypeError, "must be a dict"),
+    (dict(chat_template_kwargs={"messages": []}), specllm.InvalidOptionError, "set for every template"),
+    (dict(chat_template_kwargs={"add_generation_prompt": False}), specllm.InvalidOptionError, "set for every"),
+    (dict(chat_template_kwargs={"not a name": 1}), specllm.InvalidOptionError, "not a name a template can read"),
+    (dict(chat_template_kwargs={1: 1}), specllm.InvalidOptionError, "not a name a template can read"),
+])
+def test_a_bad_template_or_variable_is_a_typed_error_before_the_model_loads(tiny, kw, error, match, monkeypatch):
+    import specllm._core as core
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(core, "Engine", no_load)
+    with pytest.raises(error, match=match):
+        specllm.LLM(tiny["target"], None, **kw)
+
+
+def test_an_unknown_built_in_name_given_at_load_and_bad_variables_per_call_are_typed_errors(tiny, make_llm, llm):
+    with pytest.raises(specllm.InvalidOptionError, match="llama.cpp does not know"):
+        make_llm(tiny["target"], chat_template="no-such-format")
+    with pytest.raises(specllm.InvalidOptionError, match="set for every template"):
+        llm.chat(HI, max_tokens=2, chat_template_kwargs={"tools": []})
+    with pytest.raises(TypeError, match="must be a dict"):
+        llm.apply_chat_template(HI, chat_template_kwargs="enable_thinking=false")
+    assert llm.chat(HI, max_tokens=2).tokens

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from datetime import datetime
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from .errors import InvalidOptionError
 from .options import text as _text
@@ -19,6 +19,8 @@ from .options import text as _text
 # chat_template= this name: llama.cpp's built-in formatting of the model's own template (what specllm did up to
 # 2026-11-26; bench replays runs recorded before with it)
 LLAMA_CPP = "llama.cpp"
+# the variables every template is rendered with: chat_template_kwargs cannot set them
+RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools")
 
 
 def is_jinja(template: str) -> bool:
@@ -95,21 +97,45 @@ def check_tools(tools) -> Optional[List[dict]]:
     return list(tools) or None
 
 
-def render(template: str, messages: List[dict], add_generation_prompt: bool, bos_token: str = "",
-           eos_token: str = "", source: Optional[str] = None, tools: Optional[List[dict]] = None) -> str:
-    """The prompt `template` makes of `messages`. Raises InvalidOptionError when the template does not parse or
-    refuses the conversation (its raise_exception, e.g. "roles must alternate"); `source` names where the template
-    came from, for the message."""
+def check_kwargs(kwargs, name: str = "chat_template_kwargs") -> dict:
+    """A template's own variables (Qwen3's enable_thinking, ...): a dict of names to values; not the variables
+    specllm sets for every template (RESERVED)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"{name} must be a dict of the chat template's variables (e.g. {{'enable_thinking': False}}), "
+                        f"got {type(kwargs).__name__}")
+    for key in kwargs:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise InvalidOptionError(f"{name}: {key!r} is not a name a template can read (letters, digits and _)")
+        if key in RESERVED:
+            raise InvalidOptionError(f"{name}: {key!r} is set for every template ({', '.join(RESERVED)}); leave it "
+                                     "out")
+    return dict(kwargs)
+
+
+def _compiled(template: str, where: str):
     import jinja2
 
-    where = source or "the chat template"
     try:
-        compiled = _compile(template)
+        return _compile(template)
     except jinja2.TemplateError as e:
         raise InvalidOptionError(f"{where} is not a valid Jinja template ({e}); give chat_template= a Jinja "
                                  f"template or one of llama.cpp's built-in names (e.g. \"chatml\")") from None
+
+
+def render(template: str, messages: List[dict], add_generation_prompt: bool, bos_token: str = "",
+           eos_token: str = "", source: Optional[str] = None, tools: Optional[List[dict]] = None,
+           kwargs: Optional[dict] = None) -> str:
+    """The prompt `template` makes of `messages`, its own variables set from `kwargs`. Raises InvalidOptionError
+    when the template does not parse or refuses the conversation (its raise_exception, e.g. "roles must
+    alternate"); `source` names where the template came from, for the message."""
+    import jinja2
+
+    where = source or "the chat template"
+    compiled = _compiled(template, where)
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        return compiled.render(**(kwargs or {}), messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=bos_token, eos_token=eos_token, tools=tools)
     except _TemplateRaised as e:
         raise InvalidOptionError(f"{where} refuses these messages: {e}") from None
@@ -118,8 +144,10 @@ def render(template: str, messages: List[dict], add_generation_prompt: bool, bos
                                  f"messages' roles and order, or pass chat_template=") from None
 
 
-def prompt_text(target, messages, add_generation_prompt: bool, chat_template: str, tools=None) -> str:
-    """LLM.apply_chat_template's work: `target` a Model (its template, BOS/EOS texts and llama.cpp's formatter)."""
+def prompt_text(target, messages, add_generation_prompt: bool, chat_template: str, tools=None,
+                kwargs: Optional[dict] = None) -> str:
+    """LLM.apply_chat_template's work: `target` a Model (its template, BOS/EOS texts and llama.cpp's formatter).
+    kwargs: the template's own variables (checked); llama.cpp's built-in formats have none and ignore them."""
     msgs = check_messages(messages)
     tools = check_tools(tools)
     template = "" if chat_template == LLAMA_CPP else chat_template or target.chat_template
@@ -130,4 +158,60 @@ def prompt_text(target, messages, add_generation_prompt: bool, chat_template: st
         return target.apply_chat_template([(m["role"], m["content"] or "") for m in msgs], add_generation_prompt,
                                           template)
     return render(template, msgs, add_generation_prompt, target.bos_text, target.eos_text,
-                  "chat_template=" if chat_template else "the model's chat template", tools)
+                  "chat_template=" if chat_template else "the model's chat template", tools, kwargs)
+
+
+def check_load_args(chat_template, kwargs) -> tuple:
+    """LLM(chat_template=..., chat_template_kwargs=...) checked before the model loads: (template, variables); a
+    Jinja template must parse."""
+    template = _text("chat_template", chat_template if chat_template is not None else "")
+    kwargs = check_kwargs(kwargs)
+    if is_jinja(template):
+        _compiled(template, "chat_template=")
+    return template, kwargs
+
+
+class ChatMethods:
+    """LLM's chat-template methods: the template it formats conversations with (LLM(chat_template=...,
+    chat_template_kwargs=...) or the model's own), apply_chat_template and chat."""
+
+    def _set_chat_template(self, checked: tuple) -> None:
+        """After the load: the LLM's template and variables (check_load_args's); a built-in name must be one
+        llama.cpp knows."""
+        template, self._chat_template_kwargs = checked
+        if template and not is_jinja(template) and template != LLAMA_CPP:
+            self._engine.target.apply_chat_template([("user", "hi")], True, template)  # unknown: InvalidOptionError
+        self._chat_template = template
+
+    @property
+    def chat_template(self) -> str:
+        """The chat template chat() formats with: LLM(chat_template=...) when given (a Jinja template or a
+        built-in name), else the model's own (the GGUF's tokenizer.chat_template; "" if it has none)."""
+        return self._chat_template or self._engine.target.chat_template
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            chat_template: str = "", tools: Optional[Sequence[dict]] = None,
+                            chat_template_kwargs: Optional[dict] = None) -> str:
+        """The prompt text of a conversation. chat_template: "" = the LLM's (LLM(chat_template=...), else the
+        model's own: the GGUF's Jinja template, rendered as transformers, llama-cpp-python and llama-server --jinja
+        render it; ChatML if it has none); a Jinja template; one of llama.cpp's built-in format names ("chatml",
+        "llama3", ...); or "llama.cpp": llama.cpp's built-in formatting of the model's template (specllm's default
+        before 2026-11-26, which left out e.g. Qwen2.5's default system message). tools (OpenAI's function
+        definitions) and messages with tool_calls / tool_call_id are given to a Jinja template.
+        chat_template_kwargs: the template's own variables (e.g. {"enable_thinking": False} for Qwen3's), over
+        LLM(chat_template_kwargs=...); a variable the template does not read changes nothing. A template that does
+        not parse or refuses the messages raises InvalidOptionError."""
+        kwargs = dict(self._chat_template_kwargs, **check_kwargs(chat_template_kwargs))
+        return prompt_text(self._engine.target, messages, add_generation_prompt,
+                           _text("chat_template", chat_template or "") or self._chat_template, tools, kwargs)
+
+    def chat(self, messages: Sequence[dict], *, stream: bool = False, chat_template_kwargs: Optional[dict] = None,
+             **options):
+        """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])
+        formatted with the chat template (apply_chat_template, with chat_template_kwargs), then completed; this is
+        the conversation API, generate() and stream() complete raw text (as in llama-cpp-python). stream=True
+        returns a Stream. The KV cache of the previous turns is reused when the new conversation extends the
+        previous one."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=True,
+                                          chat_template_kwargs=chat_template_kwargs)
+        return self.stream(prompt, **options) if stream else self.generate(prompt, **options)

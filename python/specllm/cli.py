@@ -116,7 +116,9 @@ def _llm_options(args) -> dict:
              ("prompt_cache_mb", args.prompt_cache_mb), ("prompt_cache_dir", args.prompt_cache_dir),
              ("prompt_cache_disk_mb", args.prompt_cache_disk_mb), ("learn_batch_costs", args.learn_batch_costs),
              ("embedding_model", getattr(args, "embedding_model", None)), ("cache_type_k", args.cache_type_k),
-             ("cache_type_v", args.cache_type_v), ("flash_attn", args.flash_attn))
+             ("cache_type_v", args.cache_type_v), ("flash_attn", args.flash_attn),
+             ("chat_template", cli_args.chat_template_option(args)),
+             ("chat_template_kwargs", args.chat_template_kwargs))
     extra = {k: v for k, v in given if v is not None}
     return {"n_ctx": args.ctx, "n_threads": args.threads, "seed": getattr(args, "seed", None), **extra}
 
@@ -139,7 +141,7 @@ def run_generate(args) -> int:
         raise SpecLLMError("the prompt is empty")
     rules = grammar.from_cli(args.json, args.json_schema, args.grammar)  # a bad file: an error before the load
     llm = LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))  # hybrid unless --no-ngram
-    if not args.raw and llm._engine.target.chat_template:
+    if not args.raw and llm.chat_template:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         try:
             prompt = llm.apply_chat_template(system + [{"role": "user", "content": prompt.strip()}])

@@ -3,6 +3,7 @@ the commands share (the model and how it loads; generation). cli.py builds the p
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 from .llm import DEFAULT
@@ -76,6 +77,30 @@ def _draft(s: str):
     return None if s.lower() == "none" else s
 
 
+def _template_kwargs(s: str) -> dict:
+    try:
+        value = json.loads(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): give an object, e.g. '{{\"enable_thinking\": false}}'")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("give a JSON object of the template's variables, e.g. "
+                                         "'{\"enable_thinking\": false}'")
+    return value
+
+
+def _template_file(s: str) -> str:
+    try:
+        with open(s, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read the template: {e}")
+
+
+def chat_template_option(args):
+    """--chat-template or the text of --chat-template-file (None when neither is given)."""
+    return args.chat_template if args.chat_template is not None else args.chat_template_file
+
+
 def model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     load_args(p)
     generation_args(p, max_tokens)
@@ -119,6 +144,15 @@ def load_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache type for V (default: f16; a quantized one needs flash attention)")
     g.add_argument("--flash-attn", "-fa", choices=("auto", "on", "off"), default=None,
                    help="flash attention (default: auto, llama.cpp's choice for the device)")
+    t = g.add_mutually_exclusive_group()
+    t.add_argument("--chat-template", default=None, metavar="NAME|JINJA",
+                   help="the chat template to format conversations with instead of the model's own: a Jinja "
+                        "template, or a llama.cpp built-in name (chatml, llama3, gemma, ...)")
+    t.add_argument("--chat-template-file", type=_template_file, default=None, metavar="PATH",
+                   help="as --chat-template, read from a file")
+    g.add_argument("--chat-template-kwargs", type=_template_kwargs, default=None, metavar="JSON",
+                   help="the chat template's own variables, as a JSON object (e.g. '{\"enable_thinking\": false}' "
+                        "for Qwen3's)")
     g.add_argument("--learn-batch-costs", action="store_true", default=None,
                    help="let \"auto\" learn what verify batches cost now from their timing (follows a machine whose "
                         "load changes; the choices then move with the clock; default: off, see README)")

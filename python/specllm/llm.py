@@ -85,9 +85,9 @@ def _interrupt_after():
         raise KeyboardInterrupt
 
 
-class LLM(memory.MemoryMethods, embed.EmbedMethods):
+class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
     """A target model and, optionally, a drafter (the drafting memory's methods: memory.MemoryMethods; the
-    embeddings': embed.EmbedMethods)."""
+    embeddings': embed.EmbedMethods; the chat template's and chat(): chat_template.ChatMethods)."""
 
     def __init__(
         self,
@@ -116,6 +116,8 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         cache_type_k: str = "f16",
         cache_type_v: str = "f16",
         flash_attn: Union[str, bool] = "auto",
+        chat_template: str = "",
+        chat_template_kwargs: Optional[dict] = None,
     ):
         """Load a target model and, optionally, a drafter.
 
@@ -170,6 +172,10 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
             of 32 values must divide the model's attention head size.
         flash_attn: "auto" (default: llama.cpp's choice for the device, on for CPUs), "on" or "off"; a quantized V
             cache needs it.
+        chat_template: the template chat() formats conversations with (llama-server's --chat-template): "" (default)
+            the model's own; a Jinja template; or a llama.cpp built-in name ("chatml", "llama3", ...).
+        chat_template_kwargs: the template's own variables for every conversation (llama-server's
+            --chat-template-kwargs; e.g. {"enable_thinking": False} for Qwen3's); chat() can add more per call.
         """
         model, prompt_cache_dir = check_load(
             model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
@@ -180,6 +186,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
         kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
+        template = chat_templates.check_load_args(chat_template, chat_template_kwargs)
         if kv[0] not in FLOAT_CACHE_TYPES + ("q8_0",):
             logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
                                 "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "
@@ -224,6 +231,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
             atexit.register(_flush_at_exit, weakref.ref(self))
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
+        self._set_chat_template(template)
         self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
         self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
         self._drafter_loaded(draft, swapped=False)
@@ -316,23 +324,6 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         """The bytes of one token's text (a piece of a UTF-8 character for some); b"" for control tokens."""
         return self._engine.target.piece(self._token_ids([token], "token")[0])
 
-    @property
-    def chat_template(self) -> str:
-        """The model's own chat template (the GGUF's tokenizer.chat_template; "" if it has none)."""
-        return self._engine.target.chat_template
-
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            chat_template: str = "", tools: Optional[Sequence[dict]] = None) -> str:
-        """The prompt text of a conversation. chat_template: "" = the model's own (the GGUF's Jinja template,
-        rendered as transformers, llama-cpp-python and llama-server --jinja render it; ChatML if it has none); a Jinja
-        template; one of llama.cpp's built-in format names ("chatml", "llama3", ...); or "llama.cpp": llama.cpp's
-        built-in formatting of the model's template (specllm's default before 2026-11-26, which left out e.g.
-        Qwen2.5's default system message). tools (OpenAI's function definitions) and messages with tool_calls /
-        tool_call_id are given to a Jinja template. A template that does not parse or refuses the messages raises
-        InvalidOptionError."""
-        return chat_templates.prompt_text(self._engine.target, messages, add_generation_prompt,
-                                          _text("chat_template", chat_template or ""), tools)
-
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless
         keep_memory, the drafting memory with what "auto" learned about its drafts (as in a new process)."""
@@ -423,14 +414,6 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods):
         """From any thread: a measure_costs() in progress ends within one timed step (it returns False); nothing
         otherwise (a generation is not interrupted)."""
         self._costs.stop()
-
-    def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
-        """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])
-        formatted with the model's chat template (apply_chat_template), then completed; this is the conversation
-        API, generate() and stream() complete raw text (as in llama-cpp-python). stream=True returns a Stream.
-        The KV cache of the previous turns is reused when the new conversation extends the previous one."""
-        prompt = self.apply_chat_template(messages, add_generation_prompt=True)
-        return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
 
     def prompt_tokens(self, prompt: Prompt) -> List[int]:
         """The tokens generate(prompt) evaluates: text tokenized with BOS (once), or checked token ids."""

@@ -108,7 +108,7 @@ class BodyLimit:
 
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
                "/v1/messages", "/v1/messages/count_tokens", "/infill", "/completion", "/completions", "/tokenize",
-               "/detokenize", "/props", "/v1/models", "/health", "/metrics",
+               "/detokenize", "/props", "/apply-template", "/v1/models", "/health", "/metrics",
                "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version",
                "/v1/embeddings", "/embeddings", "/api/embed", "/api/embeddings"}
 

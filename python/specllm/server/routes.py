@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import NamedTuple, Optional
+from typing import Any, List, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from .. import chat_template as chat_templates
 from .. import grammar
 from ..errors import InvalidOptionError
 from . import bias, choices, embeddings, jobs
@@ -51,6 +52,13 @@ def _message(m: p.Message, i: int) -> dict:
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     return out
+
+
+def _messages(messages: List[p.Message]) -> List[dict]:
+    if not messages:
+        raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
+                       "invalid_value")
+    return [_message(m, i) for i, m in enumerate(messages)]
 
 
 def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int],
@@ -130,12 +138,21 @@ class Chat(NamedTuple):
     n_logprobs: Optional[int]
 
 
+def chat_prompt(state, messages: list, tools: Optional[list], kwargs: Optional[dict]) -> str:
+    """The conversation in the server's chat template (a 400 naming the field that broke it)."""
+    try:
+        template_kwargs = chat_templates.check_kwargs(kwargs)
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, str(e), "invalid_request_error", "chat_template_kwargs", "invalid_value") from None
+    try:
+        return state.llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=template_kwargs)
+    except (InvalidOptionError, TypeError) as e:
+        raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
+
+
 def prepare_chat(state, req: p.ChatRequest) -> Chat:
     """A chat request's prompt and options (a 400 for a bad one): /v1/chat/completions and /v1/responses."""
-    if not req.messages:
-        raise APIError(400, "messages must hold at least one message", "invalid_request_error", "messages",
-                       "invalid_value")
-    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    messages = _messages(req.messages)
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     if tools and not tool_calls.template_calls_tools(state.llm.chat_template):
         raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
@@ -147,10 +164,7 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
                                              parallel=req.parallel_tool_calls is not False)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
-    try:
-        prompt = state.llm.apply_chat_template(messages, tools=tools) + forced
-    except (InvalidOptionError, TypeError) as e:
-        raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
+    prompt = chat_prompt(state, messages, tools, req.chat_template_kwargs) + forced
     tokens = _tokens(state, prompt, "messages")
     n_logprobs = lp.chat_request(req)
     opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,
@@ -304,6 +318,22 @@ async def completions(request: Request, req: p.CompletionRequest):
     return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=out,
                             usage=choices.usage(runs, stats),
                             speculative=choices.speculative(stats, first_job, req.draft_length))
+
+
+class TemplateRequest(p._Request):
+    messages: List[p.Message]
+    tools: Optional[List[Any]] = None
+    chat_template_kwargs: Optional[dict] = None
+
+
+@router.post("/apply-template")
+async def apply_template(request: Request, req: TemplateRequest):
+    """llama-server's /apply-template: the prompt a chat request's messages make in the server's chat template
+    (with tools and chat_template_kwargs, as /v1/chat/completions makes it), nothing generated."""
+    state = jobs.server_state(request)
+    state.require_ready()
+    messages = _messages(req.messages)
+    return {"prompt": chat_prompt(state, messages, req.tools or None, req.chat_template_kwargs)}
 
 
 @router.get("/v1/models", response_model=p.ModelList)
