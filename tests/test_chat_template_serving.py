@@ -57,6 +57,11 @@ def test_apply_template_and_chat_use_the_servers_template_and_a_requests_variabl
         want = local.generate(prompt, max_tokens=12)
         assert got.choices[0].message.content == want.text
         assert got.usage.prompt_tokens == len(local.prompt_tokens(prompt))
+    # the Responses API takes them too (it is served as the chat request it amounts to)
+    got = client.responses.create(model="target", input="the cat sat on", max_output_tokens=12, temperature=0,
+                                  extra_body={"chat_template_kwargs": {"style": "terse"}})
+    prompt = local.apply_chat_template(HI, chat_template_kwargs={"style": "terse"})
+    assert got.output_text == local.generate(prompt, max_tokens=12).text
     r = httpx.get(f"{server.url}/props", timeout=10).json()  # the template in use
     assert r["chat_template"] == THINKING
 
@@ -66,6 +71,7 @@ def test_apply_template_and_chat_use_the_servers_template_and_a_requests_variabl
     ("/v1/chat/completions", dict(messages=HI, chat_template_kwargs={"a b": 1}), "chat_template_kwargs"),
     ("/v1/chat/completions", dict(messages=HI, chat_template_kwargs=["x"]), "chat_template_kwargs"),
     ("/apply-template", dict(messages=HI, chat_template_kwargs={"bos_token": "x"}), "chat_template_kwargs"),
+    ("/v1/responses", dict(input="hi", chat_template_kwargs={"tools": 1}), "chat_template_kwargs"),
     ("/apply-template", dict(messages=[]), "messages"),
     ("/apply-template", dict(messages=[{"role": "nobody", "content": "x"}]), "messages"),
     ("/apply-template", dict(), "messages"),

@@ -48,6 +48,7 @@ class ResponsesRequest(_Request):
     draft_length: Union[int, str, None] = None
     acceptance: Optional[str] = None
     n_cache_reuse: Optional[int] = Field(None, ge=0)
+    chat_template_kwargs: Optional[Dict[str, Any]] = None  # llama-server's, as on /v1/chat/completions
 
 
 def bad(message: str, param: Optional[str], code: str = "invalid_value") -> APIError:
@@ -183,7 +184,7 @@ def chat_request(req: ResponsesRequest, conversation: List[dict]) -> p.ChatReque
     conversation (_messages)."""
     _refuse(req)
     fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                           "draft_length", "acceptance", "n_cache_reuse")}
+                                           "draft_length", "acceptance", "n_cache_reuse", "chat_template_kwargs")}
     try:
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         return p.ChatRequest(messages=system + conversation, max_tokens=req.max_output_tokens,
