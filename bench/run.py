@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -56,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="advance the specllm systems one speculative step each in turn on every prompt (the other "
                         "systems run before them, per prompt): a ratio measured under the same load, much steadier "
                         "on a shared machine than prompt-by-prompt interleaving")
+    p.add_argument("--reload-rounds", action="store_true",
+                   help="rounds outer: every round runs all prompts, with the specllm systems loaded afresh in an "
+                        "order rotated by one per round (on a machine where an LLM loaded later in a process runs "
+                        "faster, bench/README stop 53, an even --repeat gives each system each place alike)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
     args = p.parse_args(argv)
     if args.skip < 0:
@@ -104,6 +109,30 @@ def load_systems(names: list, cfg: Config, notes: list) -> tuple[list, dict]:
             notes.append(f"system {name} skipped: {type(e).__name__}: {e}")
             print(notes[-1], file=sys.stderr)
     return systems, load_ms
+
+
+def reload_specllm(systems: list, rep: int, template, notes: list) -> list:
+    """The systems with the specllm ones closed and loaded again, in their order rotated by `rep` (--reload-rounds),
+    each warmed up as at the start; the others as they were. Their place in `systems` (and so in every prompt's
+    order) stays."""
+    specllm_systems = [s for s in systems if isinstance(s, SpecllmSystem)]
+    for system in specllm_systems:
+        system.llm.close()
+        system.llm = None
+        system._memory_for = (None, None, None)  # a new LLM starts from an empty memory, as round 0 did
+    gc.collect()
+    failed = set()
+    for system in report.rotate(specllm_systems, rep):
+        try:
+            system.load()
+        except Exception as e:
+            notes.append(f"system {system.name} dropped at round {rep + 1}: {type(e).__name__}: {e}")
+            print(notes[-1], file=sys.stderr)
+            failed.add(system.name)
+    for system in specllm_systems:
+        if system.name not in failed and not warm_up([system], template, notes):
+            failed.add(system.name)
+    return [s for s in systems if s.name not in failed]
 
 
 def warm_up(systems: list, template, notes: list) -> list:
@@ -202,7 +231,7 @@ def main(argv=None) -> int:
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "repeat_penalty": args.repeat_penalty,
             "threads": args.threads,
-            "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "lockstep": args.lockstep, "tasks": args.tasks, "prompts": args.prompts,
+            "ctx": args.ctx, "limit": args.limit, "skip": args.skip, "repeat": args.repeat, "lockstep": args.lockstep, "reload_rounds": args.reload_rounds, "tasks": args.tasks, "prompts": args.prompts,
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes,
             "chat_template": "jinja"}  # prompts rendered by the model's Jinja template (bench.oracle.chat_template_of)
@@ -223,21 +252,33 @@ def main(argv=None) -> int:
             log.writelines(json.dumps(r) + "\n" for r in new)
             log.flush()
 
-        for i, prompt in enumerate(prompts):
+        def run_one(i: int, prompt, rep: int) -> None:
+            order = report.rotate(systems, i * args.repeat + rep)
+            together = [s for s in order if args.lockstep and isinstance(s, SpecllmSystem)]
+            for system in [s for s in order if s not in together]:
+                try:
+                    new = run_prompt(system, prompt, template, args.max_tokens, rep)
+                except Exception as e:
+                    new = e
+                keep(system.name, new)
+            if together:
+                for name, new in run_in_lockstep(together, prompt, template, args.max_tokens, rep).items():
+                    keep(name, new)
+
+        if args.reload_rounds:
             for rep in range(args.repeat):
-                order = report.rotate(systems, i * args.repeat + rep)
-                together = [s for s in order if args.lockstep and isinstance(s, SpecllmSystem)]
-                for system in [s for s in order if s not in together]:
-                    try:
-                        new = run_prompt(system, prompt, template, args.max_tokens, rep)
-                    except Exception as e:
-                        new = e
-                    keep(system.name, new)
-                if together:
-                    for name, new in run_in_lockstep(together, prompt, template, args.max_tokens, rep).items():
-                        keep(name, new)
-            print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
-                  f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+                if rep > 0:
+                    systems = reload_specllm(systems, rep, template, notes)
+                for i, prompt in enumerate(prompts):
+                    run_one(i, prompt, rep)
+                print(f"[round {rep + 1}/{args.repeat}] {len(prompts)} prompts "
+                      f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+        else:
+            for i, prompt in enumerate(prompts):
+                for rep in range(args.repeat):
+                    run_one(i, prompt, rep)
+                print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
+                      f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
     summary = report.summarize(records, [s.name for s in systems], args.max_tokens)
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     paths = report.write_outputs(args.out, stem, meta, summary, records)

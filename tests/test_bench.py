@@ -469,6 +469,48 @@ def test_lockstep_run_on_tiny_models_matches_the_separate_run(tmp_path):
     assert texts[True] == texts[False]
 
 
+def test_reload_rounds_loads_the_systems_afresh_in_a_rotated_order_per_round(tmp_path, monkeypatch):
+    # --reload-rounds: rounds outer, the specllm systems closed and loaded again before each later round, their load
+    # order rotated by one per round; the same texts as a run without it (every round starts from a fresh LLM)
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import run
+    from bench.systems import SpecllmSystem
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    loads, made = [], []
+    real_load = SpecllmSystem.load
+
+    def load(self):
+        loads.append(self.name)
+        ms = real_load(self)
+        made.append(self.llm)
+        return ms
+
+    monkeypatch.setattr(SpecllmSystem, "load", load)
+    texts = {}
+    for mode in ([], ["--reload-rounds", "--lockstep"]):
+        loads.clear()
+        out = tmp_path / ("reload" if mode else "plain")
+        rc = run.main(["--limit", "2", "--repeat", "3", "--systems", "plain,hybrid", "--tasks", "code_edit",
+                       "--max-tokens", "12", "--threads", "1", "--target", paths["target"], "--draft", paths["draft"],
+                       "--out", str(out)] + mode)
+        assert rc == 0
+        (result,) = out.glob("*.json")
+        data = json.loads(result.read_text())
+        assert data["meta"]["reload_rounds"] == bool(mode) and not data["meta"]["notes"]
+        texts[bool(mode)] = {(r["system"], r["id"], r["rep"]): r["text"] for r in data["records"]}
+        assert len(texts[bool(mode)]) == 12
+        if mode:
+            assert loads == ["plain", "hybrid", "hybrid", "plain", "plain", "hybrid"]
+            assert [m.closed for m in made[-6:]] == [True] * 4 + [False] * 2  # the earlier rounds' LLMs closed
+            recs = [(r["rep"], r["id"]) for r in data["records"] if r["system"] == "plain"]
+            assert recs == sorted(recs)  # rounds outer
+        else:
+            assert loads == ["plain", "hybrid"]
+    assert texts[True] == texts[False]
+
+
 @pytest.mark.skipif(not all(p.exists() for p in anchors.tool_paths().values()),
                     reason="llama.cpp anchor tools not built (python -c 'from bench.anchors import build_anchors; "
                            "build_anchors()')")
