@@ -2,6 +2,8 @@
 
 import math
 import os
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -124,3 +126,14 @@ def chi2_critical(df, z=3.719):
 def total_variation(a: Counter, b: Counter):
     na, nb = sum(a.values()), sum(b.values())
     return 0.5 * sum(abs(a.get(k, 0) / na - b.get(k, 0) / nb) for k in set(a) | set(b))
+
+
+def run_cli(env, *args, timeout=120):
+    """specllm-cli in a child process, its output captured (env: cli_env's)."""
+    return subprocess.run([sys.executable, "-m", "specllm.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def cli_env(tmp_path) -> dict:
+    """The environment of a specllm-cli child: a fresh HOME and model cache."""
+    return dict(os.environ, HOME=str(tmp_path), SPECLLM_CACHE=str(tmp_path / "models"))

@@ -3,14 +3,12 @@
 /v1/chat/completions, and POST /apply-template (the prompt a conversation makes, nothing generated). Each checked
 against the library with the same template and variables, and the bad ones."""
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
 
+from helpers import cli_env, run_cli
 from serving import Server, post_json
 
 HI = [{"role": "user", "content": "the cat sat on"}]
@@ -85,14 +83,12 @@ def test_bad_template_requests_are_400s_that_name_the_field(server, path, body, 
 
 # --- specllm-cli
 
-def cli(env, *args):
-    return subprocess.run([sys.executable, "-m", "specllm.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+cli = run_cli
 
 
 @pytest.fixture
 def env(tmp_path):
-    return dict(os.environ, HOME=str(tmp_path), SPECLLM_CACHE=str(tmp_path / "models"))
+    return cli_env(tmp_path)
 
 
 def test_generate_takes_the_template_flags_as_the_library(tiny, template_file, local, env):

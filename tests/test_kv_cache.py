@@ -1,15 +1,10 @@
 """KV cache types (LLM(cache_type_k=..., cache_type_v=..., flash_attn=...), llama-server's -ctk/-ctv/-fa): the
 target's and the draft model's caches take them, speculative greedy output stays plain decoding's with the same
 cache, a prompt state on disk is read back only by an LLM with the same cache, and bad settings are typed errors."""
-
-import os
-import subprocess
-import sys
-
 import pytest
 
 import specllm
-from helpers import check_kv
+from helpers import check_kv, cli_env, run_cli
 
 # (K, V, flash attention): quantized both, 4-bit, quantized K without flash attention, f16 without it
 CACHES = [("q8_0", "q8_0", "auto"), ("q4_0", "q4_0", "on"), ("q8_0", "f16", "off"), ("f16", "f16", "off")]
@@ -131,14 +126,12 @@ def test_a_quantized_cache_the_heads_do_not_fit_is_a_load_error_naming_them(tiny
 
 # --- specllm-cli and serve: llama-server's flags
 
-def cli(env, *args):
-    return subprocess.run([sys.executable, "-m", "specllm.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+cli = run_cli
 
 
 @pytest.fixture
 def env(tmp_path):
-    return dict(os.environ, HOME=str(tmp_path), SPECLLM_CACHE=str(tmp_path / "models"))
+    return cli_env(tmp_path)
 
 
 def test_specllm_cli_takes_llama_servers_cache_flags(head32, tiny, make_llm, env):

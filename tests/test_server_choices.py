@@ -84,20 +84,29 @@ def test_bad_requests(server, body, param):
     assert r.json()["error"]["param"].split(".")[0] == param, (body, r.text)
 
 
-def test_leaving_a_stream_of_several_choices_runs_no_more_of_them(server, client):
-    # three choices of LONG tokens (~11 s each): the client leaves during the first; the next request is answered
-    # at once, so the other two were never queued
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", headers=AUTH, timeout=30,
-                      json={"messages": MESSAGES, "max_tokens": LONG, "stream": True, "n": 3}) as r:
+def leave_stream(server, path: str, body: dict) -> None:
+    """A streamed request the client leaves after its first 5 events."""
+    with httpx.stream("POST", f"{server.url}{path}", headers=AUTH, timeout=30, json=dict(body, stream=True)) as r:
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data: ")
             if seen >= 5:
                 break
-    time.sleep(0.5)
+
+
+def answered_at_once(client) -> None:
+    """The next request runs at once: nothing left of an earlier one is queued before it."""
     t0 = time.monotonic()
     r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
     assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+
+
+def test_leaving_a_stream_of_several_choices_runs_no_more_of_them(server, client):
+    # three choices of LONG tokens (~11 s each): the client leaves during the first; the next request is answered
+    # at once, so the other two were never queued
+    leave_stream(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": LONG, "n": 3})
+    time.sleep(0.5)
+    answered_at_once(client)
 
 
 def test_leaving_a_request_for_several_choices_runs_no_more_of_them(server, client):
@@ -108,9 +117,7 @@ def test_leaving_a_request_for_several_choices_runs_no_more_of_them(server, clie
                    json={"messages": MESSAGES, "max_tokens": LONG, "n": 3})
     assert server.wait_metric("specllm_requests_cancelled_total", before + 1, headers=AUTH,
                               stage="running") == before + 1
-    t0 = time.monotonic()
-    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
-    assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+    answered_at_once(client)
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == before + 1
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued") == queued  # none queued
 
@@ -121,21 +128,13 @@ def test_leaving_llama_servers_completion_of_several_prompts_runs_no_more_of_the
     prompts = ["the cat sat", "on the mat", "and the cat"]
     before = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running")
     queued = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued")
-    with httpx.stream("POST", f"{server.url}/completion", headers=AUTH, timeout=30,
-                      json={"prompt": prompts, "n_predict": LONG, "stream": True}) as r:
-        seen = 0
-        for line in r.iter_lines():
-            seen += line.startswith("data: ")
-            if seen >= 5:
-                break
+    leave_stream(server, "/completion", {"prompt": prompts, "n_predict": LONG})
     assert server.wait_metric("specllm_requests_cancelled_total", before + 1, headers=AUTH,
                               stage="running") == before + 1
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/completion", headers=AUTH, timeout=1.0, json={"prompt": prompts, "n_predict": LONG})
     assert server.wait_metric("specllm_requests_cancelled_total", before + 2, headers=AUTH,
                               stage="running") == before + 2
-    t0 = time.monotonic()
-    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
-    assert r.choices[0].finish_reason == "length" and time.monotonic() - t0 < 8
+    answered_at_once(client)
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == before + 2
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued") == queued  # none queued
