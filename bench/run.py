@@ -83,9 +83,10 @@ def resolve_model(name_or_path: str) -> str:
 def make_templater(systems: list, target: str):
     """messages -> prompt text through the target's chat template (specllm's if loaded, else llama-cpp-python's:
     both render the GGUF's Jinja template since 2026-11-26)."""
-    for s in systems:
-        if isinstance(s, SpecllmSystem):
-            return lambda messages: s.llm.apply_chat_template(messages, add_generation_prompt=True)
+    specllm_systems = [s for s in systems if isinstance(s, SpecllmSystem)]
+    if specllm_systems:  # the first still loaded (--reload-rounds may drop one)
+        return lambda messages: next(s.llm for s in specllm_systems if s.llm is not None).apply_chat_template(
+            messages, add_generation_prompt=True)
     from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
