@@ -16,8 +16,6 @@ constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
-// the run factors (run_seen_) start as this many tokens' worth of drafts that ran as expected
-constexpr double run_pseudo = 2.0;
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
 // was the answer's, over the plain answers of the dev set's runs (bench/results default-vs-fixed-k,
@@ -56,8 +54,6 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     text_keep = std::min(1.0, std::max(0.0, text_keep));
     drafted_.fill(false);
     text_hits_ = text_expected_ = 0.0;
-    run_seen_.fill(0.0);
-    run_expected_.fill(0.0);
     alpha_boundary_ = alpha_prior_boundary;
     n_boundary_obs_ = 0;
     alpha_forced_ = alpha_prior_forced; // how a reply lays out its text (whitespace) is its own
@@ -133,11 +129,7 @@ int AutoPolicy::source_of(bool ngram, int match, bool doubtful, bool memory) {
     return 1 + bucket + (memory ? 2 * n_buckets : doubtful ? n_buckets : 0);
 }
 
-double AutoPolicy::run_factor(int position) const {
-    return std::min(1.0, (run_seen_[position] + run_pseudo) / (run_expected_[position] + run_pseudo));
-}
-
-std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source, bool calibrated) const {
+std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) const {
     // a position never observed counts with the acceptance of the deepest one observed before it: optimism
     // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
     std::array<double, n_max> a = alpha_[source];
@@ -162,29 +154,15 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source, boo
         }
     }
     a[0] = moved;
-    if (calibrated && source >= 1 && source <= 2 * n_buckets) {
-        a[0] *= run_factor(0);
-        a[1] *= run_factor(1);
-    }
     return a;
 }
 
-std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary, bool calibrated) const {
-    auto a = planning_alpha(source, calibrated);
+std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
+    auto a = planning_alpha(source);
     if (source != 0 && boundary >= 0 && boundary < n_max) {
         a[boundary] = alpha_boundary_;
     }
     return a;
-}
-
-double AutoPolicy::expected_run(int source, int boundary, int k, int from) const {
-    const auto a = step_alpha(source, boundary, false);
-    double run = 1.0, e = 0.0;
-    for (int j = from; j < std::min(k, n_max); ++j) {
-        run *= a[j];
-        e += run;
-    }
-    return e;
 }
 
 void AutoPolicy::observe_boundary(bool accepted) {
@@ -314,16 +292,6 @@ void AutoPolicy::update(const StepOutcome & o) {
     const int s = o.from_ngram ? last_source_ : 0;
     const int b = s != 0 ? last_boundary_ : -1; // the boundary's outcome is its own, not the source's
     drafted_[s] = true;
-    if (s >= 1 && s <= 2 * n_buckets) { // before this outcome moves the estimates
-        if (b != 0) {
-            run_expected_[0] += expected_run(s, b, 1, 0);
-            run_seen_[0] += o.n_accepted > 0 ? 1.0 : 0.0;
-        }
-        if (o.n_accepted > 0) {
-            run_expected_[1] += expected_run(s, b, o.n_drafted, 1);
-            run_seen_[1] += o.n_accepted - 1;
-        }
-    }
     if (b >= 0 && b < o.n_drafted && o.n_accepted >= b) {
         observe_boundary(o.n_accepted > b);
     }
@@ -382,10 +350,6 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
     }
     const int s = source_of(true, ngram_match, doubtful, memory);
     observe_text(s, would_accept);
-    if (s <= 2 * n_buckets) {
-        run_expected_[0] += planning_alpha(s, false)[0];
-        run_seen_[0] += would_accept ? 1.0 : 0.0;
-    }
     const double w = learn_rate(s, 0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {

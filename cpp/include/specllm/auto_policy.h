@@ -157,10 +157,7 @@ class AutoPolicy : public DraftPolicy {
 
     // introspection (stats, tests)
     const std::array<double, n_max> & acceptance(int source) const { return alpha_[source]; }
-    // acceptance per position used to choose; `calibrated` = false: without this text's run factor (what the
-    // factor is measured against)
-    std::array<double, n_max> planning_alpha(int source, bool calibrated = true) const;
-    double run_factor(int position) const; // see run_seen_
+    std::array<double, n_max> planning_alpha(int source) const;    // acceptance per position used to choose
     static int source_of(bool ngram, int match, bool doubtful = false, bool memory = false);
     // could this source beat plain decoding at all (at 95% acceptance) with the measured costs?
     bool viable(int source) const;
@@ -224,9 +221,7 @@ class AutoPolicy : public DraftPolicy {
     int n_boundary_obs_ = 0;
     int last_boundary_ = -1; // the boundary position of the last choice's n-gram draft (-1 = none or the model)
     // planning_alpha with the boundary's estimate at position `boundary` of an n-gram source
-    std::array<double, n_max> step_alpha(int source, int boundary, bool calibrated = true) const;
-    // accepted tokens the raw estimates expect of a k-token draft from position `from` on, given all before it accepted
-    double expected_run(int source, int boundary, int k, int from) const;
+    std::array<double, n_max> step_alpha(int source, int boundary) const;
     void observe_boundary(bool accepted);
     std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
     bool exploring_ = false;
@@ -243,13 +238,6 @@ class AutoPolicy : public DraftPolicy {
     // after a few misses, not each after its own (15 sources start from priors in a new generation)
     double text_hits_ = 0.0, text_expected_ = 0.0;
     void observe_text(int source, bool accepted);
-    // how far this generation's text copies: tokens its n-gram sources' drafts ran against what their estimates
-    // expected, at position 0 (with shadow steps' outcomes) and beyond it (drafts whose first token was right).
-    // Positions 0 and 1 of every text source are scaled by the two ratios (at most 1), which scales the expected run
-    // of every draft alike: a text whose copies end early stops drafting from all of its sources, not from each
-    // length bucket after its own failures (holdout4's RAG on a CPU where a failed 6-row batch costs 4 steps: 8
-    // drafts at k = 5 on clean 2-9-token matches, 3 tokens accepted)
-    std::array<double, 2> run_seen_{}, run_expected_{};
 };
 
 } // namespace specllm
