@@ -15,7 +15,6 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
-constexpr double probe_keep_cold = 0.85; // the probe threshold while the text has not copied
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
@@ -54,7 +53,6 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     keep = std::min(1.0, std::max(0.0, keep));
     text_keep = std::min(1.0, std::max(0.0, text_keep));
     drafted_.fill(false);
-    text_copied_ = false;
     text_hits_ = text_expected_ = 0.0;
     alpha_boundary_ = alpha_prior_boundary;
     n_boundary_obs_ = 0;
@@ -245,13 +243,10 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
     }
     last_source_ = source_of(best.ngram, ctx.ngram_match, ctx.ngram_doubtful, ctx.ngram_memory);
     last_boundary_ = best.ngram ? ctx.ngram_boundary : -1;
-    const bool text = last_source_ >= 1 && last_source_ <= 2 * n_buckets;
-    if (one_batch() && best.k >= probe_k_min && best.first_rows == 0 &&
-        (!drafted_[last_source_] || (text && !text_copied_))) {
+    if (one_batch() && best.k >= probe_k_min && best.first_rows == 0 && !drafted_[last_source_]) {
         const auto alpha = step_alpha(last_source_, last_boundary_);
         const double c = cost_draft(last_source_, best.k) + (best.ngram ? 0.0 : cost_catchup(ctx.model_lag));
-        const double keep = std::min(drafted_[last_source_] ? 1.0 : probe_keep, text && !text_copied_ ? probe_keep_cold : 1.0);
-        if (rate(alpha.data(), best.k, c, 1) >= keep * rate(alpha.data(), best.k, c)) {
+        if (rate(alpha.data(), best.k, c, 1) >= probe_keep * rate(alpha.data(), best.k, c)) {
             best.first_rows = 1;
         }
     }
@@ -297,9 +292,6 @@ void AutoPolicy::update(const StepOutcome & o) {
     const int s = o.from_ngram ? last_source_ : 0;
     const int b = s != 0 ? last_boundary_ : -1; // the boundary's outcome is its own, not the source's
     drafted_[s] = true;
-    if (s >= 1 && s <= 2 * n_buckets && o.n_accepted >= probe_k_min) {
-        text_copied_ = true;
-    }
     if (b >= 0 && b < o.n_drafted && o.n_accepted >= b) {
         observe_boundary(o.n_accepted > b);
     }

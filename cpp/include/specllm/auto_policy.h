@@ -232,7 +232,6 @@ class AutoPolicy : public DraftPolicy {
     int last_source_ = 0;
     int last_first_ = 0; // the first chunk of the last choice
     std::array<bool, n_sources> drafted_{}; // the source has drafted in this generation
-    bool text_copied_ = false; // a draft from the text's matches ran probe_k_min tokens in this generation
     // how this generation's text copies: position-0 outcomes of its n-gram sources (drafts and free shadow
     // observations) against what their priors expected. Every text source's position-0 estimate leans on the
     // ratio while it has few observations of its own, so a text that does not copy stops all of its sources
