@@ -24,7 +24,8 @@ from bench.oracle import context_ms, verify_ms
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
              k_limit: int, memory: list[int] = (), row_ms: float = 0.0, end: int | None = None,
-             max_tokens: int | None = None, boundary_of=None, cut=None, ambiguous_memory: bool = False):
+             max_tokens: int | None = None, boundary_of=None, cut=None, ambiguous_memory: bool = False,
+             log: list | None = None):
     """-> (ms, plain ms, drafted, accepted, steps, memory steps). `memory`: the drafting memory's tokens (earlier
     outputs, each followed by the separator -1), indexed before the prompt: a match whose source lies in it is a
     memory proposal, as in the engine, where the memory's match is taken when it agrees further back than the
@@ -40,7 +41,9 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
     `boundary_of(last, proposal)`: the first position of a proposal right after the end of a sentence, or -1 (the
     target Model's sentence_boundary, as the engine tells the policy); None: no boundaries. `cut(proposal)`: the
     proposal up to its first end-of-turn token (the target Model's cut_after_end: what follows can never be
-    accepted, and the engine drafts no further); None: proposals are not cut."""
+    accepted, and the engine drafts no further); None: proposals are not cut. `log`: a list that gets, for every
+    step with a match, (answer position, match length, doubtful, from memory, the source's estimates per position,
+    k, first chunk's rows, tokens accepted or None for a shadow step, the shadow's outcome or None, ms) (--trace)."""
     from specllm import _core
 
     index.clear()
@@ -67,6 +70,8 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
         if cut is not None:
             ahead = cut(ahead)
         boundary = -1 if boundary_of is None or not ahead else boundary_of(text[i - 1] if i > 0 else prompt[-1], ahead)
+        estimates = (list(policy.acceptance(_core.AutoPolicy.source_of(True, length, doubtful, from_memory)))
+                     if log is not None and length > 0 else None)
         k = (policy.choose(k_max, False, True, length, 1, doubtful, from_memory, n_past, boundary)[0]
              if k_max > 0 and length > 0 else 0)
         run, proposal = 0, ahead[:k]
@@ -84,9 +89,14 @@ def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[fl
             reached = min(rows, -(-(run + 1) // chunk) * chunk)  # chunks after the rejecting one are skipped
             cost = verify_ms(costs, reached, chunk, row_ms, n_past)
         policy.update(len(proposal), run, bool(proposal), 0.02 * len(proposal), cost, 0, reached)
+        shadow = None
         if not proposal and length > 0:  # as the engine: would the proposal's first token have been right?
-            _, first = lookup(1)
-            policy.observe_shadow(length, doubtful, first[0] == text[i], from_memory, boundary == 0)
+            _, first_token = lookup(1)
+            shadow = first_token[0] == text[i]
+            policy.observe_shadow(length, doubtful, shadow, from_memory, boundary == 0)
+        if log is not None and length > 0:
+            log.append((i, length, doubtful, from_memory, estimates, len(proposal), first if proposal else 0,
+                        run if proposal else None, shadow, cost))
         ms += cost
         mem_steps += bool(proposal) and from_memory
         drafted += len(proposal)
@@ -270,6 +280,21 @@ def print_order_spread(r: dict, n_orders: int) -> None:
     print(f"| all | {n} | {statistics.median(r['speedup']):.3f} |")
 
 
+def print_trace(name: str, n_prompt: int, n_answer: int, speedup: float, step_ms: float, log: list) -> None:
+    """The steps simulate() logged for one answer (--trace), one line each."""
+    print(f"{name}: prompt {n_prompt} tokens, answer {n_answer}, replayed {speedup:.2f}x plain")
+    for i, length, doubtful, memory, est, k, first, run, shadow, ms in log:
+        kind = "memory" if memory else "doubtful" if doubtful else "clean"
+        head = f"  token {i:4d}: {kind} match of {length:2d}"
+        if k == 0:
+            print(f"{head}, no draft; its first token {'right' if shadow else 'wrong'}")
+            continue
+        batch = f"a {first}-row probe, then the rest" if first else "one batch"
+        print(f"{head}, estimates {' '.join(f'{a:.2f}' for a in est[:min(k, 6)])}{' ...' if k > 6 else ''}: "
+              f"k = {k} in {batch}, {run} accepted, {ms:.0f} ms for {run + 1} token{'s' if run else ''} "
+              f"({ms / step_ms / (run + 1):.2f} steps a token)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", help="bench/results/*.json of runs that include the plain system")
@@ -323,7 +348,11 @@ def main(argv=None) -> int:
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
+    p.add_argument("--trace", default=None, metavar="TASK-N[,...]",
+                   help="print every step with a match of these answers (rag-1: the first RAG answer in run order): "
+                        "the match, the source's estimates, k, the first chunk, what was accepted, its ms")
     args = p.parse_args(argv)
+    traced = set() if args.trace is None else set(args.trace.split(","))
     if args.policy_costs is not None and args.orders > 0:
         p.error("--policy-costs is not used by --orders: leave one out")
     policy_costs = None if args.policy_costs is None else parse_costs(args.policy_costs, "--policy-costs")
@@ -392,11 +421,14 @@ def main(argv=None) -> int:
             policy = new_policy(policy_costs or costs, chunk,
                                 row_ms if args.policy_context_ms is None else args.policy_context_ms)
         sims, oracles, tot = [], [], [0, 0, 0, 0, 0]
-        for prompt, answer, end, max_tokens in pairs:
+        for n, (prompt, answer, end, max_tokens) in enumerate(pairs, 1):
             policy.new_generation(**carry_over)  # as Engine::start
+            log = [] if f"{task}-{n}" in traced else None
             ms, plain_ms, d, a, s, m = simulate(policy, index, prompt, answer, costs, chunk, not args.no_doubt,
                                                 _core.AutoPolicy.n_max, memory, row_ms, end, max_tokens, boundary_of,
-                                                cut)
+                                                cut, log=log)
+            if log is not None:
+                print_trace(f"{task}-{n}", len(prompt), len(answer), plain_ms / ms, costs[0], log)
             if args.memory:
                 memory = memory + answer + [-1]
             sims.append(plain_ms / ms)

@@ -575,6 +575,30 @@ def test_simulate_replays_answers_through_the_policy():
     assert drafted == 0 and steps == 100 and ms == plain_ms
 
 
+def test_simulate_traces_an_answers_steps_without_changing_them(capsys):
+    # --trace: every step with a match is logged (drafts with their estimates, chunk and cost; shadow steps with
+    # their outcome), and the replay is the same with or without the log
+    from bench.simulate import new_policy, print_trace, simulate
+    from specllm import _core
+
+    costs = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
+    prompt = list(range(100, 400))
+    answer = [7, 8] + [p + 1000 * (i % 9 == 8) for i, p in enumerate(prompt[:120])]  # a copy, every 9th token off
+    plain = simulate(new_policy(costs, 49), _core.NgramIndex(2, 4), prompt, answer, costs, 49, True, 48)
+    log = []
+    traced = simulate(new_policy(costs, 49), _core.NgramIndex(2, 4), prompt, answer, costs, 49, True, 48, log=log)
+    assert traced == plain
+    drafts = [e for e in log if e[5] > 0]
+    shadows = [e for e in log if e[5] == 0]
+    assert drafts and shadows
+    assert sum(e[5] for e in drafts) == plain[2] and sum(e[7] for e in drafts) == plain[3]  # drafted, accepted
+    assert all(len(e[4]) == _core.AutoPolicy.n_max and e[7] is None and e[8] in (True, False) for e in shadows)
+    print_trace("code-1", len(prompt), len(answer), plain[1] / plain[0], costs[0], log)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("code-1: prompt 300 tokens, answer 122, replayed") and len(out) == len(log) + 1
+    assert sum("k = " in line for line in out) == len(drafts)
+
+
 def test_simulate_and_the_oracle_charge_what_the_context_adds_to_a_batch():
     from bench.oracle import replay
     from bench.simulate import new_policy, simulate
