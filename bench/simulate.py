@@ -353,6 +353,8 @@ def main(argv=None) -> int:
                         "the match, the source's estimates, k, the first chunk, what was accepted, its ms")
     args = p.parse_args(argv)
     traced = set() if args.trace is None else set(args.trace.split(","))
+    if traced and args.orders > 0:
+        p.error("--trace prints the replay's own steps, not --orders': leave one out")
     if args.policy_costs is not None and args.orders > 0:
         p.error("--policy-costs is not used by --orders: leave one out")
     policy_costs = None if args.policy_costs is None else parse_costs(args.policy_costs, "--policy-costs")
@@ -395,6 +397,8 @@ def main(argv=None) -> int:
         if "sequence" in run["records"][0]:  # a bench.multicall run
             if args.policy_context_ms is not None:
                 p.error("--policy-context-ms replays Spec-Bench runs only (bench.run), not bench.multicall's")
+            if traced:
+                p.error("--trace traces Spec-Bench runs only (bench.run), not bench.multicall's")
             after = []
             if args.after is not None:
                 with open(args.after) as f:
@@ -441,6 +445,12 @@ def main(argv=None) -> int:
         every += sims
     print(f"geometric mean over {len(every)} answers: {statistics.geometric_mean(every):.4f}; "
           f"below 0.97: {sum(x < 0.97 for x in every)}")
+    missing = traced - {f"{task}-{n}" for task, pairs in answers.items() for n in range(1, len(pairs) + 1)}
+    if missing:
+        counts = ", ".join(f"{task} {len(pairs)}" for task, pairs in answers.items())
+        print(f"--trace: no answer {', '.join(sorted(missing))} in these runs (TASK-N is the task's n-th answer in run "
+              f"order; answers per task: {counts})", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -578,7 +578,7 @@ def test_simulate_replays_answers_through_the_policy():
 def test_simulate_traces_an_answers_steps_without_changing_them(capsys):
     # --trace: every step with a match is logged (drafts with their estimates, chunk and cost; shadow steps with
     # their outcome), and the replay is the same with or without the log
-    from bench.simulate import new_policy, print_trace, simulate
+    from bench.simulate import main, new_policy, print_trace, simulate
     from specllm import _core
 
     costs = [58.0, 102, 139, 172, 207, 258, 271] + [271 + 40.0 * n for n in range(1, 43)]
@@ -597,6 +597,8 @@ def test_simulate_traces_an_answers_steps_without_changing_them(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("code-1: prompt 300 tokens, answer 122, replayed") and len(out) == len(log) + 1
     assert sum("k = " in line for line in out) == len(drafts)
+    with pytest.raises(SystemExit):
+        main(["no-such-run.json", "--orders", "2", "--trace", "rag-1"])  # --orders has no steps of its own to print
 
 
 def test_simulate_and_the_oracle_charge_what_the_context_adds_to_a_batch():
