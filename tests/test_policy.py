@@ -402,7 +402,7 @@ def test_the_first_draft_of_a_source_in_a_generation_is_verified_behind_a_one_ro
     e.choose(48, False, True, 10)
     assert e.first_rows() == 0
     # the text a grammar forces, drafted where the sources drafted nothing, is verified in one batch: the step's
-    # cost is taught as one (engine.cpp), not split at the probe choose() gave for the sources' draft
+    # cost is taught as one (engine_step.cpp), not split at the probe choose() gave for the sources' draft
     p.new_generation()
     assert p.choose(48, False, True, 10)[0] >= 4 and p.first_rows() == 1
     assert p.forced_choice(6) > 0 and p.first_rows() == 0

@@ -2,22 +2,13 @@
 // (python/specllm/profile.py caches them per model, machine and thread count).
 #include "specllm/engine.h"
 
+#include "specllm/clock.h"
 #include "specllm/errors.h"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 
 namespace specllm {
-
-namespace {
-
-double now_ms() {
-    using namespace std::chrono;
-    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
-
-} // namespace
 
 std::vector<double> Engine::profile_verify(const std::vector<int> & sizes, int n_reps, int n_prefix) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -163,6 +163,21 @@ class Engine {
 
   private:
     StepResult step_locked(); // step() under the lock; step() restores a consistent cache when this throws
+    // the stages of a step (engine_step.cpp)
+    struct Verified {
+        Verdict verdict;
+        std::vector<TokenLogprob> logprobs; // of the emitted tokens, when asked for
+        double verify_ms = 0.0;             // the target's decodes
+        int n_decoded = 0;                  // verify rows decoded (chunks after a rejection are not)
+        int n_pad = 0;                      // filler rows decoded beside them
+    };
+    StepContext look(int n_past, int budget); // what the drafting sources offer now
+    // fills draft_ with the choice's draft, else the text the grammar forces: that choice (k 0: none)
+    Choice draft(const StepContext & sctx, const Choice & choice, const PenaltyWindow * penalties);
+    Verified verify(int n_past, int first_rows, const PenaltyWindow * penalties);
+    void learn(const StepContext & sctx, const StepOutcome & outcome, bool forced, llama_token next);
+    void count(const StepOutcome & outcome, int n_pad); // into stats_
+    void commit(const Verified & vd, StepResult & out);  // the emitted tokens, up to a stop
     void finish(const std::string & reason, StepResult & out);
     void remember(); // the generation's output goes into the drafting memory
     DraftPolicy & policy();
