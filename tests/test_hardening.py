@@ -3,6 +3,7 @@ warper order, and degenerate logits as a typed error. Each test fails on the cod
 
 import json
 import math
+import os
 import types
 
 import numpy as np
@@ -662,3 +663,34 @@ def test_a_noisy_context_measurement_is_clipped_at_zero_not_below():
     sizes = list(range(1, 17))
     assert profile.context_row_cost(machine, sizes, machine.profile_verify(sizes, 2)) == 0.0
     assert machine.calls == 3
+
+
+def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path):
+    """llama.cpp's AMX matmul (CPUs with AMX, llama-cpp-python built there) crashed the process on an AMX Xeon: where
+    the CPU backend offers it, specllm loads without weight repacking and says so once; elsewhere nothing changes.
+    A Q8_0 copy of the tiny target is a type and shape the AMX buffer takes; run in a child, so a crash fails the test."""
+    import subprocess
+    import sys
+
+    import llama_cpp
+
+    q8 = tmp_path / "target.q8_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(tiny["target"].encode(), str(q8).encode(), params) == 0
+    code = (
+        "import logging, specllm\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
+        f"llm = specllm.LLM({str(q8)!r}, 'ngram', n_threads=2, n_ctx=256, profile_costs=False)\n"
+        "print(len(llm.generate('the cat sat on the mat', max_tokens=12, ignore_eos=True).tokens))\n"
+        f"llm2 = specllm.LLM({str(q8)!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
+        "print(len(llm2.generate('the cat sat', max_tokens=4, ignore_eos=True).tokens))\n")
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    env.pop("SPECLLM_AMX", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["12", "4"]
+    amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+    warnings = run.stderr.count("weight repacking is off")
+    assert warnings == (1 if amx else 0), run.stderr[-2000:]  # once a process
