@@ -134,6 +134,9 @@ def probabilities(model: str, prompt: list[int], answer: list[int]) -> list[floa
     if _llama is None or _llama.model_path != model:
         from llama_cpp import Llama
 
+        from specllm.amx import guard_llama_cpp_python
+
+        guard_llama_cpp_python()
         _llama = Llama(model, n_ctx=4096, n_threads=2, logits_all=True, verbose=False)
     _llama.reset()
     _llama.eval(prompt + answer)

@@ -170,6 +170,8 @@ class LlamaCppPythonSystem:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+        from specllm.amx import guard_llama_cpp_python
+
         class CountingLookup(LlamaPromptLookupDecoding):
             n_calls = n_proposed = 0
 
@@ -182,6 +184,7 @@ class LlamaCppPythonSystem:
         t0 = time.perf_counter()
         # logits_all with a draft model: llama-cpp-python 0.3.36 forces it on for decoding but sizes its score
         # buffer by the argument, so without it any position past n_batch (512) fails to store its logits
+        guard_llama_cpp_python()  # as specllm loads where llama.cpp offers AMX (specllm/amx.py)
         self.llm = Llama(self.cfg.target, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads,
                          n_threads_batch=self.cfg.n_threads, draft_model=self.draft_model, logits_all=self.lookup,
                          seed=0, verbose=False)

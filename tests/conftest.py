@@ -36,6 +36,11 @@ def _user_profiles() -> dict:
 
 USER_PROFILES_BEFORE = _user_profiles()
 
+# the tests' llama-cpp-python references load as specllm's models do where llama.cpp offers AMX (specllm/amx.py)
+from specllm.amx import guard_llama_cpp_python  # noqa: E402
+
+guard_llama_cpp_python()
+
 
 def pytest_sessionfinish(session, exitstatus):
     if OWN_PROFILES is None:
