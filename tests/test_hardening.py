@@ -102,7 +102,7 @@ def test_a_profile_that_stays_noisy_is_measured_again_at_later_loads(tiny, tmp_p
     assert llm.profile["noisy"] == 1 and llm.profile["verify_ms"][:2] == [50.0, 10.0]
     # the policy reads it padded: a plain step costs T(2) = 10 (and is never padded: only drafts are)
     assert llm._engine.verify_costs()[0] == 10.0
-    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
     assert profile.cached(*key) is None  # not taken as it is by the next load
     for n in range(2, profile.NOISY_LOADS + 1):
         assert load().profile["noisy"] == n and len(calls) == profile.MAX_MEASURES + n - 1  # one more try per load
@@ -132,7 +132,7 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps, n_prefix=32: slow[:max(sizes)])
     llm = load()
     assert profile.plausible(llm.profile["verify_ms"]) and "stale" not in llm.profile
-    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
     assert profile.cached(*key) is not None
     monkeypatch.undo()
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
@@ -210,7 +210,7 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     shape, batches = llm._engine.batch_shape()  # the real engine reports it (no steps yet: 1, none)
     assert (shape, batches) == (1.0, 0)
-    args = (llm.model_path, [""], 1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    args = (llm.model_path, [""], 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
     key = (llm.model_path, "") + args[2:]
     (path,) = tmp_path.glob("*.json")
     plain = json.loads(path.read_text())
@@ -280,7 +280,7 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
 
     monkeypatch.setattr(_core.Engine, "profile_verify", busy)
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
-    args = (1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    args = (1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
     (ngram_file,) = tmp_path.glob("*.json")
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert "stale" in json.loads(ngram_file.read_text()) and llm._costs.stale_checked
@@ -325,7 +325,7 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
         return specllm.LLM(tiny["target"], draft, n_threads=1, n_ctx=256)
 
     llm = load()
-    args = (1, llm._opts.target.n_gpu_layers, llm._opts.target.repack, llm._opts.verify_rows)
+    args = (1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
     (ngram_file,) = tmp_path.glob("*.json")
 
     def rewrite(**changes):

@@ -84,11 +84,12 @@ def test_prompt_states_on_disk_are_read_back_by_the_same_cache_only(head32, make
 
 
 def test_a_profile_is_kept_per_cache_type(head32):
-    from specllm import _core, profile
+    from specllm import _core, amx, profile
 
     o = _core.ModelOptions()
     o.repack = True
-    assert profile.kernel_key(o) is True  # the defaults' profiles keep the keys they had before cache types
+    # the defaults' profiles keep the keys they had before cache types (False where AMX turns repacking off)
+    assert profile.kernel_key(o) is amx.repacking_allowed()
     keys = set()
     for k, v, fa in CACHES + [("f16", "f16", -1)]:
         o.cache_type_k, o.cache_type_v, o.flash_attn = k, v, {"auto": -1, "off": 0, "on": 1}.get(fa, fa)

@@ -1,9 +1,11 @@
 """llama.cpp's AMX weight buffer (CPUs with AMX, llama-cpp-python built there) crashed the process on an AMX Xeon VM
 (2026-12-04; README Limits). specllm's own models load without weight repacking there (cpp/src/model.cpp); this
 does the same for llama-cpp-python's `Llama`, which the tests and benchmarks use as plain llama.cpp."""
+import functools
 import os
 
 
+@functools.lru_cache(maxsize=None)
 def amx_offered() -> bool:
     """Whether llama.cpp's CPU backend was built with AMX (it then puts the weights of the types it can in AMX)."""
     import llama_cpp

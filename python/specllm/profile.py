@@ -9,7 +9,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from . import _core
+from . import _core, amx
 
 log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
@@ -125,9 +125,10 @@ def _cache_dir() -> Path:
 def kernel_key(opts) -> object:
     """What, beside threads and layers, sets the target's kernels and so its costs (a ModelOptions): weight repacking,
     and the KV cache's types and flash attention when not the defaults (so the defaults' profiles keep their keys)."""
+    repack = bool(opts.repack) and amx.repacking_allowed()  # as the model loads (specllm/amx.py)
     if (opts.cache_type_k, opts.cache_type_v, opts.flash_attn) == ("f16", "f16", -1):
-        return opts.repack
-    return f"{opts.repack}|kv={opts.cache_type_k}/{opts.cache_type_v}|fa={opts.flash_attn}"
+        return repack
+    return f"{repack}|kv={opts.cache_type_k}/{opts.cache_type_v}|fa={opts.flash_attn}"
 
 
 def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, verify_rows: int) -> str:
