@@ -1,6 +1,7 @@
 // Registers the bindings; each exposed class has its own file.
 #include "bindings.h"
 
+#include "specllm/amx.h"
 #include "specllm/model.h"
 #include "specllm/prompt_store.h"
 
@@ -11,6 +12,8 @@ PYBIND11_MODULE(_core, m) {
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
     m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
+    m.def("weight_repacking_allowed", &specllm::weight_repacking_allowed,
+          "whether models load with weight repacking: not where llama.cpp offers AMX, unless SPECLLM_AMX=1 (amx.h)");
     m.def("prompt_store_identity", &specllm::prompt_store_identity, py::arg("model_path"), py::arg("options"),
           "the identity a model's prompt states are stored under (its size, its first MiB, the options given)");
     register_errors(m);

@@ -1,5 +1,6 @@
 #include "specllm/model.h"
 
+#include "specllm/amx.h"
 #include "specllm/errors.h"
 #include "specllm/log.h"
 
@@ -12,47 +13,6 @@
 #include <thread>
 
 namespace specllm {
-
-namespace {
-
-// llama.cpp's CPU backend offers an AMX weight buffer (Intel Xeon 4th gen on, built with -march=native there).
-// Its matmul crashed the process on the AMX Xeon VM of 2026-12-04 (SIGSEGV at ldtilecfg in a compute thread, plain
-// llama-cpp-python 0.3.36 too, real and tiny models), while AMX itself worked there in a C test. llama.cpp has no
-// switch for it alone: weight repacking (use_extra_bufts) takes both, so where AMX is offered repacking is off
-// unless SPECLLM_AMX=1 asks for it
-bool cpu_offers_amx() {
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (!cpu) {
-        return false;
-    }
-    using get_extra_bufts_t = ggml_backend_buffer_type_t * (*)(ggml_backend_dev_t);
-    auto get = (get_extra_bufts_t) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu),
-                                                                      "ggml_backend_dev_get_extra_bufts");
-    for (ggml_backend_buffer_type_t * b = get ? get(cpu) : nullptr; b && *b; ++b) {
-        if (std::strcmp(ggml_backend_buft_name(*b), "AMX") == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-bool repack_allowed() {
-    static const bool allowed = [] {
-        if (!cpu_offers_amx()) {
-            return true;
-        }
-        const char * env = std::getenv("SPECLLM_AMX");
-        if (env && std::strcmp(env, "1") == 0) {
-            return true;
-        }
-        log_note(3, "weight repacking is off: llama.cpp would put the weights in its AMX buffer, whose matmul crashed "
-                    "on an AMX Xeon (llama-cpp-python 0.3.36); SPECLLM_AMX=1 turns it on again");
-        return false;
-    }();
-    return allowed;
-}
-
-} // namespace
 
 // checks llama.cpp does not make (or makes with a crash or an unclear message)
 void check_gguf_file(const std::string & path) {
@@ -144,7 +104,7 @@ llama_model_ptr load_model(const ModelOptions & opts, const std::string & what) 
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = opts.n_gpu_layers;
-    mparams.use_extra_bufts = opts.repack && repack_allowed();
+    mparams.use_extra_bufts = opts.repack && weight_repacking_allowed();
     llama_model_ptr model(llama_model_load_from_file(opts.path.c_str(), mparams));
     if (!model) {
         std::string why = log_take_errors();

@@ -1,21 +1,12 @@
 """llama.cpp's AMX weight buffer (CPUs with AMX, llama-cpp-python built there) crashed the process on an AMX Xeon VM
-(2026-12-04; README Limits). specllm's own models load without weight repacking there (cpp/src/model.cpp); this
+(2026-12-04; README Limits). specllm's own models load without weight repacking there (cpp/src/amx.cpp); this
 does the same for llama-cpp-python's `Llama`, which the tests and benchmarks use as plain llama.cpp."""
-import functools
-import os
-
-
-@functools.lru_cache(maxsize=None)
-def amx_offered() -> bool:
-    """Whether llama.cpp's CPU backend was built with AMX (it then puts the weights of the types it can in AMX)."""
-    import llama_cpp
-
-    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
+from . import _core
 
 
 def repacking_allowed() -> bool:
-    """False where llama.cpp offers AMX, unless SPECLLM_AMX=1 (the rule cpp/src/model.cpp follows)."""
-    return os.environ.get("SPECLLM_AMX") == "1" or not amx_offered()
+    """False where llama.cpp offers AMX, unless SPECLLM_AMX=1: the rule specllm's models load by (once a process)."""
+    return _core.weight_repacking_allowed()
 
 
 def guard_llama_cpp_python() -> None:
