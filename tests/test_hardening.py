@@ -665,14 +665,50 @@ def test_a_noisy_context_measurement_is_clipped_at_zero_not_below():
     assert machine.calls == 3
 
 
+def _cpu_backend_comment() -> str:
+    """The .comment strings of the CPU backend library this process loaded, as binutils' readelf prints them."""
+    import subprocess
+
+    import llama_cpp  # noqa: F401 (loads libllama and its backends)
+
+    with open("/proc/self/maps") as maps:
+        lib = next(line.split()[-1] for line in maps if "libggml-cpu" in line)
+    out = subprocess.run(["readelf", "-p", ".comment", lib], capture_output=True, text=True, timeout=30).stdout
+    return "".join(line.split("]", 1)[1].strip() + "\n" for line in out.splitlines() if line.strip().startswith("["))
+
+
+def test_the_cpu_backend_compilers_are_read_from_its_library():
+    from specllm import _core
+
+    assert _core.cpu_backend_compilers() == _cpu_backend_comment() != ""
+
+
+@pytest.mark.parametrize("compilers, sound", [
+    ("GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\n", False),  # this machine's llama-cpp-python: crashes with AMX
+    ("GCC: (GNU) 11.2.1 20220127 (Red Hat 11.2.1-9)\n", False),  # llama.cpp issue 20824's build
+    ("GCC: (Ubuntu 13.2.0-23ubuntu4) 13.2.0\n", False),
+    ("GCC: (GNU) 14.2.1 20240912 (Red Hat 14.2.1-3)\n", True),
+    ("GCC: (GNU) 15.1.0\n", True),
+    ("GCC: (Debian 12.2.0-14+deb12u1) 12.2.0\nDebian clang version 14.0.6\n", True),  # clang, GCC's C runtime
+    ("GCC: (GNU) 12.3.0\nGCC: (GNU) 14.1.0\n", False),  # one object of a GCC before 14 may be the AMX code
+    ("", False),  # unknown (no .comment): as unsafe
+    ("Linker: LLD 17.0.1\n", False),
+])
+def test_an_amx_build_is_sound_when_its_compiler_keeps_the_tile_configuration(compilers, sound):
+    from specllm import _core
+
+    assert _core.amx_build_sound(compilers) is sound
+
+
 def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path):
-    """llama.cpp's AMX matmul (CPUs with AMX, llama-cpp-python built there) crashed the process on an AMX Xeon: where
-    the CPU backend offers it, specllm loads without weight repacking and says so once; elsewhere nothing changes.
+    """llama.cpp's AMX matmul crashed the process on an AMX Xeon, built by GCC 12 (amx.h): where the CPU backend
+    offers AMX from such a build, specllm loads without weight repacking and says so once; elsewhere nothing changes.
     A Q8_0 copy of the tiny target is a type and shape the AMX buffer takes; run in a child, so a crash fails the test."""
     import subprocess
     import sys
 
     import llama_cpp
+    from specllm import _core
 
     q8 = tmp_path / "target.q8_0.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
@@ -692,5 +728,6 @@ def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, t
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["12", "4"]
     amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+    unsound = not _core.amx_build_sound(_cpu_backend_comment())  # the rule's table is tested above
     warnings = run.stderr.count("weight repacking is off")
-    assert warnings == (1 if amx else 0), run.stderr[-2000:]  # once a process
+    assert warnings == (1 if amx and unsound else 0), run.stderr[-2000:]  # once a process

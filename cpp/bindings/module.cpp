@@ -13,7 +13,12 @@ PYBIND11_MODULE(_core, m) {
     m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
     m.def("weight_repacking_allowed", &specllm::weight_repacking_allowed,
-          "whether models load with weight repacking: not where llama.cpp offers AMX, unless SPECLLM_AMX=1 (amx.h)");
+          "whether models load with weight repacking: not where llama.cpp offers AMX from a build that would crash "
+          "(amx.h), unless SPECLLM_AMX=1");
+    m.def("cpu_backend_compilers", &specllm::cpu_backend_compilers,
+          "the compilers named in the .comment section of llama.cpp's CPU backend library, one per line");
+    m.def("amx_build_sound", &specllm::amx_build_sound, py::arg("compilers"),
+          "whether a CPU backend built by these compilers (.comment lines) loads its AMX tile configuration intact");
     m.def("prompt_store_identity", &specllm::prompt_store_identity, py::arg("model_path"), py::arg("options"),
           "the identity a model's prompt states are stored under (its size, its first MiB, the options given)");
     register_errors(m);

@@ -1,11 +1,12 @@
-"""llama.cpp's AMX weight buffer (CPUs with AMX, llama-cpp-python built there) crashed the process on an AMX Xeon VM
-(2026-12-04; README Limits). specllm's own models load without weight repacking there (cpp/src/amx.cpp); this
-does the same for llama-cpp-python's `Llama`, which the tests and benchmarks use as plain llama.cpp."""
+"""llama.cpp's AMX weight buffer, as built by GCC before 14, crashes the process (cpp/include/specllm/amx.h; README
+Limits). specllm's own models load without weight repacking there (cpp/src/amx.cpp); this does the same for
+llama-cpp-python's `Llama`, which the tests and benchmarks use as plain llama.cpp."""
 from . import _core
 
 
 def repacking_allowed() -> bool:
-    """False where llama.cpp offers AMX, unless SPECLLM_AMX=1: the rule specllm's models load by (once a process)."""
+    """False where llama.cpp offers AMX from a build that would crash (SPECLLM_AMX=1/0 decide instead): the rule
+    specllm's models load by (once a process)."""
     return _core.weight_repacking_allowed()
 
 
