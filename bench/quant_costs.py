@@ -7,8 +7,10 @@ timed interleaved: T(1) (a plain step) and T(n) / T(1) (what a verify batch cost
 The requantized files (llama_model_quantize from the target, which may be quantized already: they are for timing
 only, their quality is below a file quantized from f16) go to --dir (default: a temporary directory, deleted after).
 Each round times every file's sizes with Engine.profile_verify (each T(n) beside a 1-row step), files in turn; the
-table gives the medians. In fast mode (the default) llama.cpp repacks the weights it can for its CPU GEMM kernels,
-as specllm.LLM does; --exact measures without repacking. Costs move with the machine's load: run it on a quiet one.
+table gives the medians. llama.cpp repacks the weights it can for its CPU GEMM kernels, as specllm.LLM does (exact
+mode too); --unrepacked also times each file loaded without that (loaded after the repacking buffer type is taken
+out of the CPU backend's list, as the AMX rule takes out AMX: cpp/src/amx.cpp), interleaved with the rest, to show
+what repacking buys. Costs move with the machine's load: run it on a quiet one.
 """
 from __future__ import annotations
 
@@ -36,13 +38,21 @@ def quantize(src: str, dst: str, kind: str, threads: int) -> None:
         raise RuntimeError(f"llama_model_quantize could not make {kind} of {src}")
 
 
-def measure(files: dict, threads: int, rounds: int, exact: bool) -> dict:
-    """{name: [T(n) per size, one list a round]}, the files timed in turn each round."""
+def measure(files: dict, threads: int, rounds: int, exact: bool, unrepacked: bool = False) -> dict:
+    """{name: [T(n) per size, one list a round]}, the files timed in turn each round; with `unrepacked`, each file
+    a second time as "<name>, not repacked"."""
     import specllm
+    from specllm import _core
 
-    llms = {name: specllm.LLM(path, draft="ngram", profile_costs=False, exact=exact, n_threads=threads)
-            for name, path in files.items()}
-    out = {name: [] for name in files}
+    def load(path):
+        return specllm.LLM(path, draft="ngram", profile_costs=False, exact=exact, n_threads=threads)
+
+    llms = {name: load(path) for name, path in files.items()}
+    if unrepacked:
+        if _core.drop_extra_buffer_type("CPU_REPACK") == 0:
+            raise SystemExit("--unrepacked: this llama.cpp build does not repack weights (no CPU_REPACK buffer type)")
+        llms.update({f"{name}, not repacked": load(path) for name, path in files.items()})
+    out = {name: [] for name in llms}
     for r in range(rounds):
         for name, llm in llms.items():
             ms = llm._engine.profile_verify(SIZES, 5)
@@ -58,7 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--types", default="q8_0,q4_0", help=f"comma-separated, of {', '.join(TYPES)}")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=4, help="rounds over all files (medians are taken)")
-    p.add_argument("--exact", action="store_true", help="no repacking (specllm's exact mode)")
+    p.add_argument("--exact", action="store_true", help="specllm's exact mode (the same repacked weights)")
+    p.add_argument("--unrepacked", action="store_true", help="also each file loaded without weight repacking")
     p.add_argument("--dir", default=None, help="keep the requantized files here (default: a temporary directory)")
     p.add_argument("--out", default=None, help="write the measurements to this JSON file")
     args = p.parse_args(argv)
@@ -82,7 +93,8 @@ def main(argv=None) -> int:
                 quantize(target, str(path), kind, args.threads)
             files[kind] = str(path)
         sizes = {name: os.path.getsize(path) for name, path in files.items()}
-        timed = measure(files, args.threads, args.rounds, args.exact)
+        timed = measure(files, args.threads, args.rounds, args.exact, args.unrepacked)
+    sizes.update({f"{name}, not repacked": size for name, size in list(sizes.items()) if args.unrepacked})
     med = {name: [statistics.median(r[i] for r in rows) for i in range(len(SIZES))] for name, rows in timed.items()}
     print(f"\n| type | file MB | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in SIZES[1:]) + " |")
     print("|---|---:|---:|" + "---:|" * (len(SIZES) - 1))
@@ -92,7 +104,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp_out = out.with_suffix(out.suffix + ".tmp")  # whole or not at all
-        tmp_out.write_text(json.dumps({"target": target, "threads": args.threads, "exact": args.exact,
+        tmp_out.write_text(json.dumps({"target": target, "threads": args.threads, "exact": args.exact, "unrepacked": args.unrepacked,
                                        "sizes": SIZES, "file_bytes": sizes, "rounds": timed, "median_ms": med},
                                       indent=1))
         os.replace(tmp_out, out)

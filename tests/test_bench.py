@@ -1277,3 +1277,24 @@ def test_kv_cache_reports_bytes_and_agreement_per_cache_type(tiny_head32, capsys
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [(int(r[1]), r[2].strip()) for r in rows] == [(100, "f16"), (100, "q8_0"), (300, "f16"), (300, "q8_0")]
     assert all(float(r[4]) > 0 for r in rows) and float(rows[0][5]) == 1.0
+
+
+def test_quant_costs_unrepacked_times_each_file_loaded_without_repacking_too(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    # in a child: taking CPU_REPACK out of the CPU backend's list lasts for the process
+    out = tmp_path / "q.json"
+    run = subprocess.run([sys.executable, "-m", "bench.quant_costs", "--target", tiny["target"], "--types", "q4_0",
+                          "--rounds", "1", "--threads", "1", "--unrepacked", "--dir", str(tmp_path / "files"),
+                          "--out", str(out)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    import llama_cpp
+
+    if "REPACK = 1" not in llama_cpp.llama_print_system_info().decode():
+        assert run.returncode != 0 and "does not repack" in run.stderr and not out.exists()
+        return
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert set(got["median_ms"]) == {"as given", "q4_0", "as given, not repacked", "q4_0, not repacked"}
+    assert got["unrepacked"] is True and "q4_0, not repacked |" in run.stdout

@@ -700,34 +700,88 @@ def test_an_amx_build_is_sound_when_its_compiler_keeps_the_tile_configuration(co
     assert _core.amx_build_sound(compilers) is sound
 
 
-def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path):
-    """llama.cpp's AMX matmul crashed the process on an AMX Xeon, built by GCC 12 (amx.h): where the CPU backend
-    offers AMX from such a build, specllm loads without weight repacking and says so once; elsewhere nothing changes.
-    A Q8_0 copy of the tiny target is a type and shape the AMX buffer takes; run in a child, so a crash fails the test."""
+def _q4_0_copy(tiny, tmp_path) -> str:
+    """A Q4_0 copy of the tiny target: a type both llama.cpp's AMX buffer and its x86 CPU repacking take."""
+    import llama_cpp
+
+    q4 = tmp_path / "target.q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(tiny["target"].encode(), str(q4).encode(), params) == 0
+    return str(q4)
+
+
+def _run_child(code: str, tmp_path, **env_set):
     import subprocess
     import sys
 
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), **env_set)
+    if "SPECLLM_AMX" not in env_set:
+        env.pop("SPECLLM_AMX", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]  # SIGSEGV (-11) where AMX is used from an unsound build
+    return run
+
+
+def _cpu_repacks_q4_0() -> bool:
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    return "REPACK = 1" in info and "AVX2 = 1" in info  # ggml-cpu's repack.cpp: Q4_0 rows in 8s on AVX2
+
+
+def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path):
+    """llama.cpp's AMX matmul crashed the process on an AMX Xeon, built by GCC 12 (amx.h): where the CPU backend
+    offers AMX from such a build, specllm leaves AMX out, says so once, and the weights are still repacked for the
+    CPU's other kernels; elsewhere nothing changes. Run in a child, so a crash fails the test."""
     import llama_cpp
     from specllm import _core
 
-    q8 = tmp_path / "target.q8_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-    params.nthread = 1
-    assert llama_cpp.llama_model_quantize(tiny["target"].encode(), str(q8).encode(), params) == 0
+    q4 = _q4_0_copy(tiny, tmp_path)
     code = (
         "import logging, specllm\n"
-        "logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
-        f"llm = specllm.LLM({str(q8)!r}, 'ngram', n_threads=2, n_ctx=256, profile_costs=False)\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        f"llm = specllm.LLM({q4!r}, 'ngram', n_threads=2, n_ctx=256, profile_costs=False)\n"
         "print(len(llm.generate('the cat sat on the mat', max_tokens=12, ignore_eos=True).tokens))\n"
-        f"llm2 = specllm.LLM({str(q8)!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
+        f"llm2 = specllm.LLM({q4!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
         "print(len(llm2.generate('the cat sat', max_tokens=4, ignore_eos=True).tokens))\n")
-    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
-    env.pop("SPECLLM_AMX", None)
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run = _run_child(code, tmp_path)
     assert run.stdout.split() == ["12", "4"]
     amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
     unsound = not _core.amx_build_sound(_cpu_backend_comment())  # the rule's table is tested above
-    warnings = run.stderr.count("weight repacking is off")
+    assert _core.amx_offered() is amx
+    warnings = run.stderr.count("AMX weight buffer is left out")
     assert warnings == (1 if amx and unsound else 0), run.stderr[-2000:]  # once a process
+    buffers = [line for line in run.stderr.splitlines() if "model buffer size" in line]
+    assert len(buffers) >= 2, run.stderr[-2000:]  # llama.cpp's load lines reach the specllm logger
+    assert any("AMX model buffer" in line for line in buffers) is (amx and not unsound), buffers
+    if _cpu_repacks_q4_0() and not (amx and not unsound):
+        assert sum("CPU_REPACK model buffer" in line for line in buffers) == 2, buffers  # both loads repack
+
+
+def test_a_buffer_type_dropped_from_the_cpu_backends_list_is_not_used_by_later_loads(tiny, tmp_path):
+    """What the AMX rule relies on, shown with a buffer type this machine has: a type taken out of the list the CPU
+    backend gives llama.cpp is used by no model loaded after, specllm's or llama-cpp-python's (one list per
+    process), and those models decode."""
+    if not _cpu_repacks_q4_0():
+        pytest.fail("this machine's llama.cpp does not repack Q4_0 weights: the test needs a type to drop")
+    q4 = _q4_0_copy(tiny, tmp_path)
+    code = (
+        "import logging, specllm, llama_cpp\n"
+        "from specllm import _core\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        f"a = specllm.LLM({q4!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
+        "print(_core.drop_extra_buffer_type('CPU_REPACK'), _core.drop_extra_buffer_type('CPU_REPACK'))\n"
+        "print('-- after the drop', flush=True)\n"
+        "import sys; print('-- after the drop', file=sys.stderr, flush=True)\n"
+        f"b = specllm.LLM({q4!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
+        "print(len(b.generate('the cat sat', max_tokens=6, ignore_eos=True).tokens))\n"
+        "print(len(a.generate('the cat sat', max_tokens=6, ignore_eos=True).tokens))\n"
+        f"c = llama_cpp.Llama({q4!r}, n_ctx=256, n_threads=2, verbose=True)\n"
+        "print(len(c('the cat sat', max_tokens=3, temperature=0)['choices'][0]['text']) >= 0)\n")
+    run = _run_child(code, tmp_path)
+    assert run.stdout.split() == ["1", "0", "--", "after", "the", "drop", "6", "6", "True"], run.stdout
+    before, after = run.stderr.split("-- after the drop")
+    assert "CPU_REPACK model buffer" in before, before[-2000:]
+    assert "model buffer size" in after and "CPU_REPACK" not in after, after[-3000:]

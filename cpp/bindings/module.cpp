@@ -12,9 +12,12 @@ PYBIND11_MODULE(_core, m) {
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
     m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
-    m.def("weight_repacking_allowed", &specllm::weight_repacking_allowed,
-          "whether models load with weight repacking: not where llama.cpp offers AMX from a build that would crash "
-          "(amx.h), unless SPECLLM_AMX=1");
+    m.def("amx_offered", &specllm::amx_offered, "whether llama.cpp's CPU backend offers its AMX weight buffer");
+    m.def("amx_rule", &specllm::amx_rule,
+          "applies the AMX rule once a process (amx.h): AMX out of llama.cpp's extra buffer types where its build "
+          "would crash, unless SPECLLM_AMX=1; whether AMX stays in use");
+    m.def("drop_extra_buffer_type", &specllm::drop_extra_buffer_type, py::arg("name"),
+          "removes a buffer type from the CPU backend's extra buffer types, for every model loaded after; the count");
     m.def("cpu_backend_compilers", &specllm::cpu_backend_compilers,
           "the compilers named in the .comment section of llama.cpp's CPU backend library, one per line");
     m.def("amx_build_sound", &specllm::amx_build_sound, py::arg("compilers"),

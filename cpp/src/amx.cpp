@@ -1,4 +1,4 @@
-// llama.cpp's AMX weight buffer and the rule that keeps specllm's models out of it where its build is unsound
+// llama.cpp's AMX weight buffer and the rule that keeps the process's models out of it where its build is unsound
 // (specllm/amx.h).
 #include "specllm/amx.h"
 
@@ -29,12 +29,18 @@ get_extra_bufts_t extra_bufts_function(ggml_backend_dev_t cpu) {
                : nullptr;
 }
 
-// whether the CPU backend lists llama.cpp's AMX buffer among its extra weight buffer types
-bool cpu_offers_amx() {
+// the CPU backend's null-terminated list of extra weight buffer types, as llama.cpp reads it at a model load (the
+// CPU backend keeps it in a static vector, so edits to it last), or null
+ggml_backend_buffer_type_t * extra_bufts() {
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     get_extra_bufts_t get = extra_bufts_function(cpu);
-    for (ggml_backend_buffer_type_t * b = get ? get(cpu) : nullptr; b && *b; ++b) {
-        if (std::strcmp(ggml_backend_buft_name(*b), "AMX") == 0) {
+    return get ? get(cpu) : nullptr;
+}
+
+// whether the list holds a buffer type called `name`
+bool extra_buft_listed(const char * name) {
+    for (ggml_backend_buffer_type_t * b = extra_bufts(); b && *b; ++b) {
+        if (std::strcmp(ggml_backend_buft_name(*b), name) == 0) {
             return true;
         }
     }
@@ -113,28 +119,56 @@ bool amx_build_sound(const std::string & compilers) {
     return gcc_seen;
 }
 
-bool weight_repacking_allowed() {
-    static const bool allowed = [] {
-        if (!cpu_offers_amx()) {
-            return true;
+bool amx_offered() {
+    static const bool offered = extra_buft_listed("AMX");
+    return offered;
+}
+
+int drop_extra_buffer_type(const std::string & name) {
+    int dropped = 0;
+    ggml_backend_buffer_type_t * list = extra_bufts();
+    ggml_backend_buffer_type_t * out = list;
+    for (ggml_backend_buffer_type_t * b = list; b && *b; ++b) {
+        if (name == ggml_backend_buft_name(*b)) {
+            ++dropped;
+        } else {
+            *out++ = *b;
+        }
+    }
+    if (out) {
+        *out = nullptr; // still terminated: the list only shrinks
+    }
+    return dropped;
+}
+
+bool amx_rule() {
+    static const bool kept = [] {
+        if (!amx_offered()) {
+            return false;
         }
         const char * env = std::getenv("SPECLLM_AMX");
-        if (env && (std::strcmp(env, "1") == 0 || std::strcmp(env, "0") == 0)) {
-            return env[0] == '1';
+        if (env && std::strcmp(env, "1") == 0) {
+            return true;
+        }
+        if (env && std::strcmp(env, "0") == 0) {
+            drop_extra_buffer_type("AMX");
+            return false;
         }
         std::string compilers = cpu_backend_compilers();
         if (amx_build_sound(compilers)) {
             return true;
         }
+        drop_extra_buffer_type("AMX");
         std::replace(compilers.begin(), compilers.end(), '\n', ';');
-        log_note(3, "weight repacking is off: llama.cpp would put the weights in its AMX buffer, and its AMX matmul as "
-                    "built here (" + (compilers.empty() ? std::string("compiler unknown") : compilers) +
+        log_note(3, "llama.cpp's AMX weight buffer is left out (weights are repacked for the CPU's other kernels): "
+                    "its AMX matmul as built here (" +
+                    (compilers.empty() ? std::string("compiler unknown") : compilers) +
                     ") loads a tile configuration that GCC before 14 leaves unwritten, which crashes (SIGSEGV). "
-                    "llama-cpp-python built with clang or GCC 14+ keeps repacking on (README Limits); "
-                    "SPECLLM_AMX=1 turns it on anyway");
+                    "llama-cpp-python built with clang or GCC 14+ keeps AMX (README Limits); SPECLLM_AMX=1 keeps it "
+                    "anyway");
         return false;
     }();
-    return allowed;
+    return kept;
 }
 
 } // namespace specllm

@@ -104,7 +104,8 @@ llama_model_ptr load_model(const ModelOptions & opts, const std::string & what) 
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = opts.n_gpu_layers;
-    mparams.use_extra_bufts = opts.repack && weight_repacking_allowed();
+    mparams.use_extra_bufts = opts.repack;
+    amx_rule(); // before the first load: AMX out of the extra buffer types where its build crashes
     llama_model_ptr model(llama_model_load_from_file(opts.path.c_str(), mparams));
     if (!model) {
         std::string why = log_take_errors();

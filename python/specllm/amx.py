@@ -1,27 +1,22 @@
 """llama.cpp's AMX weight buffer, as built by GCC before 14, crashes the process (cpp/include/specllm/amx.h; README
-Limits). specllm's own models load without weight repacking there (cpp/src/amx.cpp); this does the same for
-llama-cpp-python's `Llama`, which the tests and benchmarks use as plain llama.cpp."""
+Limits). Where it would, specllm takes AMX out of the CPU backend's extra buffer types before its first model loads
+(cpp/src/amx.cpp): every model of the process, llama-cpp-python's `Llama` too (the tests' and benchmarks' plain
+llama.cpp), then loads with llama.cpp's other weight repacking and without AMX."""
 from . import _core
 
 
-def repacking_allowed() -> bool:
-    """False where llama.cpp offers AMX from a build that would crash (SPECLLM_AMX=1/0 decide instead): the rule
-    specllm's models load by (once a process)."""
-    return _core.weight_repacking_allowed()
+def in_use() -> bool:
+    """Whether models load into llama.cpp's AMX buffer: it is offered and its build is sound, or SPECLLM_AMX=1.
+    Applies the rule (once a process) if no model has yet."""
+    return _core.amx_rule()
+
+
+def left_out() -> bool:
+    """Whether llama.cpp offers AMX and the rule (or SPECLLM_AMX=0) leaves it out."""
+    return _core.amx_offered() and not in_use()
 
 
 def guard_llama_cpp_python() -> None:
-    """Make llama-cpp-python's `Llama` load without weight repacking where specllm does (idempotent)."""
-    import llama_cpp.llama_cpp as raw  # the ctypes module llama_cpp.Llama calls at load
-
-    if repacking_allowed() or getattr(raw, "_specllm_amx_guard", False):
-        return
-    defaults = raw.llama_model_default_params
-
-    def without_repacking():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    raw.llama_model_default_params = without_repacking
-    raw._specllm_amx_guard = True
+    """Apply the rule before llama-cpp-python's `Llama` loads a model (idempotent): a `Llama` loaded first, where the
+    build is unsound, would use AMX and crash."""
+    in_use()

@@ -123,9 +123,12 @@ def _cache_dir() -> Path:
 
 
 def kernel_key(opts) -> object:
-    """What, beside threads and layers, sets the target's kernels and so its costs (a ModelOptions): weight repacking,
-    and the KV cache's types and flash attention when not the defaults (so the defaults' profiles keep their keys)."""
-    repack = bool(opts.repack) and amx.repacking_allowed()  # as the model loads (specllm/amx.py)
+    """What, beside threads and layers, sets the target's kernels and so its costs (a ModelOptions): weight repacking
+    (and, where llama.cpp offers AMX, whether the repacked weights are AMX's: specllm/amx.py), and the KV cache's
+    types and flash attention when not the defaults (so the defaults' profiles keep their keys)."""
+    repack = bool(opts.repack)
+    if repack and amx.left_out():
+        repack = "True|amx=off"  # not a key an AMX-off profile had before 2026-12-06 (no repacking then: False)
     if (opts.cache_type_k, opts.cache_type_v, opts.flash_attn) == ("f16", "f16", -1):
         return repack
     return f"{repack}|kv={opts.cache_type_k}/{opts.cache_type_v}|fa={opts.flash_attn}"
