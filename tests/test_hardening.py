@@ -731,10 +731,12 @@ def _cpu_repacks_q4_0() -> bool:
     return "REPACK = 1" in info and "AVX2 = 1" in info  # ggml-cpu's repack.cpp: Q4_0 rows in 8s on AVX2
 
 
-def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path):
+@pytest.mark.parametrize("amx_env", [None, "0"])
+def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, tmp_path, amx_env):
     """llama.cpp's AMX matmul crashed the process on an AMX Xeon, built by GCC 12 (amx.h): where the CPU backend
     offers AMX from such a build, specllm leaves AMX out, says so once, and the weights are still repacked for the
-    CPU's other kernels; elsewhere nothing changes. Run in a child, so a crash fails the test."""
+    CPU's other kernels; elsewhere nothing changes. SPECLLM_AMX=0 leaves AMX out wherever it is offered, without the
+    warning. Run in a child, so a crash fails the test."""
     import llama_cpp
     from specllm import _core
 
@@ -746,17 +748,18 @@ def test_a_model_llama_cpp_would_put_in_its_amx_buffer_loads_and_decodes(tiny, t
         "print(len(llm.generate('the cat sat on the mat', max_tokens=12, ignore_eos=True).tokens))\n"
         f"llm2 = specllm.LLM({q4!r}, None, n_threads=2, n_ctx=256, profile_costs=False)\n"
         "print(len(llm2.generate('the cat sat', max_tokens=4, ignore_eos=True).tokens))\n")
-    run = _run_child(code, tmp_path)
+    run = _run_child(code, tmp_path, **({"SPECLLM_AMX": amx_env} if amx_env else {}))
     assert run.stdout.split() == ["12", "4"]
     amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
-    unsound = not _core.amx_build_sound(_cpu_backend_comment())  # the rule's table is tested above
     assert _core.amx_offered() is amx
+    unsound = not _core.amx_build_sound(_cpu_backend_comment())  # the rule's table is tested above
+    left_out = amx and (unsound or amx_env == "0")
     warnings = run.stderr.count("AMX weight buffer is left out")
-    assert warnings == (1 if amx and unsound else 0), run.stderr[-2000:]  # once a process
+    assert warnings == (1 if left_out and amx_env is None else 0), run.stderr[-2000:]  # once a process, unless asked
     buffers = [line for line in run.stderr.splitlines() if "model buffer size" in line]
     assert len(buffers) >= 2, run.stderr[-2000:]  # llama.cpp's load lines reach the specllm logger
-    assert any("AMX model buffer" in line for line in buffers) is (amx and not unsound), buffers
-    if _cpu_repacks_q4_0() and not (amx and not unsound):
+    assert any("AMX model buffer" in line for line in buffers) is (amx and not left_out), buffers
+    if _cpu_repacks_q4_0() and not (amx and not left_out):
         assert sum("CPU_REPACK model buffer" in line for line in buffers) == 2, buffers  # both loads repack
 
 
