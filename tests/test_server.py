@@ -465,6 +465,41 @@ def test_raw_bad_input(server):
     check_healthy(server)
 
 
+def test_inputs_a_fuzzer_found_get_typed_errors_and_the_server_lives(server):
+    """Each of these once crashed the process (a grammar nested 20,000 deep overflowed llama.cpp's parser's stack; a
+    schema's minLength of 10^9 was written out by the converter until the kernel killed it), or answered 500."""
+    deep = "root ::= " + "(" * 20000 + '"a"' + ")" * 20000
+    schema = lambda **kw: {"type": "json_schema", "json_schema": {"name": "s", "schema": dict(type="string", **kw)}}
+    args = "[" * 1000 + "]" * 1000
+    cases = [
+        ("/completion", {"prompt": "Hi", "n_predict": 2, "grammar": deep}, 400, "nests groups 20000 deep"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "response_format": schema(maxLength=20000)},
+         400, "maxLength is 20000"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2,
+                                  "response_format": schema(minLength=10 ** 9)}, 400, "minLength is 1000000000"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "response_format": schema(pattern="a{9999}")},
+         400, "repeats {9999}"),
+        ("/v1/chat/completions", {"model": "\ud800", "messages": MESSAGES}, 404, "does not exist here"),
+        ("/v1/chat/completions", {"model": "x" * 100000, "messages": MESSAGES}, 404, "does not exist here"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2,
+                                  "tools": [{"type": "function", "function": {"name": ["f"]}}]},
+         400, "tools[0].function.name must be a string"),
+        ("/v1/embeddings", {"input": ["hello"] * 3000}, 400, "at most 2048"),
+    ]
+    for path, body, status, words in cases:
+        t0 = time.monotonic()
+        r = post(server, path, content=json.dumps(body).encode(),  # json.dumps writes the lone surrogate as \ud800
+                 headers=dict(AUTH, **{"content-type": "application/json"}))
+        assert r.status_code == status and words in r.text, (path, words, r.status_code, r.text[:300])
+        assert time.monotonic() - t0 < 10 and len(r.content) < 2000, (path, words)  # no gigabytes, no echo of 100 KB
+    # an earlier call's arguments nested deeper than Python's json reads: kept as text, not a 500
+    body = {"messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {
+        "name": "f", "arguments": args}}]}, {"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code in (200, 400) and "Traceback" not in r.text, r.text[:300]
+    check_healthy(server)
+
+
 # --- cancellation
 
 def test_disconnect_mid_stream_stops_the_generation(server, client):

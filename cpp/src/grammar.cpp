@@ -15,6 +15,8 @@ namespace specllm {
 
 namespace {
 
+constexpr size_t max_group_depth = 2500; // JSON schemas' lengths are held to 2000 (specllm/grammar.py)
+
 // a grammar sampler, lazy when there are trigger patterns; nullptr (and why, if llama.cpp threw) when it fails
 llama_sampler * init(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & patterns,
                      std::string & error) {
@@ -112,6 +114,30 @@ std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the gramm
     return big;
 }
 
+// the deepest nesting of ( ) groups in GBNF text, outside "strings", [classes] and # comments: llama.cpp's parser
+// recurses once per level (~0.5 KB of stack each; 20,000 levels overflowed an 8 MiB stack)
+size_t group_depth(const std::string & gbnf) {
+    size_t depth = 0, deepest = 0;
+    for (size_t i = 0; i < gbnf.size(); ++i) {
+        const char c = gbnf[i];
+        if (c == '#') {
+            while (i < gbnf.size() && gbnf[i] != '\n') {
+                ++i;
+            }
+        } else if (c == '"' || c == '[') {
+            const char end = c == '"' ? '"' : ']';
+            for (++i; i < gbnf.size() && gbnf[i] != end; ++i) {
+                i += gbnf[i] == '\\' ? 1 : 0;
+            }
+        } else if (c == '(') {
+            deepest = std::max(deepest, ++depth);
+        } else if (c == ')' && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
 } // namespace
 
 Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std::vector<std::string> & triggers,
@@ -122,6 +148,11 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         std::any_of(patterns.begin(), patterns.end(), has_nul)) {
         throw InvalidArgument("a grammar, trigger or pattern holds a NUL character, which llama.cpp reads as its end; "
                               "leave it out");
+    }
+    if (group_depth(gbnf) > max_group_depth) {
+        throw InvalidArgument("the grammar nests groups " + std::to_string(group_depth(gbnf)) + " deep; at most " +
+                              std::to_string(max_group_depth) + " (llama.cpp's parser recurses per level): write "
+                              "long repetitions as x{m,n}, or a JSON schema's maxLength / maxItems below 2000");
     }
     if (gbnf.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw InvalidArgument("the grammar is empty; pass GBNF rules with a 'root' rule (e.g. root ::= \"yes\" | "

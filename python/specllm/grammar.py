@@ -7,6 +7,7 @@ llama-cpp-python's server uses): the same rules users of llama.cpp get, no secon
 from __future__ import annotations
 
 import json as _json
+import re
 from typing import Any, Optional, Union
 
 from .errors import InvalidOptionError
@@ -27,10 +28,40 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
             raise InvalidOptionError(f"the JSON schema is not JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise InvalidOptionError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
+    _check_counts(schema, "schema")
     try:
         return llama_grammar.json_schema_to_gbnf(_json.dumps(schema))
+    except RecursionError:
+        raise InvalidOptionError("the JSON schema nests deeper than the converter can follow; flatten it") from None
     except Exception as e:  # the converter raises what it meets: ValueError, KeyError, AssertionError, ...
         raise InvalidOptionError(f"the JSON schema cannot be turned into a grammar: {type(e).__name__}: {e}") from None
+
+
+MAX_COUNT = 2000  # llama.cpp's own bound on a grammar's repetitions (MAX_REPETITION_THRESHOLD)
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _check_counts(node: Any, where: str, depth: int = 0) -> None:
+    """InvalidOptionError for a length or count above MAX_COUNT anywhere in a schema: the converter writes such a
+    count out as that many copies (minLength 10^9 took gigabytes) or nested groups (maxLength 20,000 overflowed
+    llama.cpp's parser's stack)."""
+    if depth > 200:
+        raise InvalidOptionError(f"the JSON schema nests more than 200 levels deep (at {where}); flatten it")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _COUNTS and isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_COUNT:
+                raise InvalidOptionError(f"{where}.{key} is {value}; specllm's grammars hold at most {MAX_COUNT} "
+                                         f"(the converter writes each one out): leave it out or lower it")
+            if key == "pattern" and isinstance(value, str):
+                for m in _PATTERN_COUNT.finditer(value):
+                    if any(n and int(n) > MAX_COUNT for n in m.groups()):
+                        raise InvalidOptionError(f"{where}.pattern repeats {m.group(0)}; specllm's grammars hold at "
+                                                 f"most {MAX_COUNT} repetitions: lower it")
+            _check_counts(value, f"{where}.{key}", depth + 1)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_counts(value, f"{where}[{i}]", depth + 1)
 
 
 def response_format(value: Any) -> Optional[str]:

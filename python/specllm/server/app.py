@@ -153,7 +153,8 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                            "invalid_request_error", None, "invalid_api_key")
 
-    app = FastAPI(title="specllm", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="specllm", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  default_response_class=errors.SafeJSONResponse)
     app.state.specllm = state
     app.state.responses = ResponseStore()  # what /v1/responses keeps for previous_response_id
     errors.install(app)

@@ -1,6 +1,7 @@
 """Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}, never a traceback."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Dict, Optional
@@ -34,7 +35,18 @@ class APIError(Exception):
     def response(self, shape: str = "openai") -> JSONResponse:
         """shape: "openai", "anthropic" (/v1/messages) or "ollama" (/api/...: {"error": message})."""
         body = {"anthropic": self.anthropic_body, "ollama": lambda: {"error": self.message}}.get(shape, self.body)()
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return SafeJSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON as UTF-8; a string with a lone surrogate (JSON's "\\ud800", which a request may carry and an answer
+    echo) has no UTF-8 form, so then the whole body is written with \\u escapes (still JSON) instead of a 500."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

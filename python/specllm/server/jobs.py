@@ -42,7 +42,8 @@ def begin(request: Request, req: p.SamplingFields):
 def check_model_name(state, model) -> None:
     """A 404 unless the request names no model or this server's (every generation endpoint, /infill too)."""
     if model and model != state.model_id:
-        raise APIError(404, f"the model '{model}' does not exist here; this server serves '{state.model_id}' "
+        shown = repr(model[:200] + ("..." if len(model) > 200 else "")) if isinstance(model, str) else repr(model)
+        raise APIError(404, f"the model {shown} does not exist here; this server serves '{state.model_id}' "
                             "(GET /v1/models)", "invalid_request_error", "model", "model_not_found")
 
 

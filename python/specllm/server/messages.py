@@ -20,14 +20,13 @@ import uuid
 from typing import Any, Dict, List, Optional, Union
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
 from . import jobs, routes
 from . import tools as tool_calls
-from .errors import APIError
+from .errors import APIError, SafeJSONResponse
 from .protocol import _Request
 
 router = APIRouter()
@@ -247,7 +246,7 @@ async def messages(request: Request, req: MessagesRequest):
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, said)
     reason, sequence = _stop(state, last.finish_reason, calls, tokens, req.stop_sequences)
-    return JSONResponse(dict(head, content=_blocks(content, calls), stop_reason=reason, stop_sequence=sequence,
+    return SafeJSONResponse(dict(head, content=_blocks(content, calls), stop_reason=reason, stop_sequence=sequence,
                              usage=_usage(last.stats),
                              speculative=jobs.speculative(last.stats, job, req.draft_length).model_dump()))
 

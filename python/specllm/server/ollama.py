@@ -21,7 +21,7 @@ import time
 from typing import Any, Dict, List, Optional, Union
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import Field, ValidationError
 
 from .. import __version__
@@ -30,7 +30,7 @@ from . import embeddings, jobs
 from . import protocol as p
 from . import routes
 from . import tools as tool_calls
-from .errors import APIError
+from .errors import APIError, SafeJSONResponse
 from .protocol import _Request
 
 router = APIRouter()
@@ -181,7 +181,7 @@ async def _answer(request: Request, state, t0, job, req: _Common, prepared, piec
         text, last, _ = await jobs.collect(request, job)
         content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, text)
         state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-        return JSONResponse(dict(_final(state, model, last, job, t0, draft_length), **piece(content, calls)))
+        return SafeJSONResponse(dict(_final(state, model, last, job, t0, draft_length), **piece(content, calls)))
 
     async def lines():
         watcher = asyncio.create_task(jobs.watch_disconnect(request, job))

@@ -18,13 +18,12 @@ import uuid
 from typing import List, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
 from . import jobs, routes
 from . import tools as tool_calls
-from .errors import APIError
+from .errors import APIError, SafeJSONResponse
 from .response_store import ResponseStore
 from .responses_request import ResponsesRequest, bad, chat_request, conversation_of
 
@@ -157,7 +156,7 @@ async def responses(request: Request, req: ResponsesRequest):
     output += [answer.call(c) for c in calls]
     body = answer.body(status, output, last, job)
     answer.keep(_store(request), conversation, content, calls, body)
-    return JSONResponse(body)
+    return SafeJSONResponse(body)
 
 
 async def _events(request: Request, job, answer: Answer, prepared: routes.Chat, conversation: List[dict]):

@@ -154,6 +154,10 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
     """A chat request's prompt and options (a 400 for a bad one): /v1/chat/completions and /v1/responses."""
     messages = _messages(req.messages)
     tools = req.tools if req.tools and req.tool_choice != "none" else None
+    try:
+        tool_calls.check_names(req.tools)
+    except ValueError as e:
+        raise APIError(400, str(e), "invalid_request_error", "tools", "invalid_value") from None
     if tools and not tool_calls.template_calls_tools(state.llm.chat_template):
         raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",

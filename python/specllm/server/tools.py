@@ -33,6 +33,15 @@ def names_of(tools: list) -> set:
     return {t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)}
 
 
+def check_names(tools: Optional[list]) -> None:
+    """ValueError naming the first tool whose function has no name that is a string (OpenAI requires one)."""
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and not isinstance(fn.get("name"), str):
+            raise ValueError(f"tools[{i}].function.name must be a string (the function's name), got "
+                             f"{type(fn.get('name')).__name__}")
+
+
 def template_call(call: dict) -> dict:
     """An earlier call from a request, as a chat template gets it: its arguments (a JSON string in the API) as an
     object, which templates write out with tojson."""
@@ -40,7 +49,7 @@ def template_call(call: dict) -> dict:
     if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
         try:
             args = json.loads(fn["arguments"])
-        except ValueError:
+        except (ValueError, RecursionError):  # nested deeper than Python's json reads: left as text
             args = None
         if isinstance(args, dict):
             call = dict(call, function=dict(fn, arguments=args))
@@ -53,7 +62,7 @@ _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*)\n```$", re.S)
 def _call(body: str, names=None) -> Optional[dict]:
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -63,7 +72,7 @@ def _call(body: str, names=None) -> Optional[dict]:
     if isinstance(args, str):  # some models write the arguments as a JSON string already
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
