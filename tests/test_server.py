@@ -485,6 +485,8 @@ def test_inputs_a_fuzzer_found_get_typed_errors_and_the_server_lives(server):
                                   "tools": [{"type": "function", "function": {"name": ["f"]}}]},
          400, "tools[0].function.name must be a string"),
         ("/v1/embeddings", {"input": ["hello"] * 3000}, 400, "at most 2048"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+         "a text part without its text"),
     ]
     for path, body, status, words in cases:
         t0 = time.monotonic()

@@ -34,9 +34,13 @@ def _text_of(message: p.Message, i: int) -> str:
         return message.content
     parts = []
     for j, part in enumerate(message.content):
-        if part.type != "text" or part.text is None:
+        if part.type == "text" and part.text is None:
+            raise APIError(400, f"messages[{i}].content[{j}] is a text part without its text: give it "
+                                "{\"type\": \"text\", \"text\": \"...\"}", "invalid_request_error",
+                           f"messages.{i}.content.{j}.text", "invalid_value")
+        if part.type != "text":
             raise APIError(400, f"only text content parts are supported, messages[{i}].content[{j}] is of type "
-                                f"'{part.type}'", "invalid_request_error", f"messages.{i}.content.{j}.type",
+                                f"{part.type!r}", "invalid_request_error", f"messages.{i}.content.{j}.type",
                            "unsupported_content")
         parts.append(part.text)
     return "".join(parts)
