@@ -177,6 +177,15 @@ def test_bad_grammars_are_typed_errors_that_say_why(tiny, make_llm, capfd, bad, 
     assert llm.generate("Hello", max_tokens=4).tokens  # the LLM goes on
 
 
+def test_a_grammar_nested_deeper_than_llama_cpps_parser_can_recurse_is_refused(tiny, make_llm):
+    llm = make_llm(tiny["target"])
+    deep = "root ::= " + "(" * 20000 + '"a"' + ")" * 20000  # overflowed the parser's stack: the process died
+    with pytest.raises(InvalidOptionError, match="nests groups 20000 deep"):
+        llm.check_options(grammar=deep)
+    fine = "root ::= " + "(" * 2400 + '"a"' + ")" * 2400 + ' # ((((((\nx ::= "(((" [(((]'  # comments, strings
+    assert llm.generate("Hello", max_tokens=2, grammar=fine).text == "a"
+
+
 def test_a_grammar_with_ignore_eos_is_refused(tiny, make_llm):
     llm = make_llm(tiny["target"])
     with pytest.raises(InvalidOptionError, match="ignore_eos"):
@@ -185,7 +194,13 @@ def test_a_grammar_with_ignore_eos_is_refused(tiny, make_llm):
 
 @pytest.mark.parametrize("schema, words", [
     ("{not json", "not JSON"), ([1, 2], "object"), ({"type": "object", "properties": 5}, "cannot be turned"),
-    ({"$ref": "#/definitions/missing"}, "cannot be turned")])
+    ({"$ref": "#/definitions/missing"}, "cannot be turned"),
+    ({"enum": []}, "schema.enum is an empty list"), ({"anyOf": []}, "schema.anyOf is an empty list"),
+    ({"type": "string", "minLength": 10 ** 9}, "schema.minLength is 1000000000"),  # once grew a server to 20 GB
+    ({"type": "object", "properties": {"a": {"type": "array", "maxItems": 2001}}}, r"properties\.a\.maxItems"),
+    ({"type": "string", "pattern": "^x{1,5000}$"}, "repeats"),
+    (json.loads('{"not": ' * 300 + "{}" + "}" * 300), "more than 200 levels"),
+])
 def test_bad_json_schemas_are_typed_errors(schema, words):
     with pytest.raises(InvalidOptionError, match=words):
         specllm.grammar.json(schema)

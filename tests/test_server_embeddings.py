@@ -197,6 +197,19 @@ def test_serve_with_an_embedding_model(tiny, tmp_path_factory, embedding_model, 
         assert s.stop(signal.SIGINT) == 0, s.log()
 
 
+def test_an_embedding_model_named_as_the_chat_model_is_listed_once(tiny, tmp_path_factory):
+    same = write_variant(tiny["target"], tmp_path_factory.mktemp("same") / f"{MODEL}.gguf",
+                         keys={"llama.pooling_type": 1})
+    s = start(tiny, tmp_path_factory, "--embedding-model", same)
+    try:
+        assert [m["id"] for m in httpx.get(f"{s.url}/v1/models", timeout=10).json()["data"]] == [MODEL]
+        assert [m["name"] for m in httpx.get(f"{s.url}/api/tags", timeout=10).json()["models"]] == [f"{MODEL}:latest"]
+        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS, "model": MODEL}, timeout=60).json()
+        assert r["model"] == MODEL and len(r["data"]) == len(TEXTS)
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()
+
+
 def test_serve_with_a_bad_embedding_model_fails_at_start(tiny, tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"nope")
     s = Server("--model", tiny["slow"], "--draft", "none", "--threads", "1", "--embedding-model",

@@ -49,6 +49,9 @@ def _check_counts(node: Any, where: str, depth: int = 0) -> None:
     if depth > 200:
         raise InvalidOptionError(f"the JSON schema nests more than 200 levels deep (at {where}); flatten it")
     if isinstance(node, dict):
+        for key in ("enum", "anyOf", "oneOf", "type"):
+            if node.get(key) == []:
+                raise InvalidOptionError(f"{where}.{key} is an empty list: no JSON value could match; leave it out")
         for key, value in node.items():
             if key in _COUNTS and isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_COUNT:
                 raise InvalidOptionError(f"{where}.{key} is {value}; specllm's grammars hold at most {MAX_COUNT} "

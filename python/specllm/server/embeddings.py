@@ -78,7 +78,7 @@ def names(state) -> List[str]:
     """The model ids an embedding request may name: the embedding model's (its file's name without .gguf) when
     there is one, and the chat model's; the first is the one that embeds."""
     path = state.llm.embedding_model
-    return ([] if path is None else [jobs.model_id(path)]) + [state.model_id]
+    return list(dict.fromkeys(([] if path is None else [jobs.model_id(path)]) + [state.model_id]))  # once each
 
 
 MAX_INPUTS = 2048  # inputs a request (OpenAI's bound): a list of 200,000 held the worker for 45 s

@@ -287,7 +287,8 @@ def _card(state, path: Optional[str] = None, name: Optional[str] = None) -> dict
 def _cards(state) -> list:
     """The chat model's entry and, with serve --embedding-model, the embedding model's (embeddings.py)."""
     path = state.llm.embedding_model
-    return [_card(state)] + ([] if path is None else [_card(state, path, embeddings.names(state)[0])])
+    ids = embeddings.names(state)  # one id when the embedding model's file has the chat model's name
+    return [_card(state)] + ([] if path is None or len(ids) == 1 else [_card(state, path, ids[0])])
 
 
 @router.get("/api/tags")
