@@ -502,6 +502,22 @@ def test_inputs_a_fuzzer_found_get_typed_errors_and_the_server_lives(server):
     check_healthy(server)
 
 
+def test_a_text_that_takes_the_tokenizer_long_does_not_hold_the_server(server):
+    """llama.cpp tokenizes a long word in time quadratic in its length (640k letters without a space: 19 s on a
+    2-core EPYC), which held the event loop: /health and every other client waited."""
+    t0 = time.monotonic()
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 640_000}]})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+    assert time.monotonic() - t0 < 3  # refused without tokenizing: no tokenizer fits it in the context
+    with ThreadPoolExecutor(1) as pool:  # /tokenize has no context to bound it: it runs off the event loop
+        pending = pool.submit(post, server, "/tokenize", {"content": "x" * 320_000}, timeout=120)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        assert time.monotonic() - t0 < 1.0
+        assert len(pending.result().json()["tokens"]) > 0
+
+
 # --- cancellation
 
 def test_disconnect_mid_stream_stops_the_generation(server, client):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from .. import grammar as grammars
 from ..errors import InvalidOptionError
@@ -123,15 +124,21 @@ async def tokenize(request: Request, req: TokenizeRequest):
     """{"tokens": ids} of `content` (text, or text and ids mixed), as llama-server's; with_pieces: each as
     {"id", "piece"} (the piece's text, or its bytes where they are not UTF-8)."""
     state = native.ready(request)
-    llm, tokens = state.llm, []
+    llm = state.llm
     parts = [req.content] if isinstance(req.content, str) else req.content or []
-    try:
+
+    def tokens_of_parts() -> list:
+        tokens = []
         for i, part in enumerate(parts):
             if isinstance(part, str):
                 tokens += llm._engine.target.tokenize(checked_text("content", part), req.add_special and i == 0,
                                                       req.parse_special)
             else:
                 tokens += llm.prompt_tokens([part])
+        return tokens
+
+    try:  # in a thread: a long word takes llama.cpp's tokenizer seconds, and other clients are served meanwhile
+        tokens = await run_in_threadpool(tokens_of_parts)
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, f"content: {e}", "invalid_request_error", "content", "invalid_value") from None
     if not req.with_pieces:

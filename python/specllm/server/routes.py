@@ -125,7 +125,22 @@ def _grammar(req: p.SamplingFields) -> tuple:
     return (rules if rules is not None else req.grammar), param
 
 
+def _longest_piece(llm) -> int:
+    """Bytes of the vocabulary's longest token (read once per LLM): a text needs at least len / this many tokens."""
+    if getattr(llm, "_longest_piece", None) is None:
+        target = llm._engine.target
+        llm._longest_piece = max(len(target.piece(t)) for t in range(target.n_vocab))
+    return llm._longest_piece
+
+
 def _tokens(state, prompt, param: str) -> list:
+    n_ctx = state.llm.n_ctx
+    if isinstance(prompt, str) and len(prompt) > 64 * n_ctx and len(prompt) > 2 * n_ctx * _longest_piece(state.llm):
+        # far more than the context can hold whatever the tokenizer makes of it; tokenizing a long word is quadratic
+        # and runs on the event loop (a fuzzer's 640k letters without a space: 19 s), so say so without trying
+        raise APIError(400, f"{param}: the prompt has {len(prompt)} characters, far more than the model's context "
+                            f"of {n_ctx} tokens can hold (its longest token is {_longest_piece(state.llm)} bytes); "
+                            "shorten it", "invalid_request_error", param, "context_length_exceeded")
     try:
         return state.llm.prompt_tokens(prompt)
     except (InvalidOptionError, TypeError) as e:
