@@ -502,6 +502,7 @@ def test_inputs_a_fuzzer_found_get_typed_errors_and_the_server_lives(server):
     check_healthy(server)
 
 
+@pytest.mark.slow  # ~5 s here; the sanitizer build tokenizes it for minutes, so its pass leaves it out
 def test_a_text_that_takes_the_tokenizer_long_does_not_hold_the_server(server):
     """llama.cpp tokenizes a long word in time quadratic in its length (640k letters without a space: 19 s on a
     2-core EPYC), which held the event loop: /health and every other client waited."""
