@@ -149,8 +149,8 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         throw InvalidArgument("a grammar, trigger or pattern holds a NUL character, which llama.cpp reads as its end; "
                               "leave it out");
     }
-    if (group_depth(gbnf) > max_group_depth) {
-        throw InvalidArgument("the grammar nests groups " + std::to_string(group_depth(gbnf)) + " deep; at most " +
+    if (const size_t depth = group_depth(gbnf); depth > max_group_depth) {
+        throw InvalidArgument("the grammar nests groups " + std::to_string(depth) + " deep; at most " +
                               std::to_string(max_group_depth) + " (llama.cpp's parser recurses per level): write "
                               "long repetitions as x{m,n}, or a JSON schema's maxLength / maxItems below 2000");
     }
