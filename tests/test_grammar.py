@@ -194,7 +194,11 @@ def test_a_grammar_with_ignore_eos_is_refused(tiny, make_llm):
 
 @pytest.mark.parametrize("schema, words", [
     ("{not json", "not JSON"), ([1, 2], "object"), ({"type": "object", "properties": 5}, "cannot be turned"),
-    ({"$ref": "#/definitions/missing"}, "cannot be turned"),
+    ({"$ref": "#/definitions/missing"}, r"\$ref '#/definitions/missing' points to nothing"),
+    ({"$defs": {"b": {}}, "properties": {"x": {"$ref": "#/$defs/a"}}}, r"\$ref '#/\$defs/a' points to nothing"),
+    ({"$ref": "https://example.com/s.json"}, "another document, which is not supported"),
+    ({"$ref": "s.json"}, "is not supported: only references into the schema itself"),
+    ({"properties": {"x": {"$ref": 5}}}, r"schema\.properties\.x\.\$ref must be a string"),
     ({"enum": []}, "schema.enum is an empty list"), ({"anyOf": []}, "schema.anyOf is an empty list"),
     ({"type": "string", "minLength": 10 ** 9}, "schema.minLength is 1000000000"),  # once grew a server to 20 GB
     ({"type": "object", "properties": {"a": {"type": "array", "maxItems": 2001}}}, r"properties\.a\.maxItems"),

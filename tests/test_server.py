@@ -519,6 +519,29 @@ def test_a_text_that_takes_the_tokenizer_long_does_not_hold_the_server(server):
         assert len(pending.result().json()["tokens"]) > 0
 
 
+@pytest.mark.slow  # ~5 s here; the sanitizer build tokenizes these for minutes
+def test_generation_requests_are_prepared_off_the_event_loop(server):
+    """A text under that bound still takes the tokenizer long (130k letters: ~1 s each here). Generation requests
+    are templated and tokenized on a thread, so /health answers meanwhile (on the loop, 6 of them held it ~6 s)."""
+    bodies = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 130_000}]}),
+              ("/v1/completions", {"prompt": "y" * 130_000}), ("/completion", {"prompt": "z" * 130_000}),
+              ("/api/generate", {"model": MODEL, "prompt": "x" * 130_000}), ("/v1/messages", {"max_tokens": 4, "messages": [
+                  {"role": "user", "content": "y" * 130_000}]}), ("/v1/responses", {"input": "z" * 130_000})]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        pending = [pool.submit(post, server, path, body, timeout=120) for path, body in bodies]
+        time.sleep(0.3)
+        waits = []
+        while not all(f.done() for f in pending):
+            t0 = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            waits.append(time.monotonic() - t0)
+            time.sleep(0.05)
+        for f, (path, _) in zip(pending, bodies):  # each tokenized, then found too long for the context
+            r = f.result()
+            assert r.status_code == 400 and "context" in r.text, (path, r.status_code, r.text[:300])
+    assert len(waits) >= 5 and max(waits) < 0.3, waits
+
+
 # --- cancellation
 
 def test_disconnect_mid_stream_stops_the_generation(server, client):

@@ -165,3 +165,33 @@ def test_a_request_after_the_worker_stopped_is_a_503_that_says_why(llm):
         assert r.status_code == 503, r.text
         err = r.json()["error"]
         assert err["code"] == "server_shutting_down" and "shutting down" in err["message"]
+
+
+def test_bodies_and_fields_a_fuzzer_sent_get_errors_that_say_what_to_fix(llm):
+    """Each was a 400 in words that did not say what was wrong: FastAPI's "There was an error parsing the body",
+    "Field required" without a field, pydantic's union tags ("stop.str"), the schema converter's KeyError, a
+    chat template's TypeError."""
+    schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"$ref": "#/$defs/a"}}}
+    with TestClient(create_app(llm)) as c:
+        for body, words in [(b'{"messages": "\xff"}', "cannot be read as JSON: it must be UTF-8"),
+                            (b"[" * 3000 + b"]" * 3000, "nested at most"),
+                            (b'{"max_tokens": ' + b"9" * 5000 + b"}", "at most 4300 digits"),
+                            (b"", "the request has no body")]:
+            r = c.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and words in r.json()["error"]["message"], (body[:40], r.text)
+            assert r.json()["error"]["code"] == "invalid_json"
+        r = c.post("/api/chat", content=b"")
+        assert r.status_code == 400 and "no body" in r.json()["error"], r.text  # Ollama's shape: {"error": text}
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "response_format": schema})
+        assert r.status_code == 400 and "$ref '#/$defs/a' points to nothing" in r.text, r.text
+        r = c.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
+            {"role": "assistant", "tool_calls": [{}]}, {"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.tool_calls.0.function", r.text
+        assert "messages[0].tool_calls[0] needs a function with its name" in r.text
+        name = c.get("/v1/models").json()["data"][0]["id"]
+        for options, where in [({"stop": 5}, "options.stop"), ({"temperature": "hot"}, "options.temperature")]:
+            r = c.post("/api/chat", json={"model": name, "messages": MESSAGES, "options": options, "stream": False})
+            error = r.json()["error"]
+            assert r.status_code == 400 and error.startswith(where + ":") and ".str" not in error, r.text
+        r = c.post("/api/generate", json={"model": name, "prompt": "hi", "format": 5, "stream": False})
+        assert r.status_code == 400 and "format" in r.json()["error"], r.text

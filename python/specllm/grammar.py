@@ -34,7 +34,28 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
     except RecursionError:
         raise InvalidOptionError("the JSON schema nests deeper than the converter can follow; flatten it") from None
     except Exception as e:  # the converter raises what it meets: ValueError, KeyError, AssertionError, ...
-        raise InvalidOptionError(f"the JSON schema cannot be turned into a grammar: {type(e).__name__}: {e}") from None
+        raise InvalidOptionError(_converter_error(e)) from None
+
+
+_DANGLING_REF = re.compile(r"^Error resolving ref (?:stdin)?(#\S*):")
+
+
+def _converter_error(e: Exception) -> str:
+    """What llama-cpp-python's schema converter's exception says, in the schema's terms where it can be told."""
+    text = str(e)
+    m = _DANGLING_REF.match(text)
+    ref = m.group(1) if m else e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) \
+        and e.args[0].startswith("#") else None
+    if ref is not None:
+        return (f"the JSON schema's $ref {ref[:200]!r} points to nothing in the schema: define it (under $defs) or "
+                "correct the reference")
+    if isinstance(e, ValueError) and text.startswith("Unsupported ref "):
+        return (f"the JSON schema's $ref {text[len('Unsupported ref '):][:200]!r} is not supported: only references "
+                "into the schema itself are ('#/$defs/name')")
+    if text.startswith("Fetching remote schemas is not allowed"):
+        return ("the JSON schema's $ref names another document, which is not supported: only references into the "
+                "schema itself are ('#/$defs/name'); put what it names under $defs")
+    return f"the JSON schema cannot be turned into a grammar: {type(e).__name__}: {text[:500]}"
 
 
 MAX_COUNT = 2000  # llama.cpp's own bound on a grammar's repetitions (MAX_REPETITION_THRESHOLD)
@@ -49,6 +70,9 @@ def _check_counts(node: Any, where: str, depth: int = 0) -> None:
     if depth > 200:
         raise InvalidOptionError(f"the JSON schema nests more than 200 levels deep (at {where}); flatten it")
     if isinstance(node, dict):
+        if "$ref" in node and not isinstance(node["$ref"], str):
+            raise InvalidOptionError(f"{where}.$ref must be a string (a reference such as '#/$defs/name'), got "
+                                     f"{type(node['$ref']).__name__}")
         for key in ("enum", "anyOf", "oneOf", "type"):
             if node.get(key) == []:
                 raise InvalidOptionError(f"{where}.{key} is an empty list: no JSON value could match; leave it out")

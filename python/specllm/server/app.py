@@ -34,6 +34,7 @@ class State:
         self.cache_reuse = 0  # create_app's
         self._model_id = model_id
         self.created = int(time.time())
+        self.lane = None  # the thread requests are prepared on (jobs.prepared), made at first use
 
     @property
     def llm(self) -> LLM:
@@ -141,6 +142,9 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
             yield
         finally:
             worker.stop()
+            if state.lane is not None:
+                state.lane.shutdown(wait=False, cancel_futures=True)
+                state.lane = None
 
     async def check_key(request: Request):
         if api_key is None:

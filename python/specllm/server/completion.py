@@ -17,7 +17,7 @@ from .. import grammar as grammars
 from ..errors import InvalidOptionError
 from .. import __version__
 from ..options import text as checked_text
-from . import choices, native
+from . import choices, jobs, native
 from .errors import APIError
 from .protocol import _Request
 
@@ -97,11 +97,13 @@ def _grammar(state, req: CompletionRequest) -> dict:
 @router.post("/completions")
 async def completion(request: Request, req: CompletionRequest):
     state, t0 = native.begin(request, req)
-    prompts = prompt_tokens(state.llm, req.prompt)
-    extra = _grammar(state, req)
+
+    def prepare():
+        prompts = prompt_tokens(state.llm, req.prompt)
+        return prompts, _grammar(state, req), [state.llm.detokenize(tokens) for tokens in prompts]
+    prompts, extra, texts = await jobs.prepared(request, prepare)
     if req.ignore_eos:
         extra["ignore_eos"] = True
-    texts = [state.llm.detokenize(tokens) for tokens in prompts]
     return await native.answer(request, state, req, prompts, request.url.path, "prompt", extra=extra,
                                settings_extra={"ignore_eos": req.ignore_eos, "grammar": extra.get("grammar", "")},
                                body_extra=lambda index, generated: {"prompt": texts[index]},

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger("specllm.server")
 
 
-_UNION_TAG = re.compile(r"^(int|str|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$")
+UNION_TAG = re.compile(r"^(int|str|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|function-.*|[A-Z]\w*)$")
 
 
 class APIError(Exception):
@@ -69,7 +69,10 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, "the request body is not valid")
     e = errors[0]
     # without "body" and the union members pydantic names (stop.str, content.list[ContentPart], ...)
-    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not _UNION_TAG.match(str(x))]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body" and not UNION_TAG.match(str(x))]
+    if e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",):
+        return APIError(400, "the request has no body: send its fields as a JSON object (Content-Type: "
+                             "application/json)", param=None, code="invalid_json")
     if e.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {e.get('msg', '')}", param=None,
                         code="invalid_json")
@@ -102,6 +105,9 @@ def install(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "invalid request"
         if exc.status_code == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 400 and message == "There was an error parsing the body":  # FastAPI's words
+            message, code = ("the request body cannot be read as JSON: it must be UTF-8, nested at most ~1000 levels "
+                             "deep, with integers of at most 4300 digits", "invalid_json")
         return APIError(exc.status_code, message, type_, None, code,
                         getattr(exc, "headers", None)).response(_shape(request))
 

@@ -4,12 +4,13 @@ prompt (text the middle starts with), with llama-server's sampling defaults and 
 t_max_predict_ms. The answer is llama-server's own form (native.py: content, stop_type, timings...), not OpenAI's."""
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 from fastapi import APIRouter, Request
 
 from ..errors import InvalidOptionError
-from . import native
+from . import jobs, native
 from .errors import APIError
 from .protocol import _Request
 
@@ -36,9 +37,10 @@ async def infill(request: Request, req: InfillRequest):
     state, t0 = native.begin(request, req, dict(native.REFUSED, grammar=None, json_schema=None))
     n_predict = native.n_predict_of(req)
     try:
-        tokens = state.llm.infill_prompt(req.input_prefix, req.input_suffix,
-                                         max_tokens=n_predict if n_predict > 0 else min(ROOM, state.llm.n_ctx // 4),
-                                         extra=[(c.filename, c.text) for c in req.input_extra], middle=req.prompt)
+        tokens = await jobs.prepared(request, functools.partial(
+            state.llm.infill_prompt, req.input_prefix, req.input_suffix,
+            max_tokens=n_predict if n_predict > 0 else min(ROOM, state.llm.n_ctx // 4),
+            extra=[(c.filename, c.text) for c in req.input_extra], middle=req.prompt))
     except (InvalidOptionError, TypeError) as e:  # named by LLM.infill_prompt's argument: say the field's name
         word = str(e).split(" ", 1)[0]
         param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word, "input_suffix")

@@ -4,8 +4,10 @@ when the client goes away), and turn a failed generation into the API's error.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Callable, Optional
 
@@ -37,6 +39,17 @@ def begin(request: Request, req: p.SamplingFields):
     state.require_ready()
     check_model(state, req)
     return state, t0
+
+
+async def prepared(request: Request, fn: Callable, *args):
+    """fn(*args) on the server's one preparing thread: a request's chat template and tokens, which a long text makes
+    slow (llama.cpp tokenizes a word in time quadratic in its length), so that the event loop stays free for /health,
+    streams and other clients meanwhile. One thread, first come first served: with no await between this and the
+    job's submit, jobs reach the worker's queue in the order their requests came, as when this ran on the loop."""
+    state = server_state(request)
+    if state.lane is None:
+        state.lane = ThreadPoolExecutor(1, thread_name_prefix="specllm-prepare")
+    return await asyncio.get_running_loop().run_in_executor(state.lane, functools.partial(fn, *args))
 
 
 def check_model_name(state, model) -> None:

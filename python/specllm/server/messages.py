@@ -201,7 +201,7 @@ def _prepare(request: Request, req: MessagesRequest):
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, req: MessagesRequest):
-    _, _, _, prepared = _prepare(request, req)
+    _, _, _, prepared = await jobs.prepared(request, _prepare, request, req)
     return {"input_tokens": len(prepared.tokens)}
 
 
@@ -235,7 +235,7 @@ def _blocks(text: str, calls: list) -> List[dict]:
 
 @router.post("/v1/messages")
 async def messages(request: Request, req: MessagesRequest):
-    state, t0, chat, prepared = _prepare(request, req)
+    state, t0, chat, prepared = await jobs.prepared(request, _prepare, request, req)
     job = jobs.submit(request, prepared.tokens, prepared.opts)
     mid = f"msg_{uuid.uuid4().hex}"
     head = {"id": mid, "type": "message", "role": "assistant", "model": state.model_id}

@@ -30,7 +30,7 @@ from . import embeddings, jobs
 from . import protocol as p
 from . import routes
 from . import tools as tool_calls
-from .errors import APIError, SafeJSONResponse
+from .errors import UNION_TAG, APIError, SafeJSONResponse
 from .protocol import _Request
 
 router = APIRouter()
@@ -39,6 +39,7 @@ DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
             "stop": "stop", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+NAMED = dict({v: ["options", k] for k, v in SAMPLING.items()}, response_format=["format"])
 NO_OP = {"tfs_z": (1.0,), "typical_p": (1.0,), "mirostat": (0,)}
 LOAD_OPTIONS = {"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "logits_all", "vocab_only",
                 "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
@@ -145,8 +146,13 @@ def _checked(model, **fields):
         return model(**fields)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        raise _bad(f"{where}: {err.get('msg', 'invalid value')}", where or None) from None
+        loc = [str(x) for x in err.get("loc", ()) if not UNION_TAG.match(str(x))]  # not pydantic's "stop.str"
+        if loc and loc[0] in NAMED:  # as Ollama's request names the field (a sampling field is in its options)
+            loc = NAMED[loc[0]] + loc[1:]
+        where = ".".join(loc)
+        got = repr(err.get("input"))
+        got = f" (got {got if len(got) <= 80 else got[:77] + '...'})" if err.get("type") != "missing" else ""
+        raise _bad(f"{where}: {err.get('msg', 'invalid value')}{got}", where or None) from None
 
 
 def _chat(state, req: ChatRequest) -> p.ChatRequest:
@@ -222,8 +228,7 @@ async def chat(request: Request, req: ChatRequest):
     if not req.messages:  # Ollama's way to load a model: an empty chat
         return {"model": req.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                 "done": True, "done_reason": "load"}
-    chat_req = _chat(state, req)
-    prepared = routes.prepare_chat(state, chat_req)
+    prepared = await jobs.prepared(request, lambda: routes.prepare_chat(state, _chat(state, req)))
     job = jobs.submit(request, prepared.tokens, prepared.opts)
 
     def piece(text, calls):
@@ -234,14 +239,9 @@ async def chat(request: Request, req: ChatRequest):
     return await _answer(request, state, t0, job, req, prepared, piece)
 
 
-@router.post("/api/generate")
-async def generate(request: Request, req: GenerateRequest):
-    state, t0 = _begin(request, req.model)
-    for param, given in (("images", req.images), ("template", req.template), ("context", req.context)):
-        if given:
-            raise _bad(f"{param} is not supported: send the whole prompt (and system) instead", param)
-    if not req.prompt and req.suffix is None:  # Ollama's way to load a model
-        return {"model": req.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+def _generate_prompt(state, req: GenerateRequest) -> tuple:
+    """(prompt tokens, options) of a generate request: its prompt in the chat template (unless raw), or fill in the
+    middle with suffix."""
     sampling = _sampling(req)
     max_tokens = sampling.pop("max_tokens")
     if req.suffix is not None:
@@ -259,7 +259,18 @@ async def generate(request: Request, req: GenerateRequest):
         except (InvalidOptionError, TypeError) as e:
             raise _bad(str(e), "prompt") from None
     fields = _checked(p.CompletionRequest, prompt="x", response_format=_format(req.format), **sampling)
-    opts = routes.request_options(state, fields, len(tokens), max_tokens, None)
+    return tokens, routes.request_options(state, fields, len(tokens), max_tokens, None)
+
+
+@router.post("/api/generate")
+async def generate(request: Request, req: GenerateRequest):
+    state, t0 = _begin(request, req.model)
+    for param, given in (("images", req.images), ("template", req.template), ("context", req.context)):
+        if given:
+            raise _bad(f"{param} is not supported: send the whole prompt (and system) instead", param)
+    if not req.prompt and req.suffix is None:  # Ollama's way to load a model
+        return {"model": req.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+    tokens, opts = await jobs.prepared(request, _generate_prompt, state, req)
     job = jobs.submit(request, tokens, opts)
     prepared = routes.Chat(tokens, opts, None, "", None)
     return await _answer(request, state, t0, job, req, prepared, lambda text, calls: {"response": text})

@@ -121,7 +121,7 @@ class Answer:
 @router.post("/v1/responses/input_tokens")
 async def input_tokens(request: Request, req: ResponsesRequest):
     """The prompt tokens a request would take (client.responses.input_tokens.count)."""
-    return {"object": "response.input_tokens", "input_tokens": len(_prepare(request, req)[3].tokens)}
+    return {"object": "response.input_tokens", "input_tokens": len((await jobs.prepared(request, _prepare, request, req))[3].tokens)}
 
 
 @router.get("/v1/responses/{rid}")
@@ -143,7 +143,7 @@ async def delete_response(request: Request, rid: str):
 
 @router.post("/v1/responses")
 async def responses(request: Request, req: ResponsesRequest):
-    state, t0, chat, prepared, conversation = _prepare(request, req)
+    state, t0, chat, prepared, conversation = await jobs.prepared(request, _prepare, request, req)
     job = jobs.submit(request, prepared.tokens, prepared.opts)
     answer = Answer(state, req, chat)
     if req.stream:

@@ -51,6 +51,13 @@ def _message(m: p.Message, i: int) -> dict:
     out = {"role": "system" if m.role == "developer" else m.role,
            "content": None if m.content is None and m.tool_calls else _text_of(m, i)}
     if m.tool_calls:
+        for j, call in enumerate(m.tool_calls):
+            fn = call.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise APIError(400, f"messages[{i}].tool_calls[{j}] needs a function with its name, as the reply "
+                                    "gave it: {\"id\": ..., \"type\": \"function\", \"function\": {\"name\": "
+                                    "\"...\", \"arguments\": \"{...}\"}}", "invalid_request_error",
+                               f"messages.{i}.tool_calls.{j}.function", "invalid_value")
         out["tool_calls"] = [tool_calls.template_call(c) for c in m.tool_calls]
     for key in ("tool_call_id", "name"):
         if getattr(m, key) is not None:
@@ -198,7 +205,7 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
 @router.post("/v1/chat/completions", response_model=p.ChatCompletion)
 async def chat_completions(request: Request, req: p.ChatRequest):
     state, t0 = jobs.begin(request, req)
-    chat = prepare_chat(state, req)
+    chat = await jobs.prepared(request, prepare_chat, state, req)
     tools, forced, n_logprobs = chat.tools, chat.forced, chat.n_logprobs
     runs = choices.plan([(chat.tokens, chat.opts)], req.n)
     first_job = jobs.submit(request, chat.tokens, chat.opts)
@@ -284,9 +291,13 @@ async def completions(request: Request, req: p.CompletionRequest):
         raise APIError(400, "echo with logprobs scores the prompt as given, and with suffix the model reads a fill-in-"
                             "the-middle prompt instead; leave out one of them", "invalid_request_error", "suffix",
                        "unsupported_parameter")
-    prompts = _prompts(state, req)
     max_tokens = 16 if req.max_tokens is None else req.max_tokens
-    runs = choices.plan([(t, request_options(state, req, len(t), max_tokens, n_logprobs)) for t, _ in prompts], req.n)
+
+    def prepare():
+        prompts = _prompts(state, req)
+        return prompts, choices.plan([(t, request_options(state, req, len(t), max_tokens, n_logprobs))
+                                      for t, _ in prompts], req.n)
+    prompts, runs = await jobs.prepared(request, prepare)
     n = len(runs) // len(prompts)
     for c in runs:  # a prompt is scored once, by its first choice
         if scored and c.new_prompt:
