@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -163,6 +164,13 @@ class System:
         self.load_ms = (time.perf_counter() - t0) * 1e3
         self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
         self.policy = self.llm._engine.policy_state()  # what every sequence and round starts from
+
+    def reload(self, target: str, threads: int, ctx: int) -> None:
+        """Closed and loaded again (--reload-rounds): a new place in memory, warmed up as at the start."""
+        self.llm.close()
+        self.llm = None
+        gc.collect()
+        self.load(target, threads, ctx)
 
     def start_sequence(self) -> None:
         """Every sequence (and round) starts cold and alike on every system: an empty KV cache, an empty memory,
@@ -291,7 +299,9 @@ def markdown(summary: dict, meta: dict, sequences: list) -> str:
              f"Target `{os.path.basename(meta['target'])}`, draft `{os.path.basename(meta['draft'] or 'none')}`, "
              f"greedy, max tokens {meta['max_tokens']}, threads {meta['threads']}, {len(sequences)} sequences, "
              f"{meta['repeat']} round(s), {meta['elapsed_s']:.0f} s; memory_tokens per system: "
-             + ", ".join(f"{k} {v}" for k, v in meta["memory_tokens"].items()) + f"; CPU: {meta['cpu']}.", "",
+             + ", ".join(f"{k} {v}" for k, v in meta["memory_tokens"].items()) + f"; CPU: {meta['cpu']}."
+             + (" Rounds outer, the systems loaded afresh each round, in the orders "
+                + "; ".join(", ".join(o) for o in meta["load_order"]) + "." if meta.get("reload_rounds") else ""), "",
              ("Speed-up: tokens/s (prefill excluded) over `plain`'s on the same request, median over requests; "
               "wall: plain's wall time (prefill included) over the system's. Goal (issue 15): memory-on >= 1.5x on "
               "requests 3+."), "",
@@ -356,6 +366,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds: every sequence runs N times from a cold start, rounds interleaved per sequence; a "
                         "request's speed-up is the median of its rounds' ratios (default: %(default)s)")
+    p.add_argument("--reload-rounds", action="store_true",
+                   help="rounds outer: every round runs all sequences, with the systems closed and loaded afresh in "
+                        "an order rotated by one per round (where the LLM a process loads first runs slower, "
+                        "bench/README stop 53, --repeat a multiple of the systems' count gives each every place)")
     p.add_argument("--memory-tokens", type=int, default=None,
                    help="memory-on's memory_tokens (default: the library's default)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default: %(default)s)")
@@ -396,6 +410,7 @@ def main(argv=None) -> int:
             "llm_kwargs": {s.name: s.kwargs for s in systems}, "memory_tokens": {s.name: s.memory_tokens()
                                                                                  for s in systems},
             "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes,
+            "reload_rounds": args.reload_rounds, "load_order": [names],
             "chat_template": "jinja"}  # bench.oracle.chat_template_of
     stem = f"{meta['date']}-{meta['machine']}"
     n = 1
@@ -405,30 +420,46 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     records, t_start, turn = [], time.perf_counter(), 0
     with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
-        for si, seq in enumerate(sequences):
+        def run_round(si: int, seq: Sequence, rep: int) -> None:
+            nonlocal turn
+            for system in systems:
+                system.start_sequence()
+            for i, request in enumerate(seq.requests):
+                for system in report.rotate(systems, turn):
+                    if system.failed:
+                        continue
+                    try:
+                        result = system.run(seq, request, args.max_tokens)
+                    except Exception as e:  # noted; this system skips the rest of the sequence round
+                        system.failed = True
+                        notes.append(f"{system.name} failed on {seq.id} request {i + 1} (round {rep}): "
+                                     f"{type(e).__name__}: {e}")
+                        print(notes[-1], file=sys.stderr)
+                        continue
+                    rec = {"system": system.name, "sequence": seq.id, "kind": seq.kind, "mode": seq.mode,
+                           "request": i, "rep": rep, **result}
+                    records.append(rec)
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                turn += 1
+            print(f"[{si + 1}/{len(sequences)}] {seq.id} round {rep + 1}/{args.repeat} "
+                  f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+
+        if args.reload_rounds:
             for rep in range(args.repeat):
-                for system in systems:
-                    system.start_sequence()
-                for i, request in enumerate(seq.requests):
-                    for system in report.rotate(systems, turn):
-                        if system.failed:
-                            continue
-                        try:
-                            result = system.run(seq, request, args.max_tokens)
-                        except Exception as e:  # noted; this system skips the rest of the sequence round
-                            system.failed = True
-                            notes.append(f"{system.name} failed on {seq.id} request {i + 1} (round {rep}): "
-                                         f"{type(e).__name__}: {e}")
-                            print(notes[-1], file=sys.stderr)
-                            continue
-                        rec = {"system": system.name, "sequence": seq.id, "kind": seq.kind, "mode": seq.mode,
-                               "request": i, "rep": rep, **result}
-                        records.append(rec)
-                        log.write(json.dumps(rec) + "\n")
-                        log.flush()
-                    turn += 1
-                print(f"[{si + 1}/{len(sequences)}] {seq.id} round {rep + 1}/{args.repeat} "
-                      f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+                if rep > 0:
+                    order = report.rotate(systems, rep)
+                    for system in order:  # a system that cannot load again ends the run, as at the start
+                        system.reload(target, args.threads, args.ctx)
+                    meta["load_order"].append([s.name for s in order])
+                    print(f"round {rep + 1}: loaded " + ", ".join(f"{s.name} in {s.load_ms:.0f} ms" for s in order),
+                          file=sys.stderr)
+                for si, seq in enumerate(sequences):
+                    run_round(si, seq, rep)
+        else:
+            for si, seq in enumerate(sequences):
+                for rep in range(args.repeat):
+                    run_round(si, seq, rep)
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     summary = summarize(records, names, sequences, args.max_tokens)
     md = markdown(summary, meta, sequences)

@@ -819,6 +819,34 @@ def test_multicall_runs_on_tiny_models(tmp_path):
     assert "## Overall" in md and f"| {seq.id} | {seq.kind} | {seq.mode} |" in md and "| memory-on |" in md
 
 
+def test_multicall_reload_rounds_loads_the_systems_again_in_turn(tmp_path):
+    """--reload-rounds: rounds outer, every system closed and loaded afresh each round, the load order rotated."""
+    pytest.importorskip("specllm._core")
+    tiny = pytest.importorskip("models.tiny")
+    from bench import multicall
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    out = tmp_path / "multicall"
+    rc = multicall.main(["--limit", "2", "--max-tokens", "4", "--threads", "1", "--target", paths["target"],
+                         "--draft", paths["draft"], "--repeat", "3", "--reload-rounds", "--out", str(out)])
+    assert rc == 0
+    (result,) = out.glob("*.json")
+    data = json.loads(result.read_text())
+    meta, records = data["meta"], data["records"]
+    assert meta["reload_rounds"] and not meta["notes"]
+    assert meta["load_order"] == [["plain", "memory-off", "memory-on"], ["memory-off", "memory-on", "plain"],
+                                  ["memory-on", "plain", "memory-off"]]
+    assert "loaded afresh each round" in (out / result.name.replace(".json", ".md")).read_text()
+    seqs = multicall.load_sequences(limit=2)
+    assert len(records) == 3 * 3 * sum(len(s.requests) for s in seqs)
+    # rounds outer: every sequence of round 0 before any of round 1
+    reps = [r["rep"] for r in records]
+    assert reps == sorted(reps)
+    for name in meta["systems"]:  # each round's records of a system are those of a freshly loaded LLM
+        mine = [r for r in records if r["system"] == name and r["request"] == 0 and r["sequence"] == seqs[0].id]
+        assert [r["rep"] for r in mine] == [0, 1, 2] and len({r["text"] for r in mine}) == 1
+
+
 def test_cli_chat_reads_the_chat_stats_it_is_given(tiny):
     # bench.cli_chat parses `/stats` as the chat prints it: tied to ChatSession.summary(), not a copy of its format
     from bench import cli_chat
