@@ -165,12 +165,9 @@ class System:
         self.llm.chat([{"role": "user", "content": WARMUP_MESSAGE}], max_tokens=WARMUP_TOKENS)  # excluded
         self.policy = self.llm._engine.policy_state()  # what every sequence and round starts from
 
-    def reload(self, target: str, threads: int, ctx: int) -> None:
-        """Closed and loaded again (--reload-rounds): a new place in memory, warmed up as at the start."""
+    def close(self) -> None:
         self.llm.close()
         self.llm = None
-        gc.collect()
-        self.load(target, threads, ctx)
 
     def start_sequence(self) -> None:
         """Every sequence (and round) starts cold and alike on every system: an empty KV cache, an empty memory,
@@ -449,8 +446,11 @@ def main(argv=None) -> int:
             for rep in range(args.repeat):
                 if rep > 0:
                     order = report.rotate(systems, rep)
+                    for system in systems:  # all closed first, so that each load takes the place its turn gives
+                        system.close()
+                    gc.collect()
                     for system in order:  # a system that cannot load again ends the run, as at the start
-                        system.reload(target, args.threads, args.ctx)
+                        system.load(target, args.threads, args.ctx)
                     meta["load_order"].append([s.name for s in order])
                     print(f"round {rep + 1}: loaded " + ", ".join(f"{s.name} in {s.load_ms:.0f} ms" for s in order),
                           file=sys.stderr)
