@@ -407,7 +407,7 @@ def main(argv=None) -> int:
             "llm_kwargs": {s.name: s.kwargs for s in systems}, "memory_tokens": {s.name: s.memory_tokens()
                                                                                  for s in systems},
             "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes,
-            "reload_rounds": args.reload_rounds, "load_order": [names],
+            "reload_rounds": args.reload_rounds, "load_order": [names], "reload_ms": [],
             "chat_template": "jinja"}  # bench.oracle.chat_template_of
     stem = f"{meta['date']}-{meta['machine']}"
     n = 1
@@ -452,6 +452,7 @@ def main(argv=None) -> int:
                     for system in order:  # a system that cannot load again ends the run, as at the start
                         system.load(target, args.threads, args.ctx)
                     meta["load_order"].append([s.name for s in order])
+                    meta["reload_ms"].append({s.name: round(s.load_ms) for s in order})
                     print(f"round {rep + 1}: loaded " + ", ".join(f"{s.name} in {s.load_ms:.0f} ms" for s in order),
                           file=sys.stderr)
                 for si, seq in enumerate(sequences):

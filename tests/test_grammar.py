@@ -210,6 +210,19 @@ def test_bad_json_schemas_are_typed_errors(schema, words):
         specllm.grammar.json(schema)
 
 
+def test_a_schema_whose_root_refers_to_its_definitions_is_read_whole():
+    """zod-to-json-schema's output with a name: the root is a $ref to a definition that refers to others. The
+    converter does not look past the root's $ref, so it never read the definitions (KeyError '#/definitions/M')."""
+    zod = {"$ref": "#/definitions/N", "definitions": {
+        "N": {"type": "object", "properties": {"x": {"$ref": "#/definitions/M"}}, "required": ["x"]},
+        "M": {"type": "integer"}}}
+    gbnf = specllm.grammar.json(zod)
+    assert "root ::=" in gbnf and '"\\"x\\""' in gbnf, gbnf
+    # a chain of root refs too; the schema the caller gave is left as it was
+    chain = {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"type": "integer"}}}
+    assert "integral-part" in specllm.grammar.json(chain) and chain["$ref"] == "#/$defs/A"
+
+
 @pytest.mark.parametrize("fmt, words", [
     ("json", "object"), ({"type": "xml"}, "type must be"), ({"type": "json_schema"}, "json_schema"),
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema")])

@@ -195,3 +195,45 @@ def test_bodies_and_fields_a_fuzzer_sent_get_errors_that_say_what_to_fix(llm):
             assert r.status_code == 400 and error.startswith(where + ":") and ".str" not in error, r.text
         r = c.post("/api/generate", json={"model": name, "prompt": "hi", "format": 5, "stream": False})
         assert r.status_code == 400 and "format" in r.json()["error"], r.text
+
+
+def test_requests_are_prepared_one_at_a_time_in_order_and_a_stop_ends_the_waiting_ones():
+    """jobs.prepared: one thread, first come first served, and each request resumes in that order (so jobs are
+    queued as requests came); one still waiting for the thread when the server stops (app.py's lifespan shuts the
+    thread down and drops it) is a 503, not a CancelledError."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from specllm.server import jobs
+    from specllm.server.errors import APIError
+
+    state = SimpleNamespace(lane=None)
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(specllm=state)))
+    started, resumed = threading.Event(), []
+
+    def work(name, seconds):
+        started.set()
+        time.sleep(seconds)
+        return name
+
+    async def one(name, seconds):
+        out = await jobs.prepared(request, work, name, seconds)
+        resumed.append(out)  # what a handler does next, with no await before its submit
+        return out
+
+    async def main():
+        tasks = [asyncio.ensure_future(one(n, s)) for n, s in (("a", 0.3), ("b", 0.0), ("c", 0.1))]
+        assert await asyncio.gather(*tasks) == ["a", "b", "c"] and resumed == ["a", "b", "c"]
+        started.clear()
+        first = asyncio.ensure_future(one("first", 0.5))
+        second = asyncio.ensure_future(one("second", 0.0))
+        await asyncio.to_thread(started.wait, 10)
+        state.lane.shutdown(wait=False, cancel_futures=True)  # as the lifespan does
+        state.lane = None
+        assert await first == "first"
+        with pytest.raises(APIError) as e:
+            await second
+        assert e.value.status == 503 and e.value.code == "server_shutting_down"
+
+    asyncio.run(main())

@@ -30,25 +30,58 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
         raise InvalidOptionError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
     _check_counts(schema, "schema")
     try:
-        return llama_grammar.json_schema_to_gbnf(_json.dumps(schema))
+        return llama_grammar.json_schema_to_gbnf(_json.dumps(_inline_root_ref(schema)))
     except RecursionError:
         raise InvalidOptionError("the JSON schema nests deeper than the converter can follow; flatten it") from None
     except Exception as e:  # the converter raises what it meets: ValueError, KeyError, AssertionError, ...
-        raise InvalidOptionError(_converter_error(e)) from None
+        raise InvalidOptionError(_converter_error(e, schema)) from None
 
 
-_DANGLING_REF = re.compile(r"^Error resolving ref (?:stdin)?(#\S*):")
+_DANGLING_REF = re.compile(r"^Error resolving ref (?:stdin)?(#[^:]*):")
 
 
-def _converter_error(e: Exception) -> str:
+def _pointer(schema: Any, ref: str) -> Any:
+    """What a local $ref ("#/$defs/a", JSON Pointer escapes ~0 and ~1) names in the schema, or None."""
+    if not ref.startswith("#/"):
+        return None
+    node = schema
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _inline_root_ref(schema: Any) -> Any:
+    """The schema with a root that is a $ref into itself replaced by what it names, beside the root's other keys (its
+    $defs or definitions): zod-to-json-schema writes {"$ref": "#/definitions/Name", "definitions": {...}}, and
+    llama-cpp-python's converter does not look past a node's $ref, so it never read the definitions and failed on a
+    $ref inside them (KeyError)."""
+    for _ in range(8):  # a chain of root refs; a loop is left to the converter
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        target = _pointer(schema, ref) if isinstance(ref, str) else None
+        if not isinstance(target, dict) or target is schema:
+            return schema
+        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
+    return schema
+
+
+def _converter_error(e: Exception, schema: Any) -> str:
     """What llama-cpp-python's schema converter's exception says, in the schema's terms where it can be told."""
     text = str(e)
     m = _DANGLING_REF.match(text)
     ref = m.group(1) if m else e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) \
         and e.args[0].startswith("#") else None
-    if ref is not None:
+    if ref is not None and _pointer(schema, ref) is None:
         return (f"the JSON schema's $ref {ref[:200]!r} points to nothing in the schema: define it (under $defs) or "
                 "correct the reference")
+    if ref is not None:
+        return (f"the JSON schema's $ref {ref[:200]!r} names a definition the converter did not read (it does not "
+                "look past a node's own $ref): write that node out instead of referring to it")
     if isinstance(e, ValueError) and text.startswith("Unsupported ref "):
         return (f"the JSON schema's $ref {text[len('Unsupported ref '):][:200]!r} is not supported: only references "
                 "into the schema itself are ('#/$defs/name')")

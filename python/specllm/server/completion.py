@@ -17,7 +17,7 @@ from .. import grammar as grammars
 from ..errors import InvalidOptionError
 from .. import __version__
 from ..options import text as checked_text
-from . import choices, jobs, native
+from . import bias, choices, jobs, native
 from .errors import APIError
 from .protocol import _Request
 
@@ -100,14 +100,15 @@ async def completion(request: Request, req: CompletionRequest):
 
     def prepare():
         prompts = prompt_tokens(state.llm, req.prompt)
-        return prompts, _grammar(state, req), [state.llm.detokenize(tokens) for tokens in prompts]
-    prompts, extra, texts = await jobs.prepared(request, prepare)
+        return (prompts, _grammar(state, req), [state.llm.detokenize(tokens) for tokens in prompts],
+                bias.parse(state.llm, req.logit_bias))
+    prompts, extra, texts, logit_bias = await jobs.prepared(request, prepare)
     if req.ignore_eos:
         extra["ignore_eos"] = True
     return await native.answer(request, state, req, prompts, request.url.path, "prompt", extra=extra,
                                settings_extra={"ignore_eos": req.ignore_eos, "grammar": extra.get("grammar", "")},
                                body_extra=lambda index, generated: {"prompt": texts[index]},
-                               return_tokens=req.return_tokens, t0=t0)
+                               return_tokens=req.return_tokens, t0=t0, logit_bias=logit_bias)
 
 
 class TokenizeRequest(_Request):

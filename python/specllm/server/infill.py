@@ -4,13 +4,12 @@ prompt (text the middle starts with), with llama-server's sampling defaults and 
 t_max_predict_ms. The answer is llama-server's own form (native.py: content, stop_type, timings...), not OpenAI's."""
 from __future__ import annotations
 
-import functools
 from typing import List, Optional
 
 from fastapi import APIRouter, Request
 
 from ..errors import InvalidOptionError
-from . import jobs, native
+from . import bias, jobs, native
 from .errors import APIError
 from .protocol import _Request
 
@@ -36,14 +35,17 @@ class InfillRequest(native.NativeFields):
 async def infill(request: Request, req: InfillRequest):
     state, t0 = native.begin(request, req, dict(native.REFUSED, grammar=None, json_schema=None))
     n_predict = native.n_predict_of(req)
+
+    def prepare():
+        return (state.llm.infill_prompt(req.input_prefix, req.input_suffix,
+                                        max_tokens=n_predict if n_predict > 0 else min(ROOM, state.llm.n_ctx // 4),
+                                        extra=[(c.filename, c.text) for c in req.input_extra], middle=req.prompt),
+                bias.parse(state.llm, req.logit_bias))
     try:
-        tokens = await jobs.prepared(request, functools.partial(
-            state.llm.infill_prompt, req.input_prefix, req.input_suffix,
-            max_tokens=n_predict if n_predict > 0 else min(ROOM, state.llm.n_ctx // 4),
-            extra=[(c.filename, c.text) for c in req.input_extra], middle=req.prompt))
+        tokens, logit_bias = await jobs.prepared(request, prepare)
     except (InvalidOptionError, TypeError) as e:  # named by LLM.infill_prompt's argument: say the field's name
         word = str(e).split(" ", 1)[0]
         param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word, "input_suffix")
         raise APIError(400, f"{param}{str(e)[len(word):]}" if word in ("prompt", "suffix", "middle") else str(e),
                        "invalid_request_error", param, "invalid_value") from None
-    return await native.answer(request, state, req, [tokens], "/infill", "input_prefix", t0=t0)
+    return await native.answer(request, state, req, [tokens], "/infill", "input_prefix", t0=t0, logit_bias=logit_bias)

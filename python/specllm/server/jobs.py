@@ -45,11 +45,18 @@ async def prepared(request: Request, fn: Callable, *args):
     """fn(*args) on the server's one preparing thread: a request's chat template and tokens, which a long text makes
     slow (llama.cpp tokenizes a word in time quadratic in its length), so that the event loop stays free for /health,
     streams and other clients meanwhile. One thread, first come first served: with no await between this and the
-    job's submit, jobs reach the worker's queue in the order their requests came, as when this ran on the loop."""
+    job's submit, generation jobs reach the worker's queue in the order their requests came, as when this ran on the
+    loop (an embedding request, tokenized by the worker, is queued at once)."""
     state = server_state(request)
     if state.lane is None:
         state.lane = ThreadPoolExecutor(1, thread_name_prefix="specllm-prepare")
-    return await asyncio.get_running_loop().run_in_executor(state.lane, functools.partial(fn, *args))
+    lane = state.lane
+    try:
+        return await asyncio.get_running_loop().run_in_executor(lane, functools.partial(fn, *args))
+    except asyncio.CancelledError:
+        if state.lane is not lane:  # the server stopped (app.py's lifespan) while this request waited for the lane
+            raise generation_error(ServerStopping()) from None
+        raise
 
 
 def check_model_name(state, model) -> None:

@@ -244,12 +244,14 @@ def _fit(n_ctx: int, tokens: list, n_predict: int, warm: bool, prompt_param: str
 
 async def answer(request: Request, state, req: NativeFields, prompts: List[list], endpoint: str, prompt_param: str,
                  extra: Optional[dict] = None, settings_extra: Optional[dict] = None,
-                 body_extra: Optional[Callable] = None, return_tokens: bool = False, t0: Optional[float] = None):
+                 body_extra: Optional[Callable] = None, return_tokens: bool = False, t0: Optional[float] = None,
+                 logit_bias: Optional[dict] = None):
     """Generates from checked prompts (token lists) and answers in llama-server's form, whole or streamed: one
     prompt, its answer; several, one after another (each queued when the one before it ends, as /v1/completions'
     choices), the answers as a list in the prompts' order and a stream's events carrying their prompt's "index".
     extra: options beyond the sampling fields (a grammar); body_extra(index, generated tokens) -> fields for a final
-    answer (the prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came."""
+    answer (the prompt's text); return_tokens: the generated token ids in "tokens"; t0: when the request came;
+    logit_bias: req.logit_bias as bias.parse read it (its text keys tokenized with the prompt, off the event loop)."""
     t0 = time.monotonic() if t0 is None else t0
     n_predict = n_predict_of(req)
     warm = n_predict == 0  # the prompt into the cache, nothing generated (max_tokens 0: no step)
@@ -260,7 +262,8 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
     if req.seed is not None and req.seed >= 0:
         opts["seed"] = req.seed % 2**64
     opts["cache_reuse"] = req.n_cache_reuse if req.n_cache_reuse is not None else state.cache_reuse
-    logit_bias = bias.parse(state.llm, req.logit_bias)
+    if logit_bias is None:
+        logit_bias = bias.parse(state.llm, req.logit_bias)
     if logit_bias:
         opts["logit_bias"] = logit_bias
     if req.n_probs > 0:

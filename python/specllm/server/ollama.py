@@ -39,7 +39,7 @@ DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
 SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
             "stop": "stop", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
-NAMED = dict({v: ["options", k] for k, v in SAMPLING.items()}, response_format=["format"])
+NAMED = {v: ["options", k] for k, v in SAMPLING.items()}
 NO_OP = {"tfs_z": (1.0,), "typical_p": (1.0,), "mirostat": (0,)}
 LOAD_OPTIONS = {"numa", "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "logits_all", "vocab_only",
                 "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
@@ -147,7 +147,7 @@ def _checked(model, **fields):
     except ValidationError as e:
         err = e.errors()[0]
         loc = [str(x) for x in err.get("loc", ()) if not UNION_TAG.match(str(x))]  # not pydantic's "stop.str"
-        if loc and loc[0] in NAMED:  # as Ollama's request names the field (a sampling field is in its options)
+        if loc and loc[0] in NAMED:  # as Ollama's request names a sampling field: in its options
             loc = NAMED[loc[0]] + loc[1:]
         where = ".".join(loc)
         got = repr(err.get("input"))

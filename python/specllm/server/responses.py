@@ -121,7 +121,8 @@ class Answer:
 @router.post("/v1/responses/input_tokens")
 async def input_tokens(request: Request, req: ResponsesRequest):
     """The prompt tokens a request would take (client.responses.input_tokens.count)."""
-    return {"object": "response.input_tokens", "input_tokens": len((await jobs.prepared(request, _prepare, request, req))[3].tokens)}
+    prepared = (await jobs.prepared(request, _prepare, request, req))[3]
+    return {"object": "response.input_tokens", "input_tokens": len(prepared.tokens)}
 
 
 @router.get("/v1/responses/{rid}")
