@@ -1326,3 +1326,12 @@ def test_quant_costs_unrepacked_times_each_file_loaded_without_repacking_too(tin
     got = json.loads(out.read_text())
     assert set(got["median_ms"]) == {"as given", "q4_0", "as given, not repacked", "q4_0, not repacked"}
     assert got["unrepacked"] is True and "q4_0, not repacked |" in run.stdout
+
+
+def test_draft_overhead_refuses_an_empty_selection_before_loading_a_model():
+    from bench import draft_overhead
+
+    with pytest.raises(SystemExit):
+        draft_overhead.main(["--tasks", "no_such_task"])
+    with pytest.raises(SystemExit):
+        draft_overhead.main(["--rounds", "0"])
