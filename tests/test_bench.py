@@ -770,6 +770,17 @@ def test_multicall2_is_new():
         multicall.parse_args(["--prompts", "multicall3"])
 
 
+def _multicall_on_tiny_models(tiny, out, *args):
+    """bench.multicall run on the tiny models into `out`; the path of its one .json."""
+    from bench import multicall
+
+    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
+    assert multicall.main([*args, "--threads", "1", "--target", paths["target"], "--draft", paths["draft"],
+                           "--out", str(out)]) == 0
+    (result,) = out.glob("*.json")
+    return result
+
+
 @pytest.mark.slow
 def test_multicall_runs_on_tiny_models(tmp_path):
     pytest.importorskip("specllm._core")
@@ -780,12 +791,8 @@ def test_multicall_runs_on_tiny_models(tmp_path):
 
     from bench import multicall
 
-    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
     out = tmp_path / "multicall"
-    rc = multicall.main(["--limit", "1", "--max-tokens", "8", "--threads", "1", "--target", paths["target"],
-                         "--draft", paths["draft"], "--out", str(out)])
-    assert rc == 0
-    (result,) = out.glob("*.json")
+    result = _multicall_on_tiny_models(tiny, out, "--limit", "1", "--max-tokens", "8")
     assert not list(out.glob("*.records.jsonl")) and not list(out.glob("*.tmp"))
     data = json.loads(result.read_text())
     seq = multicall.load_sequences(limit=1)[0]
@@ -825,12 +832,9 @@ def test_multicall_reload_rounds_loads_the_systems_again_in_turn(tmp_path):
     tiny = pytest.importorskip("models.tiny")
     from bench import multicall
 
-    paths = tiny.tiny_model_set(Path.home() / ".cache" / "specllm" / "test-models")
     out = tmp_path / "multicall"
-    rc = multicall.main(["--limit", "2", "--max-tokens", "4", "--threads", "1", "--target", paths["target"],
-                         "--draft", paths["draft"], "--repeat", "3", "--reload-rounds", "--out", str(out)])
-    assert rc == 0
-    (result,) = out.glob("*.json")
+    result = _multicall_on_tiny_models(tiny, out, "--limit", "2", "--max-tokens", "4", "--repeat", "3",
+                                       "--reload-rounds")
     data = json.loads(result.read_text())
     meta, records = data["meta"], data["records"]
     assert meta["reload_rounds"] and not meta["notes"]
