@@ -11,8 +11,9 @@ def linear_costs(t1, per_token, n=10):
     return [t1 + per_token * (i - 1) for i in range(1, n + 1)]
 
 
-def feed(policy, alpha, steps, rng, *, ngram=False, match=0, verify=None, draft_ms=0.0):
-    """Run the policy against a synthetic drafter whose tokens are each accepted with probability alpha."""
+def feed(policy, alpha, steps, rng, *, ngram=False, match=0, verify=None, draft_ms=0.0, shadow=False):
+    """Run the policy against a synthetic drafter whose tokens are each accepted with probability alpha.
+    shadow=True: a step that drafts nothing checks the n-gram proposal's first token for free, as the engine does."""
     ks = []
     for _ in range(steps):
         k, use_ngram = policy.choose(8, not ngram, ngram, match)
@@ -21,6 +22,8 @@ def feed(policy, alpha, steps, rng, *, ngram=False, match=0, verify=None, draft_
             n_acc += 1
         cost = verify(k + 1) if verify else 0.0
         policy.update(k, n_acc, use_ngram, draft_ms * k, cost)
+        if shadow and k == 0:
+            policy.observe_shadow(match, False, rng.random() < alpha)
         ks.append(k)
     return ks
 
@@ -81,14 +84,36 @@ def test_ngram_source_used_when_its_matches_are_good():
     assert use_ngram and k >= 2
 
 
-def test_exploration_recovers_after_acceptance_improves():
+def test_ngram_source_recovers_after_acceptance_improves():
+    # an n-gram source that stopped drafting learns from the free checks of its proposals and drafts again
     p = _core.AutoPolicy()
     costs = linear_costs(37, 20)
     p.set_verify_costs(costs)
     rng = random.Random(6)
-    feed(p, 0.0, 200, rng, ngram=True, match=4, verify=lambda n: costs[n - 1])
-    ks = feed(p, 1.0, 300, rng, ngram=True, match=4, verify=lambda n: costs[n - 1])
+    feed(p, 0.0, 200, rng, ngram=True, match=4, verify=lambda n: costs[n - 1], shadow=True)
+    ks = feed(p, 1.0, 300, rng, ngram=True, match=4, verify=lambda n: costs[n - 1], shadow=True)
     assert max(ks[-50:]) >= 3
+
+
+def test_ngram_source_is_not_explored():
+    # k = 1 could pay at high acceptance (viable), but this text's proposals are right 30% of the time: the free
+    # checks teach that, so no step pays for a try (before: a k = 1 draft every 16-512 steps)
+    p = _core.AutoPolicy()
+    costs = linear_costs(40, 30)
+    p.set_verify_costs(costs)
+    assert p.viable(_core.AutoPolicy.source_of(True, 4, False, False))
+    ks = feed(p, 0.3, 1500, random.Random(7), ngram=True, match=4, verify=lambda n: costs[n - 1], shadow=True)
+    assert ks[50:].count(0) == len(ks[50:])  # the first steps draft on the prior (0.89), then never
+
+
+def test_draft_model_is_explored():
+    # the draft model's proposals cost a draft, so nothing checks them for free: it is tried now and then
+    p = _core.AutoPolicy()
+    costs = linear_costs(40, 30)
+    p.set_verify_costs(costs)
+    p.set_draft_token_cost(1)
+    ks = feed(p, 0.3, 1500, random.Random(8), verify=lambda n: costs[n - 1], draft_ms=1)
+    assert 3 <= sum(k > 0 for k in ks) <= 60
 
 
 def test_no_ngram_match_means_no_ngram_draft():

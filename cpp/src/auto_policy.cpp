@@ -67,10 +67,6 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
                 alpha_[s][j] = prior + (text ? text_keep : keep) * (alpha_[s][j] - prior);
             }
         }
-        if (text) {
-            since_tried_[s] = 0;
-            explore_after_[s] = explore_first;
-        }
     }
 }
 
@@ -94,8 +90,6 @@ void AutoPolicy::forget_memory() {
     for (int s = source_of(true, 1, false, true); s < n_sources; ++s) { // the memory's sources come last
         alpha_[s].fill(alpha_prior_ngram[s - 1]);
         n_obs_[s].fill(0);
-        since_tried_[s] = 0;
-        explore_after_[s] = explore_first;
         drafted_[s] = false;
     }
 }
@@ -231,7 +225,10 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
                 best.first_rows = first;
             }
         }
-        if (++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) && viable(s)) {
+        // only the draft model is explored: an n-gram source's first proposal is checked for free on every step
+        // it does not draft (Engine::learn's shadow check), which is all a paid try with k = 1 would teach
+        if (s == 0 && ++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) &&
+            viable(s)) {
             explore = s;
         }
     }

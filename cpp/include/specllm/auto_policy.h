@@ -15,8 +15,9 @@
 // acceptance of the deepest tried one, so a reliable copy grows its drafts. An n-gram draft position right after
 // the end of a sentence, or at the last token of a copied message (boundary.h), counts with an estimate of its own
 // (prior 0.54, learned in each generation): prose copies seldom survive it, so a copy drafts up to a sentence end or
-// verifies up to it in a first chunk. A source that is not used is explored with k = 1 now and then, so that
-// estimates recover when the text changes.
+// verifies up to it in a first chunk. The draft model, while not used, is explored with k = 1 now and then, so
+// that its estimates recover when the text changes; an n-gram source needs no paid try: its first proposal is
+// checked for free on every step it does not draft (observe_shadow).
 #pragma once
 
 #include "specllm/policy.h"
@@ -66,7 +67,7 @@ class AutoPolicy : public DraftPolicy {
     void set_row_read_cost(double ms) { c_row_read_ = ms; }
     void forget_draft_model(); // another draft model: its acceptance and costs start over (n-gram ones stay)
     // the drafting memory was emptied or replaced (reset, clear_memory, a loaded memory): its sources' estimates go
-    // back to their priors and first exploration, as in a new process, since what they learned was about other text
+    // back to their priors, as in a new process, since what they learned was about other text
     void forget_memory();
     // a generation without the draft model (it did not pay): its acceptance moves back toward its prior, keeping
     // `keep`, so a model left out after poor prompts is tried again a few prompts later where its prior pays
@@ -109,25 +110,24 @@ class AutoPolicy : public DraftPolicy {
     double batch_shape() const { return n_shape_obs_ > 0 ? shape_ : 1.0; }
     int batch_shape_observations() const { return n_shape_obs_; }
 
-    // a new prompt. The n-gram sources over the text start again from their priors (and from their first
-    // exploration): what one text copied says little about the next, and carrying it over made a prompt's speed
-    // depend on the prompts before it. Replaying the fresh set's 64 answers (bench/results/fresh-lockstep-8) in five
-    // orders (`bench.simulate --fast --orders 5`): now a prompt's speed-up does not move; keeping 0.75 of what was
-    // learned (--text-carry 4 --text-keep 0.75) it moves by up to 0.18 (p90 0.13) for a 1% higher mean, and with
-    // the priors of before (guesses, 0.2-0.9) by up to 0.36. The priors are measured (bench.calibrate). The
-    // drafting memory's sources and the draft model keep what was learned -- the memory exists to carry earlier
-    // requests over, and a model pair's acceptance belongs to the pair -- as a prior worth at most `carry`
-    // observations per source and position. `keep` < 1 moves the memory's estimates back toward their priors
-    // (keeping that share); by default they stay as learned. The priors were measured on multi-call work (0.67-0.83
-    // at position 0), where the memory pays; on single requests a 2-token memory match is right 0.36 of the time
-    // (212 dev and holdout answers, each run's earlier answers as the memory), and pulled a quarter of the way back
-    // to 0.67 at every request, its estimate sat near 0.5, where a 7-token draft behind a 4-row first chunk still
-    // pays on paper, and such drafts failed at their first token on short answers (holdout4's translation-7: 5
-    // drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --one-policy --memory`, 8 runs, three machines'
-    // profiles): answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.02, also after a
-    // Spec-Bench run on the same policy. A memory that learned low recovers through its shadow checks (observe_shadow,
-    // on plain steps and on steps the draft model drafted; not on a grammar's forced drafts, and not at a sentence end,
-    // whose checks go to the boundary's estimate).
+    // a new prompt. The n-gram sources over the text start again from their priors: what one text copied says little
+    // about the next, and carrying it over made a prompt's speed depend on the prompts before it. Replaying the fresh
+    // set's 64 answers (bench/results/fresh-lockstep-8) in five orders (`bench.simulate --fast --orders 5`): now a
+    // prompt's speed-up does not move; keeping 0.75 of what was learned (--text-carry 4 --text-keep 0.75) it moves by
+    // up to 0.18 (p90 0.13) for a 1% higher mean, and with the priors of before (guesses, 0.2-0.9) by up to 0.36. The
+    // priors are measured (bench.calibrate). The drafting memory's sources and the draft model keep what was learned
+    // -- the memory exists to carry earlier requests over, and a model pair's acceptance belongs to the pair -- as a
+    // prior worth at most `carry` observations per source and position. `keep` < 1 moves the memory's estimates back
+    // toward their priors (keeping that share); by default they stay as learned. The priors were measured on
+    // multi-call work (0.67-0.83 at position 0), where the memory pays; on single requests a 2-token memory match is
+    // right 0.36 of the time (212 dev and holdout answers, each run's earlier answers as the memory), and pulled a
+    // quarter of the way back to 0.67 at every request, its estimate sat near 0.5, where a 7-token draft behind a
+    // 4-row first chunk still pays on paper, and such drafts failed at their first token on short answers (holdout4's
+    // translation-7: 5 drafts, 0 accepted, 0.93x). Replayed (`bench.simulate --fast --one-policy --memory`, 8 runs,
+    // three machines' profiles): answers below 0.97x 8 -> 5, 27 -> 23, 14 -> 8, multi-call requests 3+ within 0.02,
+    // also after a Spec-Bench run on the same policy. A memory that learned low recovers through its shadow checks
+    // (observe_shadow, on plain steps and on steps the draft model drafted; not on a grammar's forced drafts, and not
+    // at a sentence end, whose checks go to the boundary's estimate).
     void new_generation(int carry = default_carry, double keep = memory_keep, int text_carry = 0,
                         double text_keep = 0.0);
     static constexpr int default_carry = 4;
