@@ -807,3 +807,20 @@ def test_a_cost_per_row_read_is_counted(read_ms, drafts):
     ks = feed(p, 0.85, 400, random.Random(9), ngram=True, match=20, verify=lambda n: 37.0 + 22 * (n - 1))
     drafting = sum(k > 0 for k in ks[100:]) / len(ks[100:])
     assert drafting > 0.8 if drafts else drafting < 0.1, drafting
+
+
+def test_a_free_check_moves_the_estimate_as_a_fifth_of_a_running_mean():
+    # the prior counts as four free checks: one right check lifts a 1-2-token match's 0.73 to 0.784, not to 0.865
+    # (where a 3-token draft pays on paper with a 2-row batch costing two plain steps)
+    p = _core.AutoPolicy()
+    s = _core.AutoPolicy.source_of(True, 2, False, False)
+    prior = p.acceptance(s)[0]
+    p.observe_shadow(2, False, True)
+    assert p.acceptance(s)[0] == pytest.approx(prior + (1 - prior) / 5)
+    for _ in range(3):
+        p.observe_shadow(2, False, False)
+    assert p.acceptance(s)[0] == pytest.approx((4 * prior + 1) / 8, abs=1e-9)
+    p.set_verify_costs([38.9, 78.1, 97.3, 120.2, 143.6, 164.0, 184.7, 282.1])  # the Zen 4 VM's
+    for _ in range(2):
+        p.observe_shadow(2, False, True)
+    assert p.choose(8, False, True, 2) == (0, False)  # 0.66 after 3 of 6 right: no draft

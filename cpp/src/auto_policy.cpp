@@ -15,6 +15,12 @@ constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
 constexpr double alpha_prior_model = 0.6;
+// a free check (observe_shadow) moves position 0's estimate of a text source as a running mean in which the prior
+// counts as this many checks (a drafted outcome: as one, learn_rate; the memory's sources: as one, beside the record
+// they carry from earlier requests). Counted as one, a single right check lifted a 1-2-token match from
+// 0.73 to 0.86, where on a CPU with dear short batches a 3-token draft pays on paper; drafted just after such lifts,
+// these drafts failed at their first token far more often than the estimate said (bench/README, 2026-12-06)
+constexpr double shadow_prior_weight = 4.0;
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
@@ -347,7 +353,8 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
     }
     const int s = source_of(true, ngram_match, doubtful, memory);
     observe_text(s, would_accept);
-    const double w = learn_rate(s, 0);
+    const bool text = s <= 2 * n_buckets; // the memory's sources carry their record instead (new_generation's carry)
+    const double w = std::max(ema_alpha, 1.0 / (++n_obs_[s][0] + (text ? shadow_prior_weight : 1.0)));
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {
         alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][0];
