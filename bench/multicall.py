@@ -55,7 +55,8 @@ REPO = Path(__file__).resolve().parent.parent
 MULTICALL_PATH = REPO / "bench" / "prompts" / "multicall.jsonl"
 # written on 2026-11-28, after every policy change so far, to check the memory on sequences it was never tuned on
 MULTICALL2_PATH = REPO / "bench" / "prompts" / "multicall2.jsonl"
-PROMPT_SETS = {"multicall": MULTICALL_PATH, "multicall2": MULTICALL2_PATH}
+MULTICALL3_PATH = REPO / "bench" / "prompts" / "multicall3.jsonl"  # written 2026-12-06 (stop 59), only to check
+PROMPT_SETS = {"multicall": MULTICALL_PATH, "multicall2": MULTICALL2_PATH, "multicall3": MULTICALL3_PATH}
 KINDS = ("json_records", "tool_calls", "pytest_style", "edit_session", "chat_restates", "docstrings")
 MODES = ("independent", "conversation")
 FIRST = 2  # requests 1-2 of a sequence: the memory has little to offer yet; 3+ is where it should pay

@@ -285,7 +285,8 @@ def test_fresh_prompts():
                                                         ("holdout2", tasks.HOLDOUT2_PATH, 3),
                                                         ("holdout3", tasks.HOLDOUT3_PATH, 3),
                                                         ("holdout4", tasks.HOLDOUT4_PATH, 8),
-                                                        ("holdout5", tasks.HOLDOUT5_PATH, 8)])
+                                                        ("holdout5", tasks.HOLDOUT5_PATH, 8),
+                                                        ("holdout6", tasks.HOLDOUT6_PATH, 8)])
 def test_holdout_prompts(prompt_set, path, per_task):
     # the sets written later, to check on prompts the policy was never tuned on: whole, sourced, long where Spec-Bench
     # is long, and sharing no text with the sets written before them
@@ -300,8 +301,9 @@ def test_holdout_prompts(prompt_set, path, per_task):
         assert len(p.turns) == (2 if p.task == "multi_turn" else 1) and all(t.strip() for t in p.turns), p.id
         assert len(p.turns[0]) >= FRESH_MIN_CHARS.get(p.task, 1), (p.id, len(p.turns[0]))
         assert p.task != "code" or p.turns[0].startswith("Complete the following Python function."), p.id
-    earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH, tasks.HOLDOUT4_PATH][
-        :{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4, "holdout5": 5}[prompt_set]]
+    earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH, tasks.HOLDOUT4_PATH,
+               tasks.HOLDOUT5_PATH][:{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4, "holdout5": 5,
+                                      "holdout6": 6}[prompt_set]]
     seen = []
     for other in earlier:
         with open(other, encoding="utf-8") as f:
@@ -705,7 +707,7 @@ def test_repeat_must_be_positive(capsys):
     assert run.parse_args(["--repeat", "3"]).repeat == 3
 
 
-@pytest.mark.parametrize("name", ["multicall", "multicall2"])
+@pytest.mark.parametrize("name", ["multicall", "multicall2", "multicall3"])
 def test_multicall_sequences(name):
     from bench import multicall
 
@@ -748,26 +750,28 @@ def test_multicall_sequences(name):
     assert multicall.llm_kwargs("plain", "d.gguf", None) == {"draft": None, "memory_tokens": 0}
 
 
-def test_multicall2_is_new():
-    # the second set checks the memory on work it was never tuned on: no sequence id, no quoted function and no
-    # 120-character passage of the first set again (requests and system messages). One source file is in both:
-    # packaging/utils.py (the first set quotes canonicalize_name, the second is_normalized_name)
+@pytest.mark.parametrize("older,newer", [("multicall", "multicall2"), ("multicall", "multicall3"),
+                                         ("multicall2", "multicall3")])
+def test_each_multicall_set_is_new(older, newer):
+    # a later set checks the memory on work it was never tuned on: no sequence id, no quoted function and no
+    # 120-character passage of an earlier set again (requests and system messages). One source file is in the first
+    # two: packaging/utils.py (the first set quotes canonicalize_name, the second is_normalized_name)
     import re
 
     from bench import multicall
 
-    first, second = (multicall.load_sequences(multicall.PROMPT_SETS[n]) for n in ("multicall", "multicall2"))
+    first, second = (multicall.load_sequences(multicall.PROMPT_SETS[n]) for n in (older, newer))
     assert not {s.id for s in first} & {s.id for s in second}
     texts = {n: [r for s in seqs for r in s.requests + [s.system or ""]] for n, seqs in (("1", first), ("2", second))}
     seen = {t[i:i + 120] for t in texts["1"] for i in range(len(t) - 119)}
     shared = [t[i:i + 120] for t in texts["2"] for i in range(len(t) - 119) if t[i:i + 120] in seen]
     assert not shared, shared[:3]
     files = [set(re.findall(r"[\w/]+\.py", " ".join(s.source for s in seqs))) for seqs in (first, second)]
-    assert files[0] & files[1] == {"packaging/utils.py"}
+    assert files[0] & files[1] == ({"packaging/utils.py"} if newer == "multicall2" else set())
     defs = [set(re.findall(r"^def (\w+)", "\n".join(t), re.M)) for t in (texts["1"], texts["2"])]
     assert len(defs[1]) >= 12 and not defs[0] & defs[1]
     with pytest.raises(SystemExit):
-        multicall.parse_args(["--prompts", "multicall3"])
+        multicall.parse_args(["--prompts", "multicall4"])
 
 
 def _multicall_on_tiny_models(tiny, out, *args):
