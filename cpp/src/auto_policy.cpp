@@ -10,7 +10,7 @@ namespace specllm {
 
 namespace {
 constexpr double ema_alpha = 0.05;   // weight of a new acceptance observation
-constexpr int explore_first = 16;    // plain steps after which an unused source is tried with k = 1 ...
+constexpr int explore_first = 16;    // plain steps after which an unused draft model is tried with k = 1 ...
 constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
@@ -44,13 +44,13 @@ AutoPolicy::AutoPolicy() {
         const double prior = s == 0 ? alpha_prior_model : alpha_prior_ngram[s - 1];
         alpha_[s].fill(prior);
     }
-    explore_after_.fill(explore_first);
+    model_explore_after_ = explore_first;
 }
 
-double AutoPolicy::learn_rate(int s, int j) {
-    // a running mean while observations are few (the prior counts as one), then an EMA that can follow change
+double AutoPolicy::learn_rate(int s, int j, double prior_weight) {
+    // a running mean while observations are few (the prior counts as prior_weight), then an EMA that can follow change
     const int n = ++n_obs_[s][j];
-    return std::max(ema_alpha, 1.0 / (n + 1));
+    return std::max(ema_alpha, 1.0 / (n + prior_weight));
 }
 
 void AutoPolicy::new_generation(int carry, double keep, int text_carry, double text_keep) {
@@ -86,8 +86,8 @@ void AutoPolicy::left_out_draft_model(double keep) {
 void AutoPolicy::forget_draft_model() {
     alpha_[0].fill(alpha_prior_model);
     n_obs_[0].fill(0);
-    since_tried_[0] = 0;
-    explore_after_[0] = explore_first;
+    model_idle_ = 0;
+    model_explore_after_ = explore_first;
     c_model_ = 0.0;
     c_catchup_ = 0.0;
 }
@@ -233,7 +233,7 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         }
         // only the draft model is explored: an n-gram source's first proposal is checked for free on every step
         // it does not draft (Engine::learn's shadow check), which is all a paid try with k = 1 would teach
-        if (s == 0 && ++since_tried_[s] > explore_after_[s] && k_cap > 0 && catchup <= 2.0 * cost_verify(1) &&
+        if (s == 0 && ++model_idle_ > model_explore_after_ && k_cap > 0 && catchup <= 2.0 * cost_verify(1) &&
             viable(s)) {
             explore = s;
         }
@@ -254,10 +254,10 @@ Choice AutoPolicy::choose(const StepContext & ctx) {
         }
     }
     last_first_ = best.first_rows;
-    if (best.k > 0) {
-        since_tried_[last_source_] = 0;
+    if (best.k > 0 && last_source_ == 0) {
+        model_idle_ = 0;
         if (!exploring_) {
-            explore_after_[last_source_] = explore_first;
+            model_explore_after_ = explore_first;
         }
     }
     return best;
@@ -302,7 +302,7 @@ void AutoPolicy::update(const StepOutcome & o) {
         observe_text(s, o.n_accepted > 0);
     }
     if (exploring_) { // a failed try makes the next one come later, a successful one sooner
-        int & after = explore_after_[s];
+        int & after = model_explore_after_; // only the draft model is explored
         after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);
     }
     // the draft model's costs are kept over the level, as T(n) is: a machine that runs slower now drafts slower too
@@ -354,7 +354,7 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
     const int s = source_of(true, ngram_match, doubtful, memory);
     observe_text(s, would_accept);
     const bool text = s <= 2 * n_buckets; // the memory's sources carry their record instead (new_generation's carry)
-    const double w = std::max(ema_alpha, 1.0 / (++n_obs_[s][0] + (text ? shadow_prior_weight : 1.0)));
+    const double w = learn_rate(s, 0, text ? shadow_prior_weight : 1.0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {
         alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][0];

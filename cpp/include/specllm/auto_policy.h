@@ -172,7 +172,7 @@ class AutoPolicy : public DraftPolicy {
     int decoded_rows(int n) const { return one_batch() && n > 1 ? padded_rows(n) : n; }
     bool one_batch() const { return verify_rows_ == 0 || verify_rows_ > n_max; } // not exact mode's chunks
     bool beats_plain(int source, const double * alpha) const; // some k in 1..k_limit beats plain by the margin
-    double learn_rate(int source, int pos);
+    double learn_rate(int source, int pos, double prior_weight = 1.0);
     double cost_draft(int source, int k) const;
     double cost_catchup(int lag) const; // ms for the draft model to decode `lag` tokens before drafting
     // profiled ms to decode n_rows verify rows in chunks (unscaled), the first chunk of `first` rows if > 0
@@ -214,7 +214,7 @@ class AutoPolicy : public DraftPolicy {
     double context_extra(int n) const;                         // ms the context adds to a batch of n rows
     std::array<std::array<double, n_max>, n_sources> alpha_{}; // per source and draft position
     std::array<std::array<int, n_max>, n_sources> n_obs_{};    // observations per source and position
-    std::array<int, n_sources> since_tried_{};                 // steps since the source last drafted
+    int model_idle_ = 0;                                       // steps since the draft model last drafted
     double alpha_boundary_ = alpha_prior_boundary;             // see alpha_prior_boundary
     double alpha_forced_ = alpha_prior_forced;                 // see forced_choice
     int n_forced_obs_ = 0;
@@ -223,7 +223,7 @@ class AutoPolicy : public DraftPolicy {
     // planning_alpha with the boundary's estimate at position `boundary` of an n-gram source
     std::array<double, n_max> step_alpha(int source, int boundary) const;
     void observe_boundary(bool accepted);
-    std::array<int, n_sources> explore_after_{};               // plain steps before the next exploration
+    int model_explore_after_ = 0;                              // its plain steps before the next exploration
     bool exploring_ = false;
     double c_model_ = 0.0;   // ms per draft-model token over the level (0 = unknown yet)
     double c_catchup_ = 0.0; // ms per token of a catch-up batch over the level (0 = unknown)
