@@ -192,6 +192,52 @@ def test_a_grammar_with_ignore_eos_is_refused(tiny, make_llm):
         llm.generate("Hello", max_tokens=4, grammar=GRAMMAR, ignore_eos=True)
 
 
+ODD = ["C:\\dir", 'say "hi"', "\u0000nul", "\\u0041", "tab\there", "\u0001"]
+
+
+def test_literals_with_backslashes_quotes_and_control_characters_give_the_json_they_name(tiny, make_llm):
+    r"""llama-cpp-python's converter did not escape a backslash in a literal: enum "C:\\dir" came out as "C:\dir"
+    (invalid JSON), "\\u0000" as a raw NUL that cut the output, and a '"' in a property's name made GBNF that did not
+    parse (json_schema.py, as llama.cpp's C++ converter)."""
+    llm = make_llm(tiny["target"])
+    enum = specllm.grammar.json({"enum": ODD})
+    names = {"type": "object", "properties": {"a\\b": {"type": "integer"}, 'q"x': {"const": "C:\\"}},
+             "required": ["a\\b", 'q"x'], "additionalProperties": False}
+    seen = set()
+    for seed in range(8):
+        out = llm.generate(PROMPTS[seed % 3], max_tokens=40, grammar=enum, temperature=1.0, seed=seed)
+        assert out.finish_reason == "stop" and json.loads(out.text) in ODD, out.text
+        seen.add(json.loads(out.text))
+        obj = json.loads(llm.generate(PROMPTS[0], max_tokens=60, grammar=specllm.grammar.json(names),
+                                      temperature=1.0, seed=seed).text)
+        assert set(obj) == {"a\\b", 'q"x'} and type(obj["a\\b"]) is int and obj['q"x'] == "C:\\", obj
+    assert len(seen) > 1
+
+
+def test_a_schema_that_allows_anything_allows_any_json_value(tiny, make_llm):
+    """{} (pydantic's Any), true, or a schema of annotations only: any JSON value, as llama.cpp's C++ converter has
+    it. The Python port made it an object, and refused list[Any] ({"type": "array", "items": {}}: KeyError
+    'prefixItems'); false allows nothing and says so."""
+    llm = make_llm(tiny["target"])
+    lists = specllm.grammar.json({"type": "array", "items": {}, "minItems": 1})
+    anything = specllm.grammar.json({"type": "object", "properties": {"x": {"description": "anything"}, "y": True},
+                                     "required": ["x", "y"], "additionalProperties": False})
+    kinds, ended = set(), 0
+    for seed in range(8):
+        value = json.loads(llm.generate(PROMPTS[1], max_tokens=200, grammar=lists, temperature=1.0, seed=seed).text)
+        assert isinstance(value, list) and len(value) >= 1, value
+        out = llm.generate(PROMPTS[2], max_tokens=200, grammar=anything, temperature=1.0, seed=seed)
+        if out.finish_reason == "length":  # a random model's long string
+            continue
+        obj, ended = json.loads(out.text), ended + 1
+        assert set(obj) == {"x", "y"}, obj
+        kinds |= {type(v).__name__ for v in value + [obj["x"], obj["y"]]}
+    assert ended >= 4 and len(kinds - {"dict"}) >= 2, (ended, kinds)  # not only objects
+    assert "root ::= value" in specllm.grammar.json(True).splitlines()
+    with pytest.raises(InvalidOptionError, match="false: no JSON value matches it"):
+        specllm.grammar.json({"type": "object", "properties": {"x": False}})
+
+
 @pytest.mark.parametrize("schema, words", [
     ("{not json", "not JSON"), ([1, 2], "object"), ({"type": "object", "properties": 5}, "cannot be turned"),
     ({"$ref": "#/definitions/missing"}, r"\$ref '#/definitions/missing' points to nothing"),

@@ -209,6 +209,27 @@ def test_a_tool_schema_the_converter_cannot_express_lets_its_arguments_be_any_ob
     assert tools.call_grammar("none", [odd]) == tools.call_grammar("auto", []) == (None, {})
 
 
+def test_a_forced_calls_arguments_with_backslashes_and_any_values_parse(tiny, make_llm):
+    """Arguments from a schema with a backslash in an enum and pydantic's list[Any] ({"items": {}}): a call whose
+    JSON parses (the converter once wrote "C:\\dir" as invalid JSON, so the reply came back as text with no call, and
+    list[Any] fell back to any object, losing the required properties)."""
+    tool = {"type": "function", "function": {"name": "open_dir", "parameters": {
+        "type": "object", "properties": {"path": {"enum": ["C:\\dir", "D:\\x\\y"]}, "extra": {"type": "array", "items": {}}},
+        "required": ["path", "extra"], "additionalProperties": False}}}
+    opening, (rules, _) = tools.forced_opening("required", [tool]), tools.call_grammar("required", [tool])
+    assert "arguments-0-any" not in rules
+    llm, done = make_llm(tiny["target"]), 0
+    for seed in range(6):
+        c = llm.generate("Hello world" + opening, max_tokens=200, grammar=rules, temperature=1.0, seed=seed)
+        if c.finish_reason == "length":  # a random model's long string
+            continue
+        text, calls = tools.parse(opening + c.text, ["open_dir"], strict=True)
+        args = json.loads(calls[0]["function"]["arguments"])
+        assert text == "" and args["path"] in ("C:\\dir", "D:\\x\\y") and isinstance(args["extra"], list), c.text
+        done += 1
+    assert done >= 3
+
+
 def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_call_follows_the_schemas(
         tiny, make_llm):
     """tool_choice "auto": a lazy grammar (as llama-server's) from "<tool_call>" on. The random tiny model never

@@ -3,7 +3,8 @@ the grammar as they are verified, so drafting goes on as before: a draft is cut 
 forbids, and greedy output is the constrained greedy output (cpp/include/specllm/grammar.h).
 
 JSON and JSON Schema become GBNF through llama-cpp-python's converter (llama.cpp's json-schema-to-grammar, the one
-llama-cpp-python's server uses): the same rules users of llama.cpp get, no second converter to keep in step."""
+llama-cpp-python's server uses), with the few places where it parts from llama.cpp's C++ converter mended
+(json_schema.py): the same rules users of llama.cpp get."""
 from __future__ import annotations
 
 import json as _json
@@ -17,7 +18,9 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
     """GBNF for a JSON object (schema None, as OpenAI's response_format {"type": "json_object"}), or for JSON
     following `schema` (a JSON Schema as a dict, or as JSON text). InvalidOptionError when the schema is not JSON or
     uses what the converter cannot express."""
-    from llama_cpp import llama_grammar  # the converter; loads the libllama this package already uses
+    from llama_cpp import llama_grammar  # loads the libllama this package already uses
+
+    from . import json_schema
 
     if schema is None:
         return llama_grammar.JSON_GBNF
@@ -30,7 +33,7 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
         raise InvalidOptionError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")
     _check_counts(schema, "schema")
     try:
-        return llama_grammar.json_schema_to_gbnf(_json.dumps(_inline_root_ref(schema)))
+        return json_schema.to_gbnf(_inline_root_ref(schema))
     except RecursionError:
         raise InvalidOptionError("the JSON schema nests deeper than the converter can follow; flatten it") from None
     except Exception as e:  # the converter raises what it meets: ValueError, KeyError, AssertionError, ...

@@ -71,6 +71,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope = json_content_type(scope)
         path = scope.get("path", "")
         endpoint = path if path in KNOWN_PATHS else "other"
         status = {}
@@ -105,6 +106,22 @@ class BodyLimit:
                 await too_big(scope, receive, counting_send)
 
         await self.app(scope, counting_receive, replacing_send)
+
+
+def json_content_type(scope: dict) -> dict:
+    """The scope of a POST from a client that is not a browser (no Origin header) with its body read as JSON whatever
+    its Content-Type says, as llama-server and Ollama read it: `curl URL -d '{...}'` (Ollama's README) sends
+    application/x-www-form-urlencoded, which FastAPI would not parse ("Input should be a valid dictionary"). A
+    browser's request keeps its own type, so a page cannot make one that skips CORS's preflight (text/plain) count."""
+    if scope.get("method") != "POST":
+        return scope
+    headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+    if any(k == b"origin" for k, _ in headers):
+        return scope
+    given = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
+    if given == b"application/json" or given.endswith(b"+json"):
+        return scope
+    return dict(scope, headers=headers + [(b"content-type", b"application/json")])
 
 
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",

@@ -49,6 +49,17 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
+def json_text(value) -> str:
+    """JSON text for a stream's event or line, non-ASCII as itself; with \\u escapes where a string holds a lone
+    surrogate (as SafeJSONResponse), which has no UTF-8 form and cut the stream off mid-answer."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
                    503: "overloaded_error"}

@@ -26,7 +26,7 @@ from sse_starlette.sse import EventSourceResponse
 from . import protocol as p
 from . import jobs, routes
 from . import tools as tool_calls
-from .errors import APIError, SafeJSONResponse
+from .errors import APIError, SafeJSONResponse, json_text
 from .protocol import _Request
 
 router = APIRouter()
@@ -102,7 +102,7 @@ def _message(m: dict, i: int) -> List[dict]:
             if not isinstance(args, dict):
                 raise _bad(f"messages[{i}].content[{j}].input must be an object", f"{at}.input")
             calls.append({"id": b["id"], "type": "function",
-                          "function": {"name": b["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+                          "function": {"name": b["name"], "arguments": json_text(args)}})
         elif kind == "tool_result" and role == "user":
             if not isinstance(b.get("tool_use_id"), str):
                 raise _bad(f"messages[{i}].content[{j}] (a tool_result block) needs tool_use_id", f"{at}.tool_use_id")
@@ -256,7 +256,7 @@ async def _events(request: Request, job, head: dict, prepared: routes.Chat, req:
     state, t0 = request.app.state.specllm, time.monotonic()
 
     def event(kind: str, **fields) -> dict:
-        return {"event": kind, "data": json.dumps({"type": kind, **fields}, ensure_ascii=False)}
+        return {"event": kind, "data": json_text({"type": kind, **fields})}
 
     held = tool_calls.reply_stream(prepared.tools, prepared.forced)
     texts, tokens, index = [], [], 0  # index: the next content block's
@@ -289,7 +289,7 @@ async def _events(request: Request, job, head: dict, prepared: routes.Chat, req:
             for block in map(_tool_use, calls):
                 yield event("content_block_start", index=index, content_block=dict(block, input={}))
                 yield event("content_block_delta", index=index, delta={
-                    "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})
+                    "type": "input_json_delta", "partial_json": json_text(block["input"])})
                 yield event("content_block_stop", index=index)
                 index += 1
             reason, sequence = _stop(state, value.finish_reason, calls, tokens, req.stop_sequences)

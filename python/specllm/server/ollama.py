@@ -30,7 +30,7 @@ from . import embeddings, jobs
 from . import protocol as p
 from . import routes
 from . import tools as tool_calls
-from .errors import UNION_TAG, APIError, SafeJSONResponse
+from .errors import UNION_TAG, APIError, SafeJSONResponse, json_text
 from .protocol import _Request
 
 router = APIRouter()
@@ -202,11 +202,10 @@ async def _answer(request: Request, state, t0, job, req: _Common, prepared, piec
                 done = value.finish_reason is not None
                 text, calls = held.pass_on(value.text, done) if held else (value.text, [])
                 if text or calls:
-                    yield json.dumps(dict({"model": model, "created_at": _now(), "done": False},
-                                          **piece(text, calls)), ensure_ascii=False) + "\n"
+                    yield json_text(dict({"model": model, "created_at": _now(), "done": False},
+                                        **piece(text, calls))) + "\n"
                 if done:
-                    yield json.dumps(dict(_final(state, model, value, job, t0, draft_length), **piece("", [])),
-                                     ensure_ascii=False) + "\n"
+                    yield json_text(dict(_final(state, model, value, job, t0, draft_length), **piece("", []))) + "\n"
         finally:
             watcher.cancel()
             job.cancel()
@@ -250,7 +249,10 @@ def _generate_prompt(state, req: GenerateRequest) -> tuple:
         except (InvalidOptionError, TypeError) as e:
             raise _bad(str(e), "suffix") from None
     elif req.raw or not state.llm.chat_template:
-        tokens = state.llm.prompt_tokens(req.prompt)
+        try:
+            tokens = state.llm.prompt_tokens(req.prompt)
+        except (InvalidOptionError, TypeError) as e:  # a lone surrogate: text with no UTF-8 form
+            raise _bad(str(e), "prompt") from None
     else:
         messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
             {"role": "user", "content": req.prompt}]

@@ -23,7 +23,7 @@ from sse_starlette.sse import EventSourceResponse
 from . import protocol as p
 from . import jobs, routes
 from . import tools as tool_calls
-from .errors import APIError, SafeJSONResponse
+from .errors import APIError, SafeJSONResponse, json_text
 from .response_store import ResponseStore
 from .responses_request import ResponsesRequest, bad, chat_request, conversation_of
 
@@ -166,8 +166,7 @@ async def _events(request: Request, job, answer: Answer, prepared: routes.Chat, 
     numbers = itertools.count()
 
     def event(kind: str, **fields) -> dict:
-        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": next(numbers), **fields},
-                                                  ensure_ascii=False)}
+        return {"event": kind, "data": json_text({"type": kind, "sequence_number": next(numbers), **fields})}
 
     held = tool_calls.reply_stream(prepared.tools, prepared.forced)
     texts: List[str] = []

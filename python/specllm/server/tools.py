@@ -19,6 +19,8 @@ import re
 import uuid
 from typing import List, Optional, Tuple
 
+from .errors import json_text
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 
@@ -77,7 +79,7 @@ def _call(body: str, names=None) -> Optional[dict]:
     if not isinstance(args, dict):
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+            "function": {"name": obj["name"], "arguments": json_text(args)}}
 
 
 def forced_opening(tool_choice, tools: Optional[list]) -> str:
@@ -120,9 +122,9 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
     if not tools or tool_choice == "none":
         return None, {}
     opening = forced_opening(tool_choice, tools)
-    from llama_cpp import llama_grammar  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
+    from .. import json_schema  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
 
-    conv = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    conv = json_schema.Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     fns = {}
     for t in tools:
         fn = t.get("function") if isinstance(t, dict) else None
@@ -134,8 +136,8 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
     def arguments(i: int, fn: dict) -> str:
         schema = copy.deepcopy(fn.get("parameters"))  # resolve_refs rewrites $refs in place: not the request's
         try:
-            schema = conv.resolve_refs(schema if isinstance(schema, dict) and schema else {"type": "object"},
-                                       f"tool-{i}")
+            schema = conv.resolve_refs(schema if isinstance(schema, dict) and not json_schema.allows_anything(schema)
+                                       else {"type": "object"}, f"tool-{i}")
             return conv.visit(schema, f"arguments-{i}")
         except Exception:  # what the converter cannot express (it raises what it meets)
             return conv.visit({"type": "object"}, f"arguments-{i}-any")

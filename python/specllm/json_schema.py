@@ -1,0 +1,57 @@
+"""JSON Schema -> GBNF: llama-cpp-python's converter (a Python port of llama.cpp's json-schema-to-grammar) with three
+places mended where it parts from llama.cpp's C++ converter, which llama-server uses:
+
+- a literal's backslash is escaped. The port escapes only CR, LF and '"', so a schema's "C:\\dir" (enum, const, a
+  property's name) came out as `"C:\\dir"` in GBNF, which llama.cpp reads as `"C:\\dir"` with one backslash: invalid
+  JSON, a \\u0000 escape became a raw NUL that cut the output, and a '"' in a property's name made the grammar
+  unparsable;
+- a schema that allows anything ({} or true, or one with only annotations such as a description: pydantic's Any)
+  is any JSON value, where the port made it an object, so `list[Any]` ({"type": "array", "items": {}}) failed with
+  KeyError 'prefixItems' and additional properties had to be objects;
+- a schema of false is refused with a message, not an AttributeError.
+
+Imported on first use (it loads llama_cpp, and so the libllama this package already uses)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from llama_cpp import llama_grammar
+
+# keys that say nothing about which values match
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
+                         "readOnly", "writeOnly"})
+_LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')  # llama.cpp's GRAMMAR_LITERAL_ESCAPE_RE
+_LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
+
+
+def allows_anything(schema: Any) -> bool:
+    return schema is True or (isinstance(schema, dict) and not schema.keys() - ANNOTATIONS)
+
+
+class Converter(llama_grammar.SchemaConverter):
+    def _format_literal(self, literal: str) -> str:
+        return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
+
+    def visit(self, schema, name):
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        if schema is False:
+            raise ValueError(f"the schema at {name or 'the root'} is false: no JSON value matches it")
+        if allows_anything(schema):
+            return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
+        if isinstance(schema, dict) and schema.get("type") in (None, "array") and "items" in schema \
+                and allows_anything(schema["items"]):
+            item = self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])
+            return self._add_rule(rule_name, '"[" space ' + llama_grammar._build_repetition(
+                item, schema.get("minItems", 0), schema.get("maxItems"), separator_rule='"," space') + ' "]" space')
+        return super().visit(schema, name)
+
+
+def to_gbnf(schema: Any) -> str:
+    """GBNF for a JSON Schema (a dict, true or false), as llama_grammar.json_schema_to_gbnf makes it but with the
+    converter above. Raises what the converter raises (ValueError, KeyError, ...) for what it cannot express."""
+    converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    schema = converter.resolve_refs(json.loads(json.dumps(schema)), "stdin")
+    converter.visit(schema, "")
+    return converter.format_grammar()
