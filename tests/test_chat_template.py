@@ -47,6 +47,8 @@ def test_a_template_that_refuses_the_conversation_is_a_typed_error(llm):
     ("{{ messages[5]['content'] }}", "failed on these messages"),
     ("{{ messages.__class__.__mro__ }}", "failed on these messages"),  # the sandbox: no attribute escapes
     ("{{ ''.__class__.__subclasses__() }}", "failed on these messages"),
+    ("{{ 1/0 }}", "failed on these messages"),  # ZeroDivisionError escaped
+    ("{% for i in range(10**9) %}x{% endfor %}", "failed on these messages"),  # the sandbox's OverflowError
 ])
 def test_a_broken_or_unsafe_template_is_a_typed_error(llm, tmpl, match):
     with pytest.raises(specllm.InvalidOptionError, match=match):

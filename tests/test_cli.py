@@ -488,6 +488,29 @@ def session(tiny, **kw):
     return ChatSession(tiny["target"], tiny["draft"], llm_options=options, **kw)
 
 
+def test_a_saved_conversation_with_text_no_reply_could_send_is_refused_at_load(tiny, tmp_path):
+    """A "\\udce9" escape (a lone surrogate) in a conversation file: load() took it, every reply then failed and
+    /save died with UnicodeEncodeError, leaving a temporary file; so did a deeply nested file (RecursionError)."""
+    s = session(tiny)
+    s.reply("hi")
+    before = list(s.turns)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"messages": [{"role": "user", "content": "caf\\udce9"}, {"role": "assistant", "content": "ok"}]}')
+    with pytest.raises(specllm.InvalidOptionError, match=r"bad\.json: message 1 is not valid Unicode"):
+        s.load(bad)
+    bad.write_text('{"system": "x\\ud800", "messages": []}')
+    with pytest.raises(specllm.InvalidOptionError, match="the system prompt is not valid Unicode"):
+        s.load(bad)
+    bad.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(specllm.InvalidOptionError, match="not a saved conversation"):
+        s.load(bad)
+    assert s.turns == before  # unchanged by every failed load
+    with pytest.raises(specllm.InvalidOptionError, match="the system prompt is not valid Unicode"):
+        s.system = "x\udce9"
+    s.save(tmp_path / "ok.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "ok.json"]
+
+
 def test_a_stopped_reply_is_kept_and_its_prefix_reused(tiny):
     s = session(tiny)
     r = s.reply("hi", stop_requested=lambda: True)

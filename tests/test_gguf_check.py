@@ -200,6 +200,8 @@ def test_the_llm_refuses_before_llama_cpp_sees_the_file(tiny, tmp_path, base, ma
         llm.set_draft(str(bad))
     assert llm.draft_path == before  # the old drafter stays
     assert llm.generate("Hello", max_tokens=4, draft_length=2).stats.n_generated == 4
+    with pytest.raises(ModelLoadError, match=r"block_count is 0"):  # an embedding model too (it aborted)
+        make_llm(tiny["target"], embedding_model=str(bad))
 
 
 @pytest.mark.real

@@ -250,6 +250,7 @@ def test_a_schema_that_allows_anything_allows_any_json_value(tiny, make_llm):
     ({"type": "object", "properties": {"a": {"type": "array", "maxItems": 2001}}}, r"properties\.a\.maxItems"),
     ({"type": "string", "pattern": "^x{1,5000}$"}, "repeats"),
     (json.loads('{"not": ' * 300 + "{}" + "}" * 300), "more than 200 levels"),
+    ("[" * 100000 + "]" * 100000, "not JSON"),  # RecursionError escaped
 ])
 def test_bad_json_schemas_are_typed_errors(schema, words):
     with pytest.raises(InvalidOptionError, match=words):

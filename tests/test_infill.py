@@ -74,6 +74,20 @@ def test_generate_with_a_suffix_fills_the_middle_and_drafts_like_any_prompt(fim,
     assert streamed == got.text
 
 
+def test_specllm_generate_passes_suffix_to_the_generation(fim, make_llm):
+    """specllm.generate splits its keywords between LLM(...) and LLM.generate: suffix went to LLM(...) (TypeError)."""
+    import inspect
+
+    from specllm.options import GENERATE_KEYS, make_options
+
+    plain = make_llm(fim["target"])
+    want = plain.generate(PREFIX, suffix=SUFFIX, max_tokens=12)
+    got = specllm.generate(PREFIX, model=str(fim["target"]), draft=None, suffix=SUFFIX, max_tokens=12, n_threads=1,
+                           n_ctx=512, profile_costs=False)
+    assert got.tokens == want.tokens
+    assert set(inspect.signature(make_options).parameters) | {"suffix"} <= GENERATE_KEYS  # every generate keyword
+
+
 def test_bad_input(fim, tiny, make_llm):
     with pytest.raises(specllm.InvalidOptionError, match="suffix .*FIM tokens"):
         make_llm(tiny["target"]).generate("def f():", suffix="\n", max_tokens=4)  # no FIM tokens

@@ -178,6 +178,8 @@ def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
         "header.bin": (data.replace(b'"n_tokens"', b'"n_tokenz"'), "header is damaged"),
         "version.bin": (data.replace(b'"version": 1', b'"version": 9'), "version 9"),
         "ids.bin": (data[:-4] + (10**6).to_bytes(4, "little"), "outside the vocabulary"),
+        "huge.bin": (data.replace(b'"n_tokens": ', b'"n_tokens": 1e999, "x": '), "header is damaged"),  # OverflowError
+        "deep.bin": (specllm.memory.MAGIC + b"[" * 100000 + b"]" * 100000 + b"\n", "header is damaged"),
     }
     before = llm._engine.memory()
     for name, (content, message) in cases.items():
@@ -196,6 +198,30 @@ def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
         llm.save_memory(tmp_path / "no-such-dir" / "m.bin")
     assert not any(p.name.startswith("m.bin") for p in tmp_path.rglob("*"))
     assert issubclass(specllm.MemoryFileError, ValueError)
+
+
+def test_saves_from_two_threads_at_once_leave_one_whole_file(tmp_path):
+    """The temporary file was named by the process alone: two threads saving to one path wrote into the same
+    temporary file and left a truncated memory (or raised FileNotFoundError)."""
+    import threading
+
+    path, errors = str(tmp_path / "m.bin"), []
+    lists = {n: [n] * (200_000 * n) for n in (5, 7)}
+
+    def save(n):
+        try:
+            for _ in range(6):
+                specllm.memory.save(path, lists[n], 299, "x")
+        except Exception as e:  # noqa: BLE001 - what the test is about
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in lists]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and specllm.memory.load(path, 299) in lists.values()
+    assert [p.name for p in tmp_path.iterdir()] == ["m.bin"]
 
 
 # --- memory_file: the memory kept in a file across processes

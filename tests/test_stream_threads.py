@@ -134,3 +134,71 @@ def test_a_dropped_stream_frees_the_llm(llm):
     t0 = time.monotonic()
     llm.generate(PROMPT, max_tokens=4)
     assert time.monotonic() - t0 < 0.4
+
+
+EXIT_SCRIPT = """
+import atexit, sys, threading
+import specllm
+
+seen = []
+atexit.register(lambda: print("at exit, after specllm's hook:", seen[0].finish_reason if seen else "no stream",
+                              flush=True))  # registered first, so it runs after the LLM's own hook
+llm = specllm.LLM(sys.argv[1], "ngram", n_threads=1, n_ctx=2048, profile_costs=False)
+started = threading.Event()
+
+def run():
+    s = llm.stream("once upon a time " * 20, max_tokens=1500)
+    seen.append(s)
+    for _ in s:
+        started.set()
+
+threading.Thread(target=run, daemon=True).start()
+assert started.wait(60)
+print("main returns while the daemon generates", flush=True)
+"""
+
+
+def test_exiting_while_a_daemon_thread_generates_cancels_it_first(tiny, tmp_path):
+    """A daemon thread inside llama.cpp when Python finalizes is ended by Python in a way C++ cannot unwind: the
+    process aborted at times (or ggml printed its crash backtrace after exit). At exit the LLM's hook cancels the
+    running generation and waits for it to leave llama.cpp: the stream has ended, as "cancelled", before the
+    interpreter goes on."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    for _ in range(2):
+        p = subprocess.run([sys.executable, str(script), tiny["slow"]], capture_output=True, text=True, timeout=120,
+                           env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "at exit, after specllm's hook: cancelled" in p.stdout, p.stdout + p.stderr[-2000:]
+        assert "ptrace" not in p.stderr and "terminate" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_stream_whose_start_fails_reports_nothing_of_an_earlier_call(llm):
+    """A prompt that does not fit raised from the stream's first next(); its stats and the LLM's last_stats were
+    the previous generation's, and the finish hooks (memory, cost checks) ran for a call that never ran."""
+    llm.generate(PROMPT, max_tokens=8)
+    before = llm.last_stats
+    s = llm.stream(PROMPT, max_tokens=100000)
+    with pytest.raises(specllm.ContextOverflowError):
+        next(s)
+    assert s.stats is None and llm.last_stats is before
+    assert llm.generate(PROMPT, max_tokens=8).stats.n_generated == 8  # the LLM goes on
+
+
+def test_an_infinite_idle_timeout_never_preempts(tiny, make_llm):
+    llm = make_llm(tiny["target"], stream_idle_timeout=float("inf"))
+    s = llm.stream(PROMPT, max_tokens=20)
+    next(s)
+    done = []
+    t = threading.Thread(target=lambda: done.append(llm.generate(PROMPT, max_tokens=2)))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and not done  # waits behind the open stream (it raised OverflowError at once)
+    s.close()
+    t.join(30)
+    assert done and done[0].stats.n_generated == 2

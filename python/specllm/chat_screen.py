@@ -95,7 +95,11 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         print(style.dim("conversation forgotten" + (" (the system prompt stays)" if session.system else "")))
     elif name == "/system":
         if arg:
-            session.system = arg
+            try:
+                session.system = arg
+            except SpecLLMError as e:
+                print(style.red(f"error: {e}"))
+                return True
             print(style.dim("system prompt set"))
         else:
             print(session.system if session.system else style.dim("no system prompt (/system TEXT sets one)"))

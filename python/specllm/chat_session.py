@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from .errors import ContextOverflowError, InvalidOptionError
 from .llm import DEFAULT, LLM, default_draft
+from .options import text as _text
 from .results import Stats
 
 _SUMMED = ("n_prompt", "n_cached", "n_generated", "n_steps", "n_drafted", "n_accepted", "n_ngram_steps",
@@ -99,6 +100,15 @@ class ChatSession:
             return 0
         return len(self.llm.tokenize(self.llm.apply_chat_template(messages, add_generation_prompt=True)))
 
+    @property
+    def system(self) -> Optional[str]:
+        return self._system
+
+    @system.setter
+    def system(self, value: Optional[str]) -> None:
+        """InvalidOptionError for text with no UTF-8 form (a lone surrogate), which no reply or save could take."""
+        self._system = None if value is None else _text("the system prompt", value)
+
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays) and the cached prefix."""
         self.turns.clear()
@@ -130,7 +140,7 @@ class ChatSession:
                 data = json.load(f)
         except OSError as e:
             raise InvalidOptionError(f"cannot read {path}: {e.strerror or e}") from None
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise InvalidOptionError(f"{path} is not a saved conversation (not JSON: {e})") from None
         system, messages = None, data
         if isinstance(data, dict):
@@ -145,6 +155,8 @@ class ChatSession:
             raise InvalidOptionError(f"{path} is not a saved conversation: expected {{\"system\": ..., \"messages\": "
                                      f"[{{\"role\": \"user\" or \"assistant\", \"content\": TEXT}}, ...]}} "
                                      f"(what /save writes) or a list of such messages")
+        for i, m in enumerate(messages):  # a "\udce9" escape in the file: text that cannot be sent or saved
+            _text(f"{path}: message {i + 1}", m["content"])
         self.system = system or None
         self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
 

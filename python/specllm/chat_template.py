@@ -139,7 +139,8 @@ def render(template: str, messages: List[dict], add_generation_prompt: bool, bos
                                bos_token=bos_token, eos_token=eos_token, tools=tools)
     except _TemplateRaised as e:
         raise InvalidOptionError(f"{where} refuses these messages: {e}") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
+            RecursionError) as e:  # ArithmeticError: {{ 1/0 }}, range(10**9) in the sandbox (OverflowError)
         raise InvalidOptionError(f"{where} failed on these messages ({type(e).__name__}: {e}); check the "
                                  f"messages' roles and order, or pass chat_template=") from None
 

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core, logs
+from . import _core, gguf_check, logs
 from .errors import Cancelled, ContextOverflowError, InvalidOptionError
 from .options import text as _text
 from .stream import Call
@@ -96,8 +96,10 @@ def load(path: Union[str, os.PathLike], n_threads: int, n_gpu_layers: int):
     """An Embedder over an embedding model's GGUF (ModelLoadError if it is not one llama.cpp loads)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"embedding_model must be a path or None, got {type(path).__name__}")
+    path = _text("embedding_model", os.fspath(path))
+    gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
     opts = _core.ModelOptions()
-    opts.path = _text("embedding_model", os.fspath(path))
+    opts.path = path
     opts.n_ctx, opts.n_threads, opts.n_gpu_layers = MODEL_CTX, n_threads, n_gpu_layers
     try:
         return _core.Embedder(opts)

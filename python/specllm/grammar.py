@@ -27,7 +27,7 @@ def json(schema: Optional[Union[dict, bool, str]] = None) -> str:
     if isinstance(schema, str):
         try:
             schema = _json.loads(schema)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise InvalidOptionError(f"the JSON schema is not JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise InvalidOptionError(f"a JSON schema is an object (or true/false), got {type(schema).__name__}")

@@ -69,6 +69,14 @@ def _flush_at_exit(ref) -> None:
         llm._engine.flush_prompt_store()
 
 
+def _stop_at_exit(ref) -> None:
+    """At interpreter exit: a generation a daemon thread still runs is cancelled and waited for (10 s at most), so
+    that Python does not finalize while that thread is inside llama.cpp (Gate.shut)."""
+    llm = ref()
+    if llm is not None and not llm.closed:
+        llm._gate.shut(timeout=10.0)
+
+
 @contextlib.contextmanager
 def _interrupt_after():
     """Ctrl-C inside the block is raised when it ends (main thread; elsewhere there is no Ctrl-C to defer)."""
@@ -216,6 +224,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             self._engine = _core.Engine(opts)
         finally:
             logs.drain()
+        atexit.register(_stop_at_exit, weakref.ref(self))
         self._engine.set_learn_batch_costs(learn_batch_costs)
         self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
         if prompt_cache_dir is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from typing import List, Optional, Union
 
 import numpy as np
@@ -25,7 +26,7 @@ VERSION = 1
 def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
     header = json.dumps({"version": VERSION, "n_vocab": n_vocab, "model": os.path.basename(model),
                          "n_tokens": len(tokens)}).encode() + b"\n"
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"  # two threads saving at once must not share one
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC)
@@ -49,7 +50,7 @@ def load(path: str, n_vocab: Optional[int]) -> List[int]:
         header = json.loads(data[len(MAGIC):end])
         n = int(header["n_tokens"])
         version, saved_vocab = header["version"], int(header["n_vocab"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # OverflowError: a count of 1e999
         raise MemoryFileError(f"{path}: the drafting memory's header is damaged; delete the file") from None
     if version != VERSION:
         raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}")

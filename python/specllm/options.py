@@ -190,7 +190,8 @@ def make_options(
 GENERATE_KEYS = frozenset(
     ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
      "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers", "grammar_trigger_patterns", "cache_reuse"])
+     "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers",
+     "grammar_trigger_patterns", "cache_reuse", "suffix"])  # LLM.generate's: make_options's and suffix (test_infill)
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

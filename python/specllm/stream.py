@@ -15,7 +15,7 @@ import weakref
 from typing import Callable, List, Optional
 
 from . import logs
-from .errors import Cancelled
+from .errors import Cancelled, SpecLLMError
 from .results import Chunk, Stats, TokenLogprob
 
 log = logging.getLogger("specllm")
@@ -26,10 +26,13 @@ class Gate:
         self.idle_timeout = idle_timeout
         self._cond = threading.Condition()
         self._holder = None  # a stream's _Ticket, or a Call
+        self._shut = False   # the interpreter is exiting (shut())
 
     def enter(self, holder) -> None:
         """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
         with self._cond:
+            if self._shut and threading.current_thread() is not threading.main_thread():
+                raise SpecLLMError("the interpreter is exiting: this LLM takes no more calls from other threads")
             while self._holder is not None:
                 h = self._holder
                 idle = h._idle_since
@@ -38,11 +41,25 @@ class Gate:
                     continue
                 left = idle + self.idle_timeout - time.monotonic()
                 if left > 0:
-                    self._cond.wait(left)
+                    self._cond.wait(min(left, 86400.0))  # an infinite idle_timeout never preempts
                     continue
                 h._preempt()  # idle: nobody is inside its next(), so the engine is free to touch
                 self._holder = None
             self._holder = holder
+
+    def shut(self, timeout: float) -> bool:
+        """At interpreter exit: cancel the running stream, refuse later calls from other threads, and wait (up to
+        timeout seconds) until no thread is inside llama.cpp for this LLM. A daemon thread that comes back from C++
+        while Python finalizes is ended by Python in a way C++ cannot unwind, which aborted the process. True when
+        the holder left (or is an idle stream, which runs nothing)."""
+        with self._cond:
+            self._shut = True
+            h = self._holder
+            stream = h.stream() if isinstance(h, _Ticket) else None
+        if stream is not None:
+            stream.cancel()
+        with self._cond:
+            return self._cond.wait_for(lambda: self._holder is None or self._holder._idle_since is not None, timeout)
 
     def idle(self, holder) -> None:
         with self._cond:
@@ -119,6 +136,7 @@ class Stream:
         self._entered = False
         self._done = False
         self._preempted_stats: Optional[Stats] = None
+        self._start_failed = False           # engine.start raised (the prompt did not fit, ...)
         self._ticket = _Ticket(self)
         self.stats: Optional[Stats] = None   # set when the stream ends
         self.finish_reason: Optional[str] = None
@@ -197,6 +215,9 @@ class Stream:
                 engine.start(self._tokens, self._opts)
             except Cancelled:
                 return self._last_chunk("cancelled", Stats.from_core(engine.stats))
+            except BaseException:
+                self._start_failed = True  # nothing of this call ran: no stats of its own, no finish hooks
+                raise
             finally:
                 logs.drain()
             if self._opts.prompt_logprobs >= 0:
@@ -234,6 +255,8 @@ class Stream:
         if engine.active:
             engine.cancel()  # closed early or interrupted: the KV cache stays consistent
         engine.clear_interrupt()
+        if self._start_failed:  # the engine's stats are still the previous call's
+            return None
         stats = Stats.from_core(engine.stats)
         self._on_finish(stats)
         logs.drain()
