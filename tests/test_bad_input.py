@@ -65,6 +65,10 @@ def test_the_largest_max_tokens_does_not_overflow_the_context_check(llm):
     (dict(draft_n_gpu_layers="all"), TypeError, r"draft_n_gpu_layers must be an int, got str"),
     (dict(ngram_min="2"), TypeError, r"ngram_min must be an int, got str"),
     (dict(learn_batch_costs="yes"), TypeError, r"learn_batch_costs must be a bool, got str"),
+    (dict(exact="no"), TypeError, r"exact must be a bool, got str"),  # was taken as True
+    (dict(seed=-1), specllm.InvalidOptionError, r"seed must be >= 0, got -1"),  # loaded, then every call failed
+    (dict(seed="a"), TypeError, r"seed must be an int, got str"),
+    (dict(stream_idle_timeout=0), specllm.InvalidOptionError, r"stream_idle_timeout must be > 0 seconds"),
     (dict(draft="ngram", ngram_min=0), specllm.InvalidOptionError, r"1 <= ngram_min <= ngram_max <= 16.*ngram_min=0"),
     (dict(draft="ngram", ngram_min=5, ngram_max=3), specllm.InvalidOptionError, r"ngram_min=5 ngram_max=3"),
 ])

@@ -190,7 +190,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             n_threads=n_threads, ngram_min=ngram_min, ngram_max=ngram_max, memory_tokens=memory_tokens,
             memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
             prompt_cache_disk_mb=prompt_cache_disk_mb, learn_batch_costs=learn_batch_costs,
-            stream_idle_timeout=stream_idle_timeout)
+            stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact)
         self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
                                                                                     os.fspath(memory_file)))
         kv = kv_cache(cache_type_k, cache_type_v, flash_attn)

@@ -223,7 +223,7 @@ def kv_cache(cache_type_k, cache_type_v, flash_attn) -> tuple:
 
 def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_threads, ngram_min, ngram_max,
                memory_tokens, memory_file, prompt_cache_mb, prompt_cache_dir, prompt_cache_disk_mb,
-               learn_batch_costs, stream_idle_timeout):
+               learn_batch_costs, stream_idle_timeout, seed=None, exact=False):
     """LLM(...)'s arguments checked before anything loads (TypeError, InvalidOptionError): (model, prompt_cache_dir)
     as strs (prompt_cache_dir None when not given)."""
     for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
@@ -241,8 +241,11 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
                                      "for no prompt states on disk")
     if memory_file is not None and memory_tokens == 0:
         raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
-    if not isinstance(learn_batch_costs, bool):
-        raise TypeError(f"learn_batch_costs must be a bool, got {type(learn_batch_costs).__name__}")
+    for name, value in (("learn_batch_costs", learn_batch_costs), ("exact", exact)):
+        if not isinstance(value, bool):  # exact="no" would have been True
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    if seed is not None:  # every call would have failed on it
+        _int("seed", seed, lo=0, hi=None)
     if draft_n_gpu_layers is not None:
         _int("draft_n_gpu_layers", draft_n_gpu_layers)
     if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)):
