@@ -284,6 +284,14 @@ def test_response_formats():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     assert specllm.grammar.response_format({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}) \
         == specllm.grammar.json(schema)
+    # a reply format's schema that allows anything is any object, as llama-server reads it (grammar.json({}) is any
+    # JSON value, as llama.cpp's converter makes it)
+    for anything in ({}, True, {"description": "whatever"}):
+        assert specllm.grammar.response_format({"type": "json_object", "schema": anything}) == specllm.grammar.json()
+        assert specllm.grammar.response_format({"type": "json_schema", "json_schema": {"name": "a", "schema":
+                                                anything}}) == specllm.grammar.json()
+    tuple_then_any = specllm.grammar.json({"prefixItems": [{"type": "integer"}], "items": {}})
+    assert "integer" in tuple_then_any.split("root ::=")[1].splitlines()[0], tuple_then_any  # the tuple is kept
 
 
 def test_specllm_generate_takes_a_grammar(tiny, plain):

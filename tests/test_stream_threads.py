@@ -137,7 +137,7 @@ def test_a_dropped_stream_frees_the_llm(llm):
 
 
 EXIT_SCRIPT = """
-import atexit, sys, threading
+import atexit, sys, threading, time
 import specllm
 
 seen = []
@@ -151,6 +151,8 @@ def run():
     seen.append(s)
     for _ in s:
         started.set()
+        if sys.argv[2] == "slow-consumer":  # between chunks most of the time: the stream is idle at exit
+            time.sleep(0.2)
 
 threading.Thread(target=run, daemon=True).start()
 assert started.wait(60)
@@ -170,12 +172,12 @@ def test_exiting_while_a_daemon_thread_generates_cancels_it_first(tiny, tmp_path
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
     env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
-    for _ in range(2):
-        p = subprocess.run([sys.executable, str(script), tiny["slow"]], capture_output=True, text=True, timeout=120,
-                           env=env)
+    for consumer in ("tight", "slow-consumer"):
+        p = subprocess.run([sys.executable, str(script), tiny["slow"], consumer], capture_output=True, text=True,
+                           timeout=120, env=env)
         assert p.returncode == 0, p.stderr[-2000:]
         assert "at exit, after specllm's hook: cancelled" in p.stdout, p.stdout + p.stderr[-2000:]
-        assert "ptrace" not in p.stderr and "terminate" not in p.stderr, p.stderr[-2000:]
+        assert "ptrace" not in p.stderr and "terminate" not in p.stderr and "sat idle" not in p.stderr, p.stderr
 
 
 def test_a_stream_whose_start_fails_reports_nothing_of_an_earlier_call(llm):
@@ -202,3 +204,30 @@ def test_an_infinite_idle_timeout_never_preempts(tiny, make_llm):
     s.close()
     t.join(30)
     assert done and done[0].stats.n_generated == 2
+
+
+def test_after_shut_a_thread_that_waited_for_the_gate_is_refused():
+    """A thread already waiting behind the running call when the interpreter exits must not be let in once that
+    call leaves: it would run a whole generation inside llama.cpp while Python finalizes."""
+    from specllm.stream import Call, Gate
+
+    gate, refused, shut = Gate(10.0), [], []
+    running = Call(gate)
+    gate.enter(running)
+
+    def wait():
+        try:
+            gate.enter(Call(gate))
+        except specllm.SpecLLMError as e:
+            refused.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)  # waiting in enter()
+    closer = threading.Thread(target=lambda: shut.append(gate.shut(timeout=10)))
+    closer.start()
+    time.sleep(0.2)
+    gate.leave(running)
+    waiter.join(10)
+    closer.join(10)
+    assert shut == [True] and len(refused) == 1 and "interpreter is exiting" in str(refused[0])

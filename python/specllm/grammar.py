@@ -137,14 +137,22 @@ def response_format(value: Any) -> Optional[str]:
     if kind == "text":
         return None
     if kind == "json_object":
-        return json(value.get("schema"))
+        return json(_object_if_anything(value.get("schema")))
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise InvalidOptionError("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
                                      "\"schema\": {...}}}")
-        return json(spec["schema"])
+        return json(_object_if_anything(spec["schema"]))
     raise InvalidOptionError(f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def _object_if_anything(schema: Any) -> Any:
+    """A reply format's schema that allows anything ({}, true) means any JSON object, as llama-server reads it (its
+    chat path: "an absent or empty schema means any object"); a JSON mode answers with an object."""
+    from . import json_schema
+
+    return None if json_schema.allows_anything(schema) else schema
 
 
 def from_cli(any_json: bool, schema_file: Optional[str], gbnf_file: Optional[str]) -> Optional[str]:

@@ -6,8 +6,9 @@ places mended where it parts from llama.cpp's C++ converter, which llama-server 
   JSON, a \\u0000 escape became a raw NUL that cut the output, and a '"' in a property's name made the grammar
   unparsable;
 - a schema that allows anything ({} or true, or one with only annotations such as a description: pydantic's Any)
-  is any JSON value, where the port made it an object, so `list[Any]` ({"type": "array", "items": {}}) failed with
-  KeyError 'prefixItems' and additional properties had to be objects;
+  is any JSON value (a reply format's root excepted: grammar.response_format), where the port made it an object,
+  so `list[Any]` ({"type": "array", "items": {}}) failed with KeyError 'prefixItems' and additional properties had
+  to be objects;
 - a schema of false is refused with a message, not an AttributeError.
 
 Imported on first use (it loads llama_cpp, and so the libllama this package already uses)."""
@@ -41,7 +42,7 @@ class Converter(llama_grammar.SchemaConverter):
         if allows_anything(schema):
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
         if isinstance(schema, dict) and schema.get("type") in (None, "array") and "items" in schema \
-                and allows_anything(schema["items"]):
+                and "prefixItems" not in schema and allows_anything(schema["items"]):
             item = self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])
             return self._add_rule(rule_name, '"[" space ' + llama_grammar._build_repetition(
                 item, schema.get("minItems", 0), schema.get("maxItems"), separator_rule='"," space') + ' "]" space')

@@ -224,7 +224,6 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             self._engine = _core.Engine(opts)
         finally:
             logs.drain()
-        atexit.register(_stop_at_exit, weakref.ref(self))
         self._engine.set_learn_batch_costs(learn_batch_costs)
         self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
         if prompt_cache_dir is not None:
@@ -238,6 +237,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             finally:
                 logs.drain()
             atexit.register(_flush_at_exit, weakref.ref(self))
+        atexit.register(_stop_at_exit, weakref.ref(self))  # after the flush's: atexit runs it first
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self._set_chat_template(template)

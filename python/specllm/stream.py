@@ -31,8 +31,7 @@ class Gate:
     def enter(self, holder) -> None:
         """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
         with self._cond:
-            if self._shut and threading.current_thread() is not threading.main_thread():
-                raise SpecLLMError("the interpreter is exiting: this LLM takes no more calls from other threads")
+            self._check_shut()
             while self._holder is not None:
                 h = self._holder
                 idle = h._idle_since
@@ -45,7 +44,12 @@ class Gate:
                     continue
                 h._preempt()  # idle: nobody is inside its next(), so the engine is free to touch
                 self._holder = None
+            self._check_shut()  # shut while this waited
             self._holder = holder
+
+    def _check_shut(self) -> None:
+        if self._shut and threading.current_thread() is not threading.main_thread():
+            raise SpecLLMError("the interpreter is exiting: this LLM takes no more calls from other threads")
 
     def shut(self, timeout: float) -> bool:
         """At interpreter exit: cancel the running stream, refuse later calls from other threads, and wait (up to
@@ -59,7 +63,12 @@ class Gate:
         if stream is not None:
             stream.cancel()
         with self._cond:
-            return self._cond.wait_for(lambda: self._holder is None or self._holder._idle_since is not None, timeout)
+            left = self._cond.wait_for(lambda: self._holder is None or self._holder._idle_since is not None, timeout)
+            if left and self._holder is not None:  # a stream between two chunks: ended here, so that its thread's
+                self._holder._preempt("exit")       # next next() finds it ended and does not enter the engine
+                self._holder = None
+                self._cond.notify_all()
+            return left
 
     def idle(self, holder) -> None:
         with self._cond:
@@ -90,10 +99,10 @@ class _Ticket:
         self.stream = weakref.ref(stream)
         self._idle_since: Optional[float] = None
 
-    def _preempt(self) -> None:
+    def _preempt(self, why: str = "idle") -> None:
         stream = self.stream()
         if stream is not None:
-            stream._preempt()
+            stream._preempt(why)
 
 
 class Call:
@@ -239,12 +248,14 @@ class Stream:
             return Chunk("", [], 0, 0, reason, stats, self._logprobs())
         return Chunk(r.text, list(r.tokens), r.n_drafted, r.n_accepted, reason, stats, self._logprobs(r))
 
-    def _preempt(self) -> None:
-        """Called by the gate (under its lock) when a waiter takes over an idle stream."""
+    def _preempt(self, why: str = "idle") -> None:
+        """Called by the gate (under its lock) when a waiter takes over an idle stream, or at exit."""
         self._cancelled = True
         self._preempted_stats = self._finish_engine()
-        log.warning("an open stream sat idle for %.0f s while another call waited: it was closed",
-                    self._gate.idle_timeout)
+        self.finish_reason, self.stats = "cancelled", self._preempted_stats or Stats()  # ended, if not yet told
+        if why == "idle":
+            log.warning("an open stream sat idle for %.0f s while another call waited: it was closed",
+                        self._gate.idle_timeout)
 
     def _finish_engine(self) -> Optional[Stats]:
         with self._state:

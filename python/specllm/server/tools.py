@@ -177,7 +177,7 @@ def _json_body(name: str) -> str:
 
 
 def _literal(text: str) -> str:
-    """text as a GBNF string literal (the converter's leaves backslashes as they are)."""
+    """text as a GBNF string literal, tabs escaped too (json_schema.Converter's escapes backslashes, quotes, CR, LF)."""
     for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
         text = text.replace(a, b)
     return '"' + text + '"'
