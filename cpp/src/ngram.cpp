@@ -154,10 +154,15 @@ void NgramMemory::shrink_to(size_t n) {
     if (all.size() <= n) {
         return;
     }
-    // the newest n tokens, starting after a separator so that no document is kept in part
+    // the newest n tokens, starting after a separator so that no document is kept in part; when the newest document
+    // alone is longer than n, its newest part (as add() keeps of an output longer than the memory)
     size_t from = all.size() - n;
-    while (from < all.size() && from > 0 && all[from - 1] != NgramIndex::separator) {
-        ++from;
+    size_t whole = from;
+    while (whole < all.size() && whole > 0 && all[whole - 1] != NgramIndex::separator) {
+        ++whole;
+    }
+    if (whole < all.size()) {
+        from = whole;
     }
     std::vector<llama_token> keep(all.begin() + (long) from, all.end());
     index_.clear();
