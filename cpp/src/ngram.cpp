@@ -118,7 +118,7 @@ NgramMatch NgramIndex::lookup(const llama_token * q, size_t n_q, int n_draft, st
 
 void NgramMemory::set_max_tokens(size_t n) {
     max_tokens_ = n;
-    shrink_to(n);
+    shrink_to(n, true);
 }
 
 void NgramMemory::add(const llama_token * tokens, size_t n) {
@@ -130,7 +130,7 @@ void NgramMemory::add(const llama_token * tokens, size_t n) {
         n = max_tokens_ - 1;
     }
     if (index_.tokens().size() + n + 1 > max_tokens_) {
-        shrink_to(std::min(max_tokens_ / 2, max_tokens_ - n - 1));
+        shrink_to(std::min(max_tokens_ / 2, max_tokens_ - n - 1), false); // room for the new output
     }
     for (size_t i = 0; i < n; ++i) {
         index_.push(tokens[i]);
@@ -146,22 +146,22 @@ void NgramMemory::assign(const std::vector<llama_token> & tokens) {
     if (!tokens.empty() && tokens.back() >= 0) {
         index_.push(NgramIndex::separator);
     }
-    shrink_to(max_tokens_);
+    shrink_to(max_tokens_, true);
 }
 
-void NgramMemory::shrink_to(size_t n) {
+void NgramMemory::shrink_to(size_t n, bool keep_part) {
     const auto & all = index_.tokens();
     if (all.size() <= n) {
         return;
     }
-    // the newest n tokens, starting after a separator so that no document is kept in part; when the newest document
-    // alone is longer than n, its newest part (as add() keeps of an output longer than the memory)
+    // the newest n tokens, starting after a separator so that no document is kept in part; with keep_part, when the
+    // newest document alone is longer than n, its newest part (as add() keeps of an output longer than the memory)
     size_t from = all.size() - n;
     size_t whole = from;
     while (whole < all.size() && whole > 0 && all[whole - 1] != NgramIndex::separator) {
         ++whole;
     }
-    if (whole < all.size()) {
+    if (whole < all.size() || !keep_part) {
         from = whole;
     }
     std::vector<llama_token> keep(all.begin() + (long) from, all.end());

@@ -77,7 +77,9 @@ class NgramMemory {
     bool ambiguous_drafts() const { return ambiguous_drafts_; }
 
   private:
-    void shrink_to(size_t n); // keep at most the newest n tokens, from a document boundary
+    // keep at most the newest n tokens, from a document boundary; with keep_part, the newest part of the newest
+    // document when it alone is longer than n (a memory loaded into a smaller one)
+    void shrink_to(size_t n, bool keep_part);
     NgramIndex index_;
     size_t max_tokens_ = 0; // 0 = off
     bool ambiguous_drafts_ = false;
