@@ -349,3 +349,13 @@ def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
     assert all(t["function"]["parameters"] == schema for t in tool_list)
     assert tools.call_grammar("auto", [{"type": "web_search"}, {"type": "function", "function": {"name": 5}}]) == \
         (None, {})
+
+
+def test_llm_chat_hands_tools_to_the_template(tools_local):
+    """llm.chat(messages, tools=...) raised "make_options() got an unexpected keyword argument 'tools'"; the tools
+    now go to the chat template, as apply_chat_template takes them."""
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    prompt = tools_local.apply_chat_template(messages, tools=[WEATHER])
+    assert "get_weather" in prompt and "get_weather" not in tools_local.apply_chat_template(messages)
+    got = tools_local.chat(messages, tools=[WEATHER], max_tokens=6)
+    assert got.tokens == tools_local.generate(prompt, max_tokens=6).tokens

@@ -207,12 +207,14 @@ class ChatMethods:
                            _text("chat_template", chat_template or "") or self._chat_template, tools, kwargs)
 
     def chat(self, messages: Sequence[dict], *, stream: bool = False, chat_template_kwargs: Optional[dict] = None,
-             **options):
+             tools: Optional[Sequence[dict]] = None, **options):
         """Reply to a conversation: messages ([{"role": "system" | "user" | "assistant", "content": ...}])
-        formatted with the chat template (apply_chat_template, with chat_template_kwargs), then completed; this is
-        the conversation API, generate() and stream() complete raw text (as in llama-cpp-python). stream=True
-        returns a Stream. The KV cache of the previous turns is reused when the new conversation extends the
-        previous one."""
-        prompt = self.apply_chat_template(messages, add_generation_prompt=True,
+        formatted with the chat template (apply_chat_template, with chat_template_kwargs and tools), then completed;
+        this is the conversation API, generate() and stream() complete raw text (as in llama-cpp-python).
+        stream=True returns a Stream. The KV cache of the previous turns is reused when the new conversation
+        extends the previous one. tools (OpenAI's function definitions) go to the template, so the model sees them;
+        the reply is its text, calls included as the model writes them (the server's /v1/chat/completions returns
+        them parsed as tool_calls, and constrains them to the tools' schemas)."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
                                           chat_template_kwargs=chat_template_kwargs)
         return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
