@@ -62,19 +62,15 @@ def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
         _core.NgramIndex(sizes.n_min, sizes.n_max)
 
 
-def _flush_at_exit(ref) -> None:
-    """At interpreter exit: the prompt states still being written reach the disk (close() waits for them too)."""
-    llm = ref()
-    if llm is not None and not llm.closed:
-        llm._engine.flush_prompt_store()
-
-
-def _stop_at_exit(ref) -> None:
+def _at_exit(ref, flush: bool) -> None:
     """At interpreter exit: a generation a daemon thread still runs is cancelled and waited for (10 s at most), so
-    that Python does not finalize while that thread is inside llama.cpp (Gate.shut)."""
+    that Python does not finalize while that thread is inside llama.cpp (Gate.shut); then (flush: a prompt_cache_dir)
+    the prompt states still being written reach the disk (close() waits for them too)."""
     llm = ref()
     if llm is not None and not llm.closed:
         llm._gate.shut(timeout=10.0)
+        if flush:
+            llm._engine.flush_prompt_store()
 
 
 @contextlib.contextmanager
@@ -236,8 +232,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
                                               _core.prompt_store_identity(self.model_path, numerics))
             finally:
                 logs.drain()
-            atexit.register(_flush_at_exit, weakref.ref(self))
-        atexit.register(_stop_at_exit, weakref.ref(self))  # after the flush's: atexit runs it first
+        atexit.register(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
         if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
             opts.draft_kind, draft = _core.DraftKind.none, None
         self._set_chat_template(template)
