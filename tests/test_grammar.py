@@ -235,7 +235,25 @@ def test_a_schema_that_allows_anything_allows_any_json_value(tiny, make_llm):
     assert ended >= 4 and len(kinds - {"dict"}) >= 2, (ended, kinds)  # not only objects
     assert "root ::= value" in specllm.grammar.json(True).splitlines()
     with pytest.raises(InvalidOptionError, match="false: no JSON value matches it"):
-        specllm.grammar.json({"type": "object", "properties": {"x": False}})
+        specllm.grammar.json({"type": "object", "properties": {"x": {"anyOf": [False]}}})
+
+
+def test_false_forbids_where_json_schema_uses_it_to(tiny, make_llm):
+    """A property of false must not appear and items of false allows no items beyond prefixItems; the converter
+    refused both ('the schema at b is false', KeyError 'prefixItems')."""
+    llm = make_llm(tiny["target"])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": False, "c": {"type": "array", "items":
+              False}, "d": {"type": "array", "prefixItems": [{"type": "boolean"}], "items": False}},
+              "required": ["a", "c", "d"]}
+    for seed in range(3):
+        out = llm.generate(PROMPTS[2], max_tokens=200, grammar=specllm.grammar.json(schema), temperature=1.0,
+                           seed=seed)
+        value = json.loads(out.text)
+        assert set(value) == {"a", "c", "d"} and value["c"] == [] and len(value["d"]) == 1, value
+    with pytest.raises(InvalidOptionError, match="requires property 'b', whose schema is false"):
+        specllm.grammar.json(dict(schema, required=["a", "b"]))
+    with pytest.raises(InvalidOptionError, match="at least 2 items but allows 1"):
+        specllm.grammar.json({"type": "array", "prefixItems": [{"type": "integer"}], "items": False, "minItems": 2})
 
 
 @pytest.mark.parametrize("schema, words", [

@@ -98,7 +98,16 @@ def test_bad_input(fim, tiny, make_llm):
         llm.generate([1, 2, 3], suffix="\n")  # the prefix is text
     with pytest.raises(TypeError, match="max_tokens"):
         llm.infill_prompt("a", "b", max_tokens="16")
+    with pytest.raises(specllm.InvalidOptionError, match="max_tokens"):
+        llm.infill_prompt("a", "b", max_tokens=-1)
     assert llm.generate("def f():", suffix="\n", max_tokens=4).stats.n_generated >= 1  # still usable
+
+
+def test_max_tokens_0_scores_a_fim_prompt(fim, make_llm):
+    """max_tokens=0 processes the prompt only, with a suffix too (it was refused: 'max_tokens must be >= 1')."""
+    llm = make_llm(fim["target"])
+    done = llm.generate(PREFIX, suffix=SUFFIX, max_tokens=0)
+    assert done.tokens == [] and done.stats.n_prompt == len(llm.infill_prompt(PREFIX, SUFFIX, max_tokens=0))
 
 
 def test_the_server_fills_the_middle_from_completions_suffix(fim, tiny, make_llm, tmp_path):

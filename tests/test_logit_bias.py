@@ -97,6 +97,7 @@ def test_logprobs_stay_the_models_own(tiny, plain):
     ({10**9: 1.0}, InvalidOptionError, "not in the model's vocabulary"),
     ({5: float("nan")}, InvalidOptionError, "finite number"),
     ({5: math.inf}, InvalidOptionError, "finite number"),
+    ({5: 1e308}, InvalidOptionError, r"logit_bias\[5\] must be a finite number"),  # inf as the core's float32
     ({5: "1"}, TypeError, "must be a number"),
     ({5: None}, TypeError, "must be a number"),
 ])

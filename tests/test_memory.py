@@ -134,6 +134,9 @@ def test_reset_clears_it_and_clear_memory_keeps_the_cache(tiny, make_llm):
     llm.reset(keep_memory=True)  # the KV cache goes, the memory stays
     assert llm._engine.memory() == before
     assert llm.generate(PROMPT, max_tokens=4).stats.n_cached == 0
+    with pytest.raises(TypeError, match="keep_memory must be a bool"):
+        llm.reset(keep_memory="no")  # a truthy string kept the memory
+    assert llm.memory_size > 0
     llm.reset()
     assert llm.memory_size == 0
 

@@ -397,6 +397,8 @@ def test_a_restarted_server_reads_a_long_system_prompt_back_from_its_prompt_cach
     ({"logit_bias": {"5": "ten"}}, "logit_bias"),
     ({"logit_bias": {"-3": 1}}, "logit_bias"),
     ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 1e308}}, "logit_bias"),  # inf as a float32: the param was null
+    ({"temperature": 1e308}, "temperature"),
     ({"extra_body": {"draft_length": 99}}, "draft_length"),
     ({"extra_body": {"draft_length": "fast"}}, "draft_length"),
     ({"extra_body": {"acceptance": "maybe"}}, "acceptance"),

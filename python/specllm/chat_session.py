@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from . import files
 from .errors import ContextOverflowError, InvalidOptionError
 from .llm import DEFAULT, LLM, default_draft
 from .options import text as _text
@@ -119,14 +119,9 @@ class ChatSession:
         path = os.fspath(path)
         body = json.dumps({"specllm_chat": 1, "system": self.system, "messages": self.turns}, ensure_ascii=False,
                           indent=1)
-        folder = os.path.dirname(os.path.abspath(path))
         try:
-            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False, suffix=".tmp") as f:
-                f.write(body)
-            os.replace(f.name, path)
+            files.write_atomic(path, body.encode("utf-8"))
         except OSError as e:
-            with contextlib.suppress(OSError, NameError):
-                os.unlink(f.name)
             raise InvalidOptionError(f"cannot save the conversation to {path}: {e.strerror or e}") from None
 
     def load(self, path: str) -> None:

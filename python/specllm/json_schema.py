@@ -9,7 +9,8 @@ places mended where it parts from llama.cpp's C++ converter, which llama-server 
   is any JSON value (a reply format's root excepted: grammar.response_format), where the port made it an object,
   so `list[Any]` ({"type": "array", "items": {}}) failed with KeyError 'prefixItems' and additional properties had
   to be objects;
-- a schema of false is refused with a message, not an AttributeError.
+- a schema of false is refused with a message, not an AttributeError; where JSON Schema uses false to forbid (a
+  property of false: the property must not appear; items of false: no items beyond prefixItems) it forbids.
 
 Imported on first use (it loads llama_cpp, and so the libllama this package already uses)."""
 from __future__ import annotations
@@ -39,6 +40,8 @@ class Converter(llama_grammar.SchemaConverter):
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         if schema is False:
             raise ValueError(f"the schema at {name or 'the root'} is false: no JSON value matches it")
+        if isinstance(schema, dict):
+            schema = _drop_forbidden(schema, name)
         if allows_anything(schema):
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
         if isinstance(schema, dict) and schema.get("type") in (None, "array") and "items" in schema \
@@ -47,6 +50,30 @@ class Converter(llama_grammar.SchemaConverter):
             return self._add_rule(rule_name, '"[" space ' + llama_grammar._build_repetition(
                 item, schema.get("minItems", 0), schema.get("maxItems"), separator_rule='"," space') + ' "]" space')
         return super().visit(schema, name)
+
+
+def _drop_forbidden(schema: dict, name: str) -> dict:
+    """The schema without its properties of false (a key that must not appear, left out of the object) and with an
+    array's items of false read as "no more items" (an empty array, or the prefixItems tuple alone)."""
+    props = schema.get("properties")
+    if isinstance(props, dict) and any(v is False for v in props.values()):
+        banned = [k for k, v in props.items() if v is False]
+        required = [k for k in banned if k in (schema.get("required") or [])]
+        if required:
+            raise ValueError(f"the schema at {name or 'the root'} requires property {required[0]!r}, whose schema "
+                             f"is false: no JSON value matches it")
+        schema = dict(schema, properties={k: v for k, v in props.items() if v is not False})
+    if schema.get("items") is False and schema.get("type") in (None, "array"):
+        prefix = schema.get("prefixItems") or []
+        if schema.get("minItems", 0) > len(prefix):
+            raise ValueError(f"the schema at {name or 'the root'} wants at least {schema['minItems']} items but "
+                             f"allows {len(prefix)} (items is false)")
+        schema = {k: v for k, v in schema.items() if k != "items"}
+        if not prefix:
+            schema = dict(schema, const=[])
+        else:
+            schema = dict(schema, prefixItems=prefix)
+    return schema
 
 
 def to_gbnf(schema: Any) -> str:

@@ -331,6 +331,8 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless
         keep_memory, the drafting memory with what "auto" learned about its drafts (as in a new process)."""
+        if not isinstance(keep_memory, bool):  # keep_memory="no" would have kept it
+            raise TypeError(f"keep_memory must be a bool, got {type(keep_memory).__name__}")
         with Call(self._gate):
             self._engine.reset(bool(keep_memory))
             self._memory_changed()
@@ -430,7 +432,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         (filename, text) chunks of other files before it, in the repo-level form (the server's /infill); middle:
         text the middle starts with. InvalidOptionError for a model without FIM tokens."""
         prefix, suffix, middle = _text("prompt", prefix), _text("suffix", suffix), _text("middle", middle)
-        _int("max_tokens", max_tokens, lo=1)
+        _int("max_tokens", max_tokens, lo=0)
         if extra is not None:
             extra = [(_text("extra filename", f), _text("extra text", t)) for f, t in extra]
         return infill.prompt(self._engine.target, prefix, suffix, self.n_ctx - max_tokens, extra, middle)

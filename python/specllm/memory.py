@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from typing import List, Optional, Union
 
 import numpy as np
 
+from . import files
 from .errors import MemoryFileError
 from .options import text as _text
 from .stream import Call
@@ -26,17 +26,7 @@ VERSION = 1
 def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
     header = json.dumps({"version": VERSION, "n_vocab": n_vocab, "model": os.path.basename(model),
                          "n_tokens": len(tokens)}).encode() + b"\n"
-    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"  # two threads saving at once must not share one
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC)
-            f.write(header)
-            f.write(np.asarray(tokens, dtype="<i4").tobytes())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    files.write_atomic(path, MAGIC + header + np.asarray(tokens, dtype="<i4").tobytes())
 
 
 def load(path: str, n_vocab: Optional[int]) -> List[int]:

@@ -58,6 +58,9 @@ def _stops(stop) -> list:
     return [text("stop", s) for s in stop if s]
 
 
+FLT_MAX = 3.4028234663852886e38  # the largest float32: the core's logits and biases
+
+
 def _logit_bias(value) -> list:
     """{token id: bias} as the core's (id, bias) pairs: each bias is added to the token's logit (OpenAI's range is
     -100..100: -100 all but bans a token, 100 all but forces it); float("-inf") bans it."""
@@ -71,7 +74,7 @@ def _logit_bias(value) -> list:
         if not 0 <= token <= INT_MAX:
             raise InvalidOptionError(f"logit_bias: token id {token} is not in the model's vocabulary")
         b = _float(f"logit_bias[{token}]", bias)
-        if math.isnan(b) or b == float("inf"):
+        if math.isnan(b) or b > FLT_MAX:  # 1e308 is inf as the float the core adds
             raise InvalidOptionError(f"logit_bias[{token}] must be a finite number (or -inf to ban the token), "
                                      f"got {bias}")
         pairs.append((int(token), b))

@@ -6,10 +6,9 @@ import json
 import logging
 import os
 import platform
-import tempfile
 from pathlib import Path
 
-from . import _core, amx
+from . import _core, amx, files
 
 log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
@@ -270,17 +269,8 @@ def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers:
 
 def _write(path: Path, prof: dict) -> None:
     """Writes prof to path whole or not at all (a temporary file renamed over it)."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            tmp = f.name
-            json.dump(prof, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(path, json.dumps(prof).encode())
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -75,7 +76,7 @@ def check_model(state, req: p.SamplingFields) -> None:
 
 
 def bad_option(e: Exception) -> APIError:
-    word = str(e).split(" ", 1)[0]
+    word = re.split(r"[\s:\[]", str(e), maxsplit=1)[0]  # "logit_bias: ...", "logit_bias[5] must ...": logit_bias
     param = word if word in p.ChatRequest.model_fields or word in p.CompletionRequest.model_fields else None
     return APIError(400, str(e), "invalid_request_error", param, "invalid_value")
 
