@@ -651,3 +651,21 @@ def test_memory_file_carries_the_drafting_memory_from_one_run_to_the_next(tiny, 
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
     assert (tmp_path / "notes.txt").read_text() == "my notes"
+
+
+def test_serve_says_at_once_when_it_cannot_listen(tiny, env):
+    """A taken port (or a host that is no address here) was found only after the model was loaded and its costs
+    measured: uvicorn's raw error, exit status 3, "ready: serving" after it, and with a draft model a segfault as the
+    interpreter exited under the thread still measuring. Now: one error line, exit 1, nothing loaded."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, words in (("127.0.0.1", f"cannot listen on 127.0.0.1:{port}: Address already in use; another"),
+                            ("999.1.1.1", "cannot listen on host '999.1.1.1'")):
+            r = run(tiny, env, "serve", "--host", host, "--port", str(port))
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
+            assert "measuring this machine" not in r.stderr and "ready:" not in r.stderr

@@ -140,8 +140,8 @@ def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
         def __init__(self, config):
             self.config = config
 
-        def run(self):
-            pass
+        def run(self, sockets):
+            assert sockets and all(s.getsockname()[1] > 0 for s in sockets)  # bound before the run
 
     monkeypatch.setattr(server_app, "_uvicorn_server", lambda: NoServer)
     with caplog.at_level("WARNING", logger="specllm.server"):

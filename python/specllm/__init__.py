@@ -16,8 +16,8 @@ if _runtime != _core.llama_cpp_version:
 from . import grammar  # noqa: E402
 from .api import generate  # noqa: E402
 from .errors import (  # noqa: E402
-    ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, MemoryFileError, ModelLoadError,
-    PullError, RegistryError, SpecLLMError)
+    ContextOverflowError, DecodeError, IncompatibleDraftError, InvalidOptionError, ListenError, MemoryFileError,
+    ModelLoadError, PullError, RegistryError, SpecLLMError)
 from .llm import LLM  # noqa: E402
 from .results import Chunk, Completion, Stats, TokenLogprob  # noqa: E402
 from .stream import Stream  # noqa: E402
@@ -36,4 +36,5 @@ __all__ = [
     "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "TokenLogprob",
     "SpecLLMError", "ModelLoadError", "IncompatibleDraftError",
     "ContextOverflowError", "DecodeError", "InvalidOptionError", "MemoryFileError", "RegistryError", "PullError",
+    "ListenError",
 ]

@@ -33,6 +33,11 @@ class PullError(RegistryError):
     """Fetching a model failed (no source reachable, or the download did not verify)."""
 
 
+class ListenError(SpecLLMError):
+    """serve() cannot listen on its host and port (the port is taken, the host is not an address of this machine, a
+    port below 1024 without the right): raised before the model is loaded."""
+
+
 class Cancelled(SpecLLMError):
     """A generation was cancelled from another thread during prompt processing (Stream.cancel); streams turn it
     into a last chunk with finish_reason "cancelled"."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -17,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..errors import ListenError
 from ..llm import LLM
 from . import completion, embeddings, errors, infill, jobs, messages, ollama, responses, routes
 from .errors import APIError
@@ -255,7 +258,17 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
           api_key: Optional[str] = None, log_level: str = "info", **app_options) -> None:
     """Serve llm on host:port until Ctrl-C or SIGTERM (running requests are cancelled, then it returns).
     llm may be a function that loads the LLM: the server answers /health with 503 until it is loaded, and if
-    loading fails it stops and serve() raises that error."""
+    loading fails it stops and serve() raises that error. ListenError, before anything is loaded, when host:port
+    cannot be listened on."""
+    sockets = listen(host, port)  # before the load: a taken port is said at once, not after a minute's measuring
+    try:
+        _run(llm, host, port, sockets, api_key, log_level, app_options)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _run(llm, host, port, sockets, api_key, log_level, app_options) -> None:
     import uvicorn
 
     _Server = _uvicorn_server()
@@ -275,6 +288,33 @@ def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int
         ready(worker.llm)
     else:
         worker.on_ready = ready
-    server.run()
+    server.run(sockets=sockets)
     if worker.load_error is not None:
         raise worker.load_error
+
+
+def listen(host: str, port: int) -> list:
+    """Bound sockets for host:port, one per address the host names (IPv4 and IPv6 for "localhost"), as asyncio's
+    create_server binds them for uvicorn; ListenError says what stands in the way."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OverflowError) as e:
+        raise ListenError(f"cannot listen on host {host!r}: {getattr(e, 'strerror', None) or e} (give an address "
+                          f"of this machine: 127.0.0.1 for this machine only, 0.0.0.0 for every network)") from None
+    sockets = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        hint = {errno.EADDRINUSE: "; another program (another server?) listens there: stop it or pick another "
+                                  "--port", errno.EACCES: "; ports below 1024 need privileges: pick a higher port",
+                errno.EADDRNOTAVAIL: "; it is not an address of this machine"}.get(e.errno, "")
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
+    return sockets
