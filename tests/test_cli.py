@@ -25,6 +25,7 @@ from specllm import cli, profile, registry  # noqa: E402
 from specllm.chat_session import ChatSession  # noqa: E402
 
 PROMPT = ">>> "
+MORE = "... "
 TIMEOUT = 30  # seconds per expectation; the machine may be busy
 
 
@@ -171,6 +172,54 @@ def test_ctrl_c_stops_the_reply_keeps_it_and_returns_to_the_prompt(tiny, env):
     assert "conversation: 2 messages" in ask(child, "/stats")  # the partial reply was kept
     child.send("\x03")  # Ctrl-C at an empty prompt
     exits_cleanly(child)
+
+
+def test_ctrl_c_while_typing_drops_the_text_and_keeps_the_chat(tiny, env):
+    """Ctrl-C quit the chat, its conversation lost, on an empty next line of a message of several lines, and on a
+    line equal to the last message (typed again); now it drops what is typed, as on any other line."""
+    child = chat(tiny, env, "--max-tokens", "4")
+    ask(child, "hello")
+    child.sendline("a message of several lines \\")
+    child.expect(re.escape(MORE))
+    child.send("\x03")  # on its empty next line
+    child.expect(PROMPT)
+    child.send("hello")
+    time.sleep(1)  # typed, not a Ctrl-C just as the prompt appears
+    child.send("\x03")
+    child.expect(PROMPT)
+    assert "conversation: 2 messages" in ask(child, "/stats")
+    child.send("\x03")  # at an empty prompt: quit
+    exits_cleanly(child)
+
+
+def _children(pid: int) -> list:
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_chat_killed_at_the_prompt_leaves_the_terminal_as_it_was(tiny, env, sig):
+    """Killed at the prompt (a closed terminal window: SIGHUP; kill: SIGTERM), the chat left the terminal without
+    echo and line editing (readline restores it only on the way out of input())."""
+    import shlex
+
+    line = shlex.join([sys.executable, *cli_args(tiny, "chat")])
+    child = pexpect.spawn("bash", ["-c", f"{line}; echo status $?; stty -a"], env=env, encoding="utf-8",
+                          timeout=TIMEOUT, dimensions=(24, 200))
+    child.expect(PROMPT)
+    (pid,) = _children(child.pid)
+    os.kill(pid, sig)
+    child.expect(r"status (\d+)")
+    assert int(child.match.group(1)) == 128 + sig
+    child.expect(pexpect.EOF)
+    settings = child.before.split()
+    assert "echo" in settings and "icanon" in settings and "icrnl" in settings, child.before
 
 
 def test_a_full_context_is_reported_and_reset_recovers(tiny, env):

@@ -1,11 +1,13 @@
 """The chat screen of specllm-cli: prompt, streamed replies, status lines, slash commands, history."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
 import sys
 import threading
+import time
 
 from .chat_session import ChatSession
 from .errors import ContextOverflowError, SpecLLMError
@@ -13,6 +15,7 @@ from .llm import DEFAULT, default_draft
 
 PROMPT = ">>> "
 MORE = "... "  # the prompt of a message's next line
+JUST_ASKED_S = 0.5  # a Ctrl-C this soon after the prompt appeared, on the last message's text: at an empty prompt
 MEASURING_THREAD = "specllm-measure"  # what it logs stays off the prompt (cli's stderr handler drops it)
 HELP = """\
 /help                           this help
@@ -264,25 +267,68 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
                           llm_options=llm_options, gen_options=gen_options)
     print(style.dim(f"{os.path.basename(session.model)} · drafter {session.draft_label} · context "
                     f"{session.n_ctx} · /help for commands, Ctrl-D to quit"))
+    with _ended_by_signals():
+        return _chat(session, style)
+
+
+class Killed(BaseException):  # not an Exception: no handler of errors on the way takes it for one
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _ended_by_signals():
+    """SIGTERM and SIGHUP end the chat as Ctrl-D does, with exit status 128 + the signal's number: killed at the
+    prompt by the signal's default action, the process left the terminal without echo (readline restores it only on
+    the way out of input()); the history is saved and the drafting memory written (atexit), as on Ctrl-D."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum, frame):
+        raise Killed(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except Killed as k:
+        raise SystemExit(128 + k.signum) from None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _chat(session: ChatSession, style: Style) -> int:
     readline, save_history = _open_history()
     prompt = style.bold(PROMPT, prompt=True)
     more = style.bold(MORE, prompt=True)
-    line = ""
+    line, asked = "", 0.0
+    continuing = []  # set while a message's next line is read
+
+    def next_line() -> str:
+        continuing.append(True)
+        return input(more)
+
     idle = IdleMeasure(session.llm, style)
     try:
         while True:
             try:
                 idle.start()
-                line = read_message(input(prompt), lambda: input(more))
+                continuing.clear()
+                asked = time.monotonic()
+                line = read_message(input(prompt), next_line)
                 idle.stop()
             except EOFError:  # Ctrl-D
                 print()
                 return 0
-            except KeyboardInterrupt:  # Ctrl-C: at an empty prompt quit, else drop the line
+            except KeyboardInterrupt:  # Ctrl-C: at an empty prompt quit, else drop the line (or the message)
                 print()
+                if continuing:  # a message of several lines was being typed: it is dropped, the chat goes on
+                    continue
                 typed = readline.get_line_buffer() if readline is not None else ""
                 # a Ctrl-C just as the prompt appears can still see the previous line in readline's buffer
-                if typed.strip() and typed != line:
+                if typed.strip() and (typed != line or time.monotonic() - asked > JUST_ASKED_S):
                     continue
                 return 0
             line = line.strip()
