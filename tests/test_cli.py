@@ -356,6 +356,16 @@ def test_generate_refuses_the_template_options_with_raw(tiny, env, flag):
     assert f"error: {flag[0]}" in r.stderr and "--raw" in r.stderr, r.stderr
 
 
+def test_ngram_without_a_draft_model_is_a_usage_error_of_the_command(env):
+    """--ngram with a registry model whose default drafter is none was ignored (no drafting at all); usage errors
+    showed the top-level usage, not the command's."""
+    for args in (["generate", "hi", "-m", "qwen2.5-coder-0.5b", "--ngram"], ["generate", "hi", "-d", "none", "--ngram"]):
+        r = subprocess.run([sys.executable, "-m", "specllm.cli", *args], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and r.stdout == "" and "--ngram (hybrid drafting) needs a draft model" in r.stderr
+        assert "usage: specllm-cli generate" in r.stderr, r.stderr
+
+
 def test_a_model_without_a_chat_template_is_completed_raw(env, tmp_path, tiny, ref):
     data = pathlib.Path(tiny["target"]).read_bytes()
     key = b"tokenizer.chat_template"
@@ -651,7 +661,9 @@ def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, e
     r = run(tiny, env, "generate", "--json", "Hello world", "--max-tokens", "300")  # --json takes no value
     assert r.returncode == 0 and r.stdout.lstrip().startswith("{"), r
     (tmp_path / "bad.gbnf").write_text("root ::= (")
+    (tmp_path / "empty.gbnf").write_text("\n")
     for extra, words in [(["--grammar", str(tmp_path / "missing.gbnf")], "cannot read"),
+                         (["--grammar", str(tmp_path / "empty.gbnf")], "is empty"),  # ran unconstrained
                          (["--json-schema", str(tmp_path / "bad.gbnf")], "not JSON"),
                          (["--grammar", str(tmp_path / "bad.gbnf")], "could not be parsed"),
                          (["--json", "--grammar", str(tmp_path / "yes.gbnf")], "give one")]:

@@ -24,7 +24,7 @@ import sys
 from . import cli_args, grammar, registry
 from .chat_screen import HELP, MEASURING_THREAD, Style, run_chat  # noqa: F401  (Style: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
-from .llm import LLM
+from .llm import DEFAULT, LLM, default_draft
 
 PROG = "specllm-cli"
 
@@ -102,8 +102,18 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _check(parser, args) -> None:
+    choices = getattr(parser._subparsers, "_group_actions", [None])[0].choices if parser._subparsers else {}
+    parser = choices.get(args.command, parser)  # the command's usage with its error
     if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
+    if getattr(args, "ngram", None) and args.draft == DEFAULT:
+        try:
+            none = default_draft(args.model) is None
+        except SpecLLMError:  # an unknown name: the load says so
+            none = False
+        if none:  # it was ignored: no drafting at all
+            parser.error(f"--ngram (hybrid drafting) needs a draft model, and {args.model} has none by default: "
+                         f"give --draft MODEL, or --draft ngram for n-gram lookup alone")
     if args.command == "generate" and args.raw:
         if args.system is not None:
             parser.error("--system goes into the chat template; --raw completes the prompt as given, without it")

@@ -162,7 +162,10 @@ def from_cli(any_json: bool, schema_file: Optional[str], gbnf_file: Optional[str
     if len(given) > 1:
         raise InvalidOptionError(f"{' and '.join(given)} each constrain the reply: give one of them")
     if gbnf_file:
-        return _read(gbnf_file, "--grammar")
+        rules = _read(gbnf_file, "--grammar")
+        if not rules.strip():  # it was dropped: the reply ran unconstrained
+            raise InvalidOptionError(f"--grammar: {gbnf_file} is empty; give GBNF rules with a root rule")
+        return rules
     if schema_file:
         return json(_read(schema_file, "--json-schema"))
     return json() if any_json else None
