@@ -99,6 +99,38 @@ def test_a_stop_set_before_the_measurement_begins_ends_it(tiny, tmp_path, monkey
     assert llm.generate("the cat", max_tokens=8).finish_reason == "length" and not llm.profile_stale
 
 
+def test_ctrl_c_while_a_load_measures_ends_it_at_once(tiny, tmp_path, monkeypatch):
+    """Ctrl-C while a load measured the costs (a minute on a 2-core CPU) waited for the measurement's end (14-50 s in
+    specllm-cli): a C++ call holds Python's signal handlers. The measurement runs on a thread of its own now, and
+    Ctrl-C interrupts it within one timed step (a first version joined that thread and crashed the interpreter's
+    exit)."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    seen = []
+
+    def endless(engine, *args, **kw):  # a slow machine's minute: timed steps until interrupted
+        while True:
+            try:
+                engine.profile_verify([1, 8], 3)
+            except specllm.errors.Cancelled:
+                seen.append("cancelled")
+                raise
+
+    monkeypatch.setattr(profile, "load_or_measure", endless)
+    ctrl_c = threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    t0 = time.monotonic()
+    ctrl_c.start()
+    with pytest.raises(KeyboardInterrupt):
+        specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert time.monotonic() - t0 < 5 and seen == ["cancelled"]
+    for thread in threading.enumerate():
+        if thread.name == "specllm-measure-load":
+            thread.join(5)
+            assert not thread.is_alive()
+    monkeypatch.undo()
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=False)
+    assert llm.generate("the cat", max_tokens=4, ignore_eos=True).stats.n_generated == 4
+
+
 def test_stop_measuring_keeps_the_old_costs(tiny, tmp_path, monkeypatch):
     # the slow tiny model takes ~3 s to measure: interrupted from another thread well before that
     llm, path = _stale_llm(tiny, tmp_path, monkeypatch, model="slow")

@@ -37,14 +37,56 @@ class Costs:
             # n-gram drafter): measuring them again would clear the target's KV cache. A busy profile is measured
             # again at a load only: after a swap it is taken as it is (the conversation's cache stays)
             known = self.known or profile.cached(self._model_path, "", *args, busy_ok=swapped)
-            self.profile = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *args,
-                                                   known=known, swapped=swapped)
+            self.profile = self._interruptible(lambda: profile.load_or_measure(
+                self.engine, self._model_path, draft_path or "", *args, known=known, swapped=swapped))
             self.known = self.profile
             logs.drain()
         # a profile judged stale (or taken from one) is not judged again; another drafter's own profile is, by the
         # steps run with it (the level so far was learned against the costs before)
         self.stale_checked = self.profile is not None and "stale" in self.profile
         self.steps_before = self.engine.step_level()[1]
+
+    def _interruptible(self, fn):
+        """fn() (a profile read or measured), on a thread of its own when called from the main thread: a C++ call
+        holds Python's signal handlers, so a Ctrl-C during the minute a measurement takes at a load waited for its
+        end. Now the measurement is interrupted within one timed step and KeyboardInterrupt raised at once (the
+        partial measurement is not kept)."""
+        if threading.current_thread() is not threading.main_thread():
+            return fn()
+        box, done = {}, threading.Event()
+
+        def run():
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # raised in the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run, name="specllm-measure-load")
+        with self._lock:
+            self.measuring = True
+        thread.start()
+        try:
+            while not done.wait(0.1):  # an Event's wait, not a join: a join cut by Ctrl-C left the thread half-ended
+                pass
+        except KeyboardInterrupt:
+            with self._lock:
+                self.engine.interrupt()
+            while not done.is_set():  # not left inside llama.cpp as the interpreter exits
+                try:
+                    done.wait()
+                except KeyboardInterrupt:
+                    pass
+            raise
+        finally:
+            with self._lock:
+                self.measuring = False
+                self.engine.clear_interrupt()  # an interrupt the measurement did not meet is not left for a generation
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def check(self, draft_path: Optional[str]) -> None:
         """After a generation: a cost profile the steps have run far below is marked, to be measured again at the
