@@ -337,9 +337,19 @@ def test_generate_applies_the_repetition_penalties(tiny, env, ref):
                         presence_penalty=0.2, frequency_penalty=0.1).text
     assert r.stdout == want and want != ref.generate("the the in the an", max_tokens=24).text
     for flag, value in (("--repeat-penalty", "0"), ("--repeat-penalty", "inf"), ("--repeat-last-n", "-2"),
-                        ("--presence-penalty", "nan")):
+                        ("--presence-penalty", "nan"), ("--seed", str(2**64)), ("--seed", "-2")):  # 2^64 wrapped to 0
         r = run(tiny, env, "generate", "x", "--raw", flag, value)
         assert r.returncode == 2 and r.stdout == "" and f"argument {flag}" in r.stderr, r.stderr
+
+
+def test_seed_minus_1_is_a_fresh_seed_and_draft_takes_ngram_in_any_case(tiny, env):
+    outs = set()
+    for _ in range(3):
+        r = run(tiny, env, "generate", "hi", "--raw", "--seed", "-1", "--temperature", "1.5", "--max-tokens", "16",
+                "--draft", "NGRAM")
+        assert r.returncode == 0, r.stderr
+        outs.add(r.stdout)
+    assert len(outs) > 1  # three samples of 16 tokens at temperature 1.5 from a random model differ
 
 
 def test_generate_puts_the_system_prompt_in_the_template(tiny, env, ref):
@@ -568,6 +578,10 @@ def test_a_saved_conversation_with_text_no_reply_could_send_is_refused_at_load(t
         s.system = "x\udce9"
     s.save(tmp_path / "ok.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "ok.json"]
+    bom = tmp_path / "bom.json"  # saved again by an editor that writes a byte order mark
+    bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "ok.json").read_bytes())
+    s.load(bom)
+    assert s.turns == before
 
 
 def test_a_stopped_reply_is_kept_and_its_prefix_reused(tiny):

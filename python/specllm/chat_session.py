@@ -131,7 +131,7 @@ class ChatSession:
         unchanged) for a file that is not one."""
         path = os.fspath(path)
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(path, encoding="utf-8-sig") as f:  # an editor's byte order mark was "not JSON"
                 data = json.load(f)
         except OSError as e:
             raise InvalidOptionError(f"cannot read {path}: {e.strerror or e}") from None

@@ -74,7 +74,17 @@ def _draft_length(s: str):
 
 
 def _draft(s: str):
-    return None if s.lower() == "none" else s
+    return None if s.lower() == "none" else "ngram" if s.lower() == "ngram" else s
+
+
+def _seed(s: str):
+    try:
+        seed = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int, got {s!r}") from None
+    if not -1 <= seed < 2**64:  # it wrapped modulo 2^64
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2^64-1 (or -1: a fresh seed), got {seed}")
+    return None if seed == -1 else seed
 
 
 def _template_kwargs(s: str) -> dict:
@@ -166,7 +176,8 @@ def generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help=f"longest reply (default: {max_tokens})")
     g.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|heuristic|K",
                    help="draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-16)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one)")
+    g.add_argument("--seed", type=_seed, default=None, metavar="N",
+                   help="sampling seed, from 0 to 2^64-1 (default, or -1 as in llama.cpp: a fresh one)")
     g.add_argument("--repeat-penalty", type=_repeat_penalty, default=1.0, metavar="F",
                    help="divide the logits of tokens seen in the last --repeat-last-n tokens by F, as llama.cpp "
                         "(default: 1.0, off; 1.1 keeps small models from looping)")

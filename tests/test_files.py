@@ -1,0 +1,48 @@
+"""files.write_atomic, which writes the drafting memory, a saved chat and the cost profiles: whole or not at all,
+and as a user's editor would (permissions and symbolic links kept)."""
+import os
+import stat
+
+import pytest
+
+from specllm import files
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_a_new_file_gets_the_umasks_permissions(tmp_path):
+    old = os.umask(0o027)
+    try:
+        files.write_atomic(tmp_path / "a.json", b"{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").read_bytes() == b"{}" and mode(tmp_path / "a.json") == 0o640  # mkstemp's 0600 before
+
+
+def test_a_replaced_file_keeps_its_permissions_and_a_link_stays_a_link(tmp_path):
+    target = tmp_path / "chats" / "mine.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    os.chmod(target, 0o664)
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    files.write_atomic(link, b"new")
+    assert link.is_symlink() and target.read_text() == "new" and mode(target) == 0o664
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["chats", "latest.json", "mine.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
+    path = tmp_path / "m.bin"
+    path.write_bytes(b"old")
+
+    def fail(src, dst):
+        raise KeyboardInterrupt  # Ctrl-C between the write and the rename
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_atomic(path, b"new")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["m.bin"]
+    with pytest.raises(FileNotFoundError):
+        files.write_atomic(tmp_path / "nowhere" / "m.bin", b"x")
