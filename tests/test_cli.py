@@ -588,6 +588,7 @@ def test_a_stopped_reply_is_kept_and_its_prefix_reused(tiny):
     s = session(tiny)
     r = s.reply("hi", stop_requested=lambda: True)
     assert r.finish_reason == "interrupted" and r.text and r.stats.n_generated >= 1
+    assert r.stats.n_prompt > 0 and r.stats.prefill_ms > 0  # the engine's stats: the speed without the prompt's time
     assert s.turns == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": r.text}]
     r2 = s.reply("go on")
     assert r2.finish_reason in ("stop", "length") and r2.stats.n_cached > 0

@@ -187,7 +187,9 @@ class ChatSession:
                     partial.k_histogram[chunk.n_drafted] = partial.k_histogram.get(chunk.n_drafted, 0) + 1
                     if stop_requested():
                         break
-            partial.generate_ms = 1000 * (time.perf_counter() - t0)
+            partial.generate_ms = 1000 * (time.perf_counter() - t0)  # with the prompt's time (the engine's: without)
+            if final is None and stream.stats is not None and stream.stats.n_generated == partial.n_generated > 0:
+                partial = stream.stats  # the stopped generation's own (its speed without the prompt's time)
         except BaseException:
             del self.turns[-1]
             raise
