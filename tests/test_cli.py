@@ -532,6 +532,9 @@ def test_pull_of_an_unknown_name_fails_clearly(env):
     assert r.returncode == 1
     assert r.stderr.startswith("specllm-cli: error: unknown model 'qwen2.5-coder-1.5'") and "Did you mean" in r.stderr
     assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "pull", __file__], env=env, capture_output=True,
+                       text=True, timeout=60)  # a file: it said "not an existing file"
+    assert r.returncode == 1 and "is a file, not a registry name" in r.stderr and "--model" in r.stderr, r.stderr
 
 
 def test_pull_with_no_reachable_source_fails_clearly(tmp_path, monkeypatch, capsys):

@@ -124,6 +124,9 @@ def _pull(name, progress, sources):
     unknown = set(sources) - set(_PULLERS)
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}: expected some of {list(_PULLERS)}")
+    if name not in known_models() and os.path.exists(name):  # "not an existing file" would be wrong here
+        raise RegistryError(f"{name!r} is a file, not a registry name: pull downloads registry models (see "
+                            f"'specllm-cli models'); a GGUF file is used as it is, with --model {name}")
     entry = _entry(name)
     dest = cache_dir() / entry["filename"]
     with ExitStack() as held:
