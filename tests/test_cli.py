@@ -342,6 +342,21 @@ def test_generate_applies_the_repetition_penalties(tiny, env, ref):
         assert r.returncode == 2 and r.stdout == "" and f"argument {flag}" in r.stderr, r.stderr
 
 
+def test_errors_name_the_flags_not_the_librarys_arguments(tiny, env):
+    """Errors from LLM(...) name its arguments (n_threads, n_ctx, None, chat_template=): the command line's
+    user sees its flags."""
+    for flags, words in ((["--threads", "100000"], "--threads must be between 1 and"),
+                         (["--ctx", "20000000"], "--ctx must be between 16 and")):
+        r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "hi", "--model", tiny["target"],
+                            "--draft", "none", *flags], env=env, capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
+        assert not re.search(r"n_threads|n_ctx|None", r.stderr), r.stderr
+    assert cli.in_flags("cache_type_v='q4_0' needs flash attention: flash_attn='auto' or 'on'; lower max_tokens") == \
+        "--cache-type-v 'q4_0' needs flash attention: --flash-attn 'auto' or 'on'; lower --max-tokens"
+    assert cli.in_flags("n_ctx_train, max_tokens_left, LLM.n_ctx") == "n_ctx_train, max_tokens_left, LLM.n_ctx"
+
+
 def test_seed_minus_1_is_a_fresh_seed_and_draft_takes_ngram_in_any_case(tiny, env):
     outs = set()
     for _ in range(3):

@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 
 from . import cli_args, grammar, registry
@@ -298,8 +299,31 @@ def _valid_text(s: str) -> str:
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+# the library's words for what the command line calls by its flags (an error from LLM(...) names its argument)
+FLAG_WORDS = [
+    ("create the LLM with a larger n_ctx", "give a larger --ctx"), ("pass the formatted prompt to generate() instead",
+                                                                   "--raw completes the prompt as given"),
+    ("None uses them all", "leaving --threads out uses them all"), ("between 0 (all cores) and", "between 1 and"),
+    ("give chat_template= one of", "give --chat-template one of"), ("save one with LLM.save_memory",
+                                                                   "--memory-file writes one at exit"),
+]
+FLAG_NAMES = {"n_ctx": "--ctx", "n_threads": "--threads", "max_tokens": "--max-tokens", "memory_tokens": "--memory-tokens",
+              "prompt_cache_mb": "--prompt-cache-mb", "prompt_cache_disk_mb": "--prompt-cache-disk-mb",
+              "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v", "flash_attn": "--flash-attn",
+              "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
+              "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n"}
+
+
+def in_flags(message: str) -> str:
+    """An error's text with the library's argument names as the command line's flags (n_ctx: --ctx, ...)."""
+    for words, flags in FLAG_WORDS:
+        message = message.replace(words, flags)
+    return re.sub(r"(?<![\w.-])(" + "|".join(FLAG_NAMES) + r")(=(?=['\"]))?(?![\w(])",
+                  lambda m: FLAG_NAMES[m.group(1)] + (" " if m.group(2) else ""), message)
+
+
 def _error(message: str) -> None:
-    first, *rest = str(message).strip().splitlines() or ["(no message)"]
+    first, *rest = in_flags(str(message)).strip().splitlines() or ["(no message)"]
     print(f"{PROG}: error: {first}", file=sys.stderr)
     for line in rest:
         print(f"  {line}", file=sys.stderr)

@@ -126,7 +126,8 @@ def load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=None,
                    help="hybrid drafting: with a draft model, also draft by n-gram lookup when it pays better "
                         "(default: on; --no-ngram: the draft model alone)")
-    g.add_argument("--ctx", type=positive_int, default=4096, metavar="N", help="context window (default: 4096)")
+    g.add_argument("--ctx", type=positive_int, default=4096, metavar="N",
+                   help="context window, rounded up to a multiple of 256 as llama.cpp does (default: 4096)")
     g.add_argument("--threads", "-t", type=positive_int, default=None, metavar="N",
                    help="CPU threads (default: llama.cpp's choice)")
     g.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
