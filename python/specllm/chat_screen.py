@@ -168,8 +168,11 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
     except SpecLLMError as e:
         full = isinstance(e, ContextOverflowError)
         print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {e}"))
-        if full:
+        if full and session.turns:
             print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
+        elif full:  # the message alone does not fit: /reset cannot help
+            print(style.dim(f"the message alone is longer than the context: shorten it, or restart with a larger "
+                            f"--ctx than {session.n_ctx}"))
         return
     finally:
         signal.signal(signal.SIGINT, previous)
