@@ -1,6 +1,7 @@
 """Inputs found wrong by review: each one gets a typed error (or works), never a crash, an untyped error from deep
 inside, or a file left half-written."""
 
+import io
 import os
 import subprocess
 import sys
@@ -151,10 +152,13 @@ def test_a_model_without_a_tokenizer_is_refused(tiny, make_llm, tmp_path):
 def test_a_failed_profile_write_leaves_no_temporary_file(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path / "profiles"))
 
-    def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+    from specllm import files
 
-    monkeypatch.setattr(profile.json, "dump", full_disk)
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: FullDisk(fd, "wb"))  # files.write_atomic's file
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures, fails to save, goes on
     assert llm.profile["verify_ms"] and list((tmp_path / "profiles").iterdir()) == []
 

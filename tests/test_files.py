@@ -19,6 +19,10 @@ def test_a_new_file_gets_the_umasks_permissions(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "a.json").read_bytes() == b"{}" and mode(tmp_path / "a.json") == 0o640  # mkstemp's 0600 before
+    (tmp_path / "run").write_bytes(b"")
+    os.chmod(tmp_path / "run", 0o4755)
+    files.write_atomic(tmp_path / "run", b"x")
+    assert mode(tmp_path / "run") == 0o755  # a set-id bit is not carried to new contents
 
 
 def test_a_replaced_file_keeps_its_permissions_and_a_link_stays_a_link(tmp_path):

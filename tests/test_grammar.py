@@ -252,6 +252,8 @@ def test_false_forbids_where_json_schema_uses_it_to(tiny, make_llm):
         assert set(value) == {"a", "c", "d"} and value["c"] == [] and len(value["d"]) == 1, value
     with pytest.raises(InvalidOptionError, match="requires property 'b', whose schema is false"):
         specllm.grammar.json(dict(schema, required=["a", "b"]))
+    with pytest.raises(InvalidOptionError, match="a property of false .* beside additionalProperties"):
+        specllm.grammar.json(dict(schema, additionalProperties=True))  # the key could come back as an extra one
     with pytest.raises(InvalidOptionError, match="at least 2 items but allows 1"):
         specllm.grammar.json({"type": "array", "prefixItems": [{"type": "integer"}], "items": False, "minItems": 2})
 

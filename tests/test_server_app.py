@@ -2,6 +2,7 @@
 easily provoke — a decode error in the middle of a generation, a model still loading, a body without a length."""
 
 import json
+import re
 import threading
 
 import pytest
@@ -147,6 +148,9 @@ def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="specllm.server"):
         specllm.serve(llm, host="0.0.0.0", port=0)
     assert any("without an API key" in r.getMessage() for r in caplog.records)
+    with caplog.at_level("INFO", logger="specllm.server"):
+        specllm.serve(llm, host="127.0.0.1", port=0)
+    assert any(re.match(r"listening on http://127\.0\.0\.1:[1-9]\d*", r.getMessage()) for r in caplog.records)
     caplog.clear()
     with caplog.at_level("WARNING", logger="specllm.server"):
         specllm.serve(llm, host="127.0.0.1", port=0)
@@ -154,6 +158,27 @@ def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
     assert not caplog.records
     assert server_app.is_loopback("::1") and server_app.is_loopback("localhost")
     assert not server_app.is_loopback("192.168.1.5")
+
+
+def test_listen_takes_the_port_now_and_says_what_stands_in_the_way():
+    """serve() listens before the load: a second server on the port fails there (bound with SO_REUSEADDR but not
+    listening, both would pass), a port out of range is refused (getaddrinfo wrapped 70000 to 4464)."""
+    from specllm.server import app as server_app
+
+    first = server_app.listen("127.0.0.1", 0)
+    port = first[0].getsockname()[1]
+    try:
+        assert server_app.url(first[0]) == f"http://127.0.0.1:{port}"
+        with pytest.raises(specllm.ListenError, match=f"cannot listen on 127.0.0.1:{port}: .*another program"):
+            server_app.listen("127.0.0.1", port)
+    finally:
+        for sock in first:
+            sock.close()
+    for port in (70000, -1, True, "80"):
+        with pytest.raises(specllm.ListenError, match="the port must be an int from 0 to 65535"):
+            server_app.listen("127.0.0.1", port)
+    with pytest.raises(specllm.ListenError, match="cannot listen on host 'no such host.invalid'"):
+        server_app.listen("no such host.invalid", 0)
 
 
 def test_a_request_after_the_worker_stopped_is_a_503_that_says_why(llm):

@@ -292,7 +292,8 @@ def _ended_by_signals():
     def on_signal(signum, frame):
         raise Killed(signum)
 
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])  # no SIGHUP on Windows
+    old = {sig: signal.signal(sig, on_signal) for sig in sigs}
     try:
         yield
     except Killed as k:

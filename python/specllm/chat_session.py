@@ -34,7 +34,8 @@ def add_stats(total: Stats, s: Stats) -> None:
 @dataclass
 class Reply:
     text: str
-    stats: Stats               # of this reply; for a stopped one, counted from its chunks (times: wall clock)
+    stats: Stats               # of this reply (a stopped one's from the engine; from its chunks, wall clock, if
+    #                            the engine had none)
     finish_reason: str         # "stop", "length" or "interrupted"
     context_full: bool = False  # cut short because the context window has no more room
 
@@ -54,7 +55,7 @@ class ChatSession:
         self.turns: List[Dict[str, str]] = []  # user and assistant messages, the system prompt apart
         self.totals = Stats()
         self.n_replies = 0
-        self.n_stopped = 0  # replies stopped early: their stats are counted from chunks, without prompt or prefill
+        self.n_stopped = 0  # replies stopped early whose stats were counted from chunks, without prompt or prefill
         self.n_from_disk = 0  # prompt tokens read back from LLM(prompt_cache_dir=...)
         self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
         # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
@@ -203,7 +204,7 @@ class ChatSession:
             stats, reason = final.stats, final.finish_reason
         else:
             stats, reason = partial, "interrupted"
-            self.n_stopped += 1
+            self.n_stopped += not partial.n_prompt  # counted from its chunks: no prompt tokens, no prefill time
         self.n_replies += 1
         add_stats(self.totals, stats)
         self.n_from_disk += stats.n_restored if stats.restored_from_disk else 0

@@ -107,12 +107,8 @@ def _check(parser, args) -> None:
     parser = choices.get(args.command, parser)  # the command's usage with its error
     if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
-    if getattr(args, "ngram", None) and args.draft == DEFAULT:
-        try:
-            none = default_draft(args.model) is None
-        except SpecLLMError:  # an unknown name: the load says so
-            none = False
-        if none:  # it was ignored: no drafting at all
+    if getattr(args, "ngram", None) and args.draft == DEFAULT and args.model in registry.known_models():
+        if default_draft(args.model) is None:  # it was ignored: no drafting at all
             parser.error(f"--ngram (hybrid drafting) needs a draft model, and {args.model} has none by default: "
                          f"give --draft MODEL, or --draft ngram for n-gram lookup alone")
     if args.command == "generate" and args.raw:
@@ -318,7 +314,8 @@ def in_flags(message: str) -> str:
     """An error's text with the library's argument names as the command line's flags (n_ctx: --ctx, ...)."""
     for words, flags in FLAG_WORDS:
         message = message.replace(words, flags)
-    return re.sub(r"(?<![\w.-])(" + "|".join(FLAG_NAMES) + r")(=(?=['\"]))?(?![\w(])",
+    # not inside a path, a dotted name or quotes (a file, a model or a template's own words stay as they are)
+    return re.sub(r"(?<![\w./\\'\"-])(" + "|".join(FLAG_NAMES) + r")(?:(=)(?=['\"])|(?![\w(/\\'\"]|\.\w))",
                   lambda m: FLAG_NAMES[m.group(1)] + (" " if m.group(2) else ""), message)
 
 

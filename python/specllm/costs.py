@@ -64,26 +64,21 @@ class Costs:
                 done.set()
 
         thread = threading.Thread(target=run, name="specllm-measure-load")
-        with self._lock:
-            self.measuring = True
-        thread.start()
         try:
+            thread.start()
             while not done.wait(0.1):  # an Event's wait, not a join: a join cut by Ctrl-C left the thread half-ended
                 pass
-        except KeyboardInterrupt:
-            with self._lock:
+        except BaseException:  # Ctrl-C, or a signal handler's SystemExit: the measurement ends within one step
+            if thread.ident is not None:  # started
                 self.engine.interrupt()
-            while not done.is_set():  # not left inside llama.cpp as the interpreter exits
-                try:
-                    done.wait()
-                except KeyboardInterrupt:
-                    pass
+                while not done.is_set():  # not left inside llama.cpp as the interpreter exits
+                    try:
+                        done.wait()
+                    except BaseException:
+                        pass
             raise
         finally:
-            with self._lock:
-                self.measuring = False
-                self.engine.clear_interrupt()  # an interrupt the measurement did not meet is not left for a generation
-        thread.join()
+            self.engine.clear_interrupt()  # an interrupt the measurement did not meet is not left for a generation
         if "error" in box:
             raise box["error"]
         return box["value"]

@@ -3,39 +3,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
-import tempfile
 
 
 def write_atomic(path, data: bytes) -> None:
     """Writes data to path whole or not at all: into a temporary file beside it (one of its own per call, so that two
     threads saving to one path do not share it) renamed over it. An interruption (an OSError, Ctrl-C) leaves the old
     file as it was and no temporary file behind. A symbolic link is followed (the file it names is replaced, the link
-    stays); the file keeps its permissions, or gets the umask's as a new file."""
+    stays); a replaced file keeps its permissions (not its set-id bits), a new one gets the umask's."""
     path = os.path.realpath(os.fspath(path))
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
+        mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777
     except OSError:
-        mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+        mode = None
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)  # the umask applies
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            os.fchmod(f.fileno(), mode)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    """The process's umask, read without setting it (os.umask sets it: a race with other threads' files)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022

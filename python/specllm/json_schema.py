@@ -62,8 +62,13 @@ def _drop_forbidden(schema: dict, name: str) -> dict:
         if required:
             raise ValueError(f"the schema at {name or 'the root'} requires property {required[0]!r}, whose schema "
                              f"is false: no JSON value matches it")
+        if schema.get("additionalProperties") not in (None, False):  # the key could come back as an additional one
+            raise ValueError(f"the schema at {name or 'the root'}: a property of false ({banned[0]!r}) beside "
+                             f"additionalProperties is not supported; leave the property out")
         schema = dict(schema, properties={k: v for k, v in props.items() if v is not False})
-    if schema.get("items") is False and schema.get("type") in (None, "array"):
+    is_array = schema.get("type") == "array" or (schema.get("type") is None and not schema.keys() & {
+        "properties", "additionalProperties", "required"})
+    if schema.get("items") is False and is_array:
         prefix = schema.get("prefixItems") or []
         if schema.get("minItems", 0) > len(prefix):
             raise ValueError(f"the schema at {name or 'the root'} wants at least {schema['minItems']} items but "

@@ -288,28 +288,39 @@ def _run(llm, host, port, sockets, api_key, log_level, app_options) -> None:
         ready(worker.llm)
     else:
         worker.on_ready = ready
+    # uvicorn, handed its sockets, does not say where it listens ("Uvicorn running on ..."): this does
+    log.info("listening on %s (Ctrl-C to stop)", ", ".join(url(sock) for sock in sockets))
     server.run(sockets=sockets)
     if worker.load_error is not None:
         raise worker.load_error
 
 
 def listen(host: str, port: int) -> list:
-    """Bound sockets for host:port, one per address the host names (IPv4 and IPv6 for "localhost"), as asyncio's
-    create_server binds them for uvicorn; ListenError says what stands in the way."""
+    """Listening sockets for host:port, one per address the host names (IPv4 and IPv6 for "localhost"; a family the
+    kernel lacks is skipped), as asyncio's create_server makes them for uvicorn; ListenError says what stands in the
+    way."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ListenError(f"the port must be an int from 0 to 65535 (0: a free one), got {port!r}")
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError, OverflowError) as e:
+    except (socket.gaierror, UnicodeError) as e:
         raise ListenError(f"cannot listen on host {host!r}: {getattr(e, 'strerror', None) or e} (give an address "
                           f"of this machine: 127.0.0.1 for this machine only, 0.0.0.0 for every network)") from None
     sockets = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # no IPv6 in this kernel, say: as asyncio, the other family serves
+                continue
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
+            sock.listen(2048)  # now, not in uvicorn: a second server bound beside it would fail only there
+        if not sockets:
+            raise OSError(errno.EAFNOSUPPORT, "no address family of it can be used here")
     except OSError as e:
         for sock in sockets:
             sock.close()
@@ -318,3 +329,9 @@ def listen(host: str, port: int) -> list:
                 errno.EADDRNOTAVAIL: "; it is not an address of this machine"}.get(e.errno, "")
         raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}{hint}") from None
     return sockets
+
+
+def url(sock) -> str:
+    """http://host:port of a listening socket (IPv6 in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
