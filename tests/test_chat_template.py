@@ -108,7 +108,8 @@ def test_a_bad_template_or_variable_is_a_typed_error_before_the_model_loads(tiny
 
 
 def test_an_unknown_built_in_name_given_at_load_and_bad_variables_per_call_are_typed_errors(tiny, make_llm, llm):
-    with pytest.raises(specllm.InvalidOptionError, match="llama.cpp does not know"):
+    with pytest.raises(specllm.InvalidOptionError, match="chat_template='no-such-format' is neither a Jinja template "
+                       "nor one of llama.cpp's built-in format names"):  # it blamed "this model's chat template"
         make_llm(tiny["target"], chat_template="no-such-format")
     with pytest.raises(specllm.InvalidOptionError, match="set for every template"):
         llm.chat(HI, max_tokens=2, chat_template_kwargs={"tools": []})

@@ -106,7 +106,7 @@ def test_generate_takes_the_template_flags_as_the_library(tiny, template_file, l
     (["--chat-template-kwargs", "[1]"], 2, "give a JSON object"),
     (["--chat-template-file", "/nonexistent/t.jinja"], 2, "argument --chat-template-file: cannot read the template"),
     (["--chat-template", "chatml", "--chat-template-file", "/etc/hostname"], 2, "not allowed with argument"),
-    (["--chat-template", "no-such-format"], 1, "llama.cpp does not know"),
+    (["--chat-template", "no-such-format"], 1, "--chat-template 'no-such-format' is neither a Jinja template"),
     (["--chat-template", "{% for m in messages %}"], 1, "not a valid Jinja template"),
     (["--chat-template-kwargs", '{"messages": 1}'], 1, "set for every template"),
 ])

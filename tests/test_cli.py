@@ -602,6 +602,12 @@ def test_a_saved_conversation_with_text_no_reply_could_send_is_refused_at_load(t
     bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "ok.json").read_bytes())
     s.load(bom)
     assert s.turns == before
+    big = tmp_path / "big.json"  # more than the context holds: taken, the next message failed with "context full"
+    big.write_text(json.dumps({"messages": [{"role": "user", "content": "word " * 3000},
+                                            {"role": "assistant", "content": "ok"}]}))
+    with pytest.raises(specllm.InvalidOptionError, match=r"big\.json: the conversation is \d+ tokens, more than"):
+        s.load(big)
+    assert s.turns == before
 
 
 def test_a_stopped_reply_is_kept_and_its_prefix_reused(tiny):

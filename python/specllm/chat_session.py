@@ -153,8 +153,17 @@ class ChatSession:
                                      f"(what /save writes) or a list of such messages")
         for i, m in enumerate(messages):  # a "\udce9" escape in the file: text that cannot be sent or saved
             _text(f"{path}: message {i + 1}", m["content"])
-        self.system = system or None
-        self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+        before = self._system, self.turns
+        try:
+            self.system = system or None
+            self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+            n = self.n_tokens()
+            if n >= self.n_ctx:  # taken, the next message failed with "context full"
+                raise InvalidOptionError(f"{path}: the conversation is {n} tokens, more than the context window "
+                                         f"(n_ctx={self.n_ctx}) holds with a reply; load it with a larger context")
+        except BaseException:
+            self._system, self.turns = before
+            raise
 
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None,
               stop_requested: Callable[[], bool] = lambda: False) -> Reply:

@@ -181,7 +181,12 @@ class ChatMethods:
         llama.cpp knows."""
         template, self._chat_template_kwargs = checked
         if template and not is_jinja(template) and template != LLAMA_CPP:
-            self._engine.target.apply_chat_template([("user", "hi")], True, template)  # unknown: InvalidOptionError
+            try:
+                self._engine.target.apply_chat_template([("user", "hi")], True, template)
+            except InvalidOptionError:  # llama.cpp's message blames "this model's chat template": it is the caller's
+                raise InvalidOptionError(
+                    f"chat_template={template[:200]!r} is neither a Jinja template nor one of llama.cpp's built-in "
+                    f"format names (e.g. \"chatml\", \"llama3\", \"gemma\")") from None
         self._chat_template = template
 
     @property

@@ -306,7 +306,7 @@ FLAG_WORDS = [
 FLAG_NAMES = {"n_ctx": "--ctx", "n_threads": "--threads", "max_tokens": "--max-tokens", "memory_tokens": "--memory-tokens",
               "prompt_cache_mb": "--prompt-cache-mb", "prompt_cache_disk_mb": "--prompt-cache-disk-mb",
               "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v", "flash_attn": "--flash-attn",
-              "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
+              "chat_template": "--chat-template", "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
               "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n"}
 
 
