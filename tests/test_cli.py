@@ -771,3 +771,7 @@ def test_serve_says_at_once_when_it_cannot_listen(tiny, env):
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
             assert "measuring this machine" not in r.stderr and "ready:" not in r.stderr
+    r = run(tiny, env, "serve", "--port", "70000")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and lines == ["specllm-cli: error: --port must be an int from 0 to 65535 (0: a free one), "
+                                          "got 70000"], r.stderr

@@ -37,6 +37,7 @@ def make_parser() -> argparse.ArgumentParser:
     from . import __version__
     parser.add_argument("--version", action="version", version=f"specllm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices  # name -> the command's parser (_check's usage errors)
 
     p = sub.add_parser("chat", help="chat in the terminal (the default command)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -103,8 +104,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _check(parser, args) -> None:
-    choices = getattr(parser._subparsers, "_group_actions", [None])[0].choices if parser._subparsers else {}
-    parser = choices.get(args.command, parser)  # the command's usage with its error
+    parser = parser.commands.get(args.command, parser)  # the command's usage with its error
     if getattr(args, "ngram", None) and args.draft in (None, "ngram"):
         parser.error("--ngram (hybrid drafting) needs a draft model, not --draft " + str(args.draft).lower())
     if getattr(args, "ngram", None) and args.draft == DEFAULT and args.model in registry.known_models():
@@ -236,8 +236,6 @@ def run_serve(args) -> int:
             raise SpecLLMError(f"cannot read the API key file: {e}") from None
         if not api_key:
             raise SpecLLMError(f"the API key file {args.api_key_file} is empty")
-    if not 0 <= args.port <= 65535:
-        raise SpecLLMError(f"--port must be from 0 to 65535, got {args.port}")
     log = logging.getLogger("specllm.server")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
         log.addHandler(_stderr_handler())
@@ -303,7 +301,7 @@ FLAG_WORDS = [
     ("give chat_template= one of", "give --chat-template one of"), ("save one with LLM.save_memory",
                                                                    "--memory-file writes one at exit"),
 ]
-FLAG_NAMES = {"n_ctx": "--ctx", "n_threads": "--threads", "max_tokens": "--max-tokens", "memory_tokens": "--memory-tokens",
+FLAG_NAMES = {"port": "--port", "n_ctx": "--ctx", "n_threads": "--threads", "max_tokens": "--max-tokens", "memory_tokens": "--memory-tokens",
               "prompt_cache_mb": "--prompt-cache-mb", "prompt_cache_disk_mb": "--prompt-cache-disk-mb",
               "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v", "flash_attn": "--flash-attn",
               "chat_template": "--chat-template", "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",

@@ -300,7 +300,7 @@ def listen(host: str, port: int) -> list:
     kernel lacks is skipped), as asyncio's create_server makes them for uvicorn; ListenError says what stands in the
     way."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ListenError(f"the port must be an int from 0 to 65535 (0: a free one), got {port!r}")
+        raise ListenError(f"port must be an int from 0 to 65535 (0: a free one), got {port!r}")
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
