@@ -24,8 +24,13 @@ from llama_cpp import llama_grammar
 # keys that say nothing about which values match
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
                          "readOnly", "writeOnly"})
-_LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')  # llama.cpp's GRAMMAR_LITERAL_ESCAPE_RE
-_LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
+_LITERAL_ESCAPE = re.compile(r'[\r\n\t"\\]')  # llama.cpp's GRAMMAR_LITERAL_ESCAPE_RE, and tabs
+_LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
+
+
+def gbnf_literal(text: str) -> str:
+    """text as a GBNF string literal: backslashes, quotes, CR, LF and tabs escaped."""
+    return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], text) + '"'
 
 
 def allows_anything(schema: Any) -> bool:
@@ -34,7 +39,7 @@ def allows_anything(schema: Any) -> bool:
 
 class Converter(llama_grammar.SchemaConverter):
     def _format_literal(self, literal: str) -> str:
-        return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
+        return gbnf_literal(literal)
 
     def visit(self, schema, name):
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"

@@ -123,6 +123,7 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         return None, {}
     opening = forced_opening(tool_choice, tools)
     from .. import json_schema  # llama.cpp's json-schema-to-grammar, as specllm.grammar.json
+    gbnf_literal = json_schema.gbnf_literal
 
     conv = json_schema.Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     fns = {}
@@ -143,14 +144,14 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
             return conv.visit({"type": "object"}, f"arguments-{i}-any")
 
     def named_call(args: List[str], between: str) -> str:  # after '"name": "': a tool's name, then its arguments
-        return "( " + " | ".join(_literal(_json_body(name) + '"') + between + a for name, a in zip(fns, args)) + " )"
+        return "( " + " | ".join(gbnf_literal(_json_body(name) + '"') + between + a for name, a in zip(fns, args)) + " )"
 
     if not opening:  # "auto": blocks from the trigger on, or a whole-reply JSON call
         args = [arguments(i, fn) for i, fn in enumerate(fns.values())]
-        conv._add_rule("tool-call", _literal(OPEN) + ' "\\n"? ' + _literal('{"name": "') + " " +
+        conv._add_rule("tool-call", gbnf_literal(OPEN) + ' "\\n"? ' + gbnf_literal('{"name": "') + " " +
                        named_call(args, ' ", \\"arguments\\": " ') + ' "}"')
         # every block but the last is closed (parse reads an open block only at the end)
-        close = ' "\\n"? ' + _literal(CLOSE)
+        close = ' "\\n"? ' + gbnf_literal(CLOSE)
         blocks = f"( tool-call{close} [ \\t\\n]* )* " if parallel else ""
         conv._add_rule("call-object", 'space "{" space "\\"name\\"" space ":" space "\\"" ' +
                        named_call(args, ' space "," space "\\"arguments\\"" space ":" space ') + ' space "}"')
@@ -167,20 +168,13 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         call = arguments(0, fns[name])
     else:  # the model names one of the tools
         call = named_call([arguments(i, fn) for i, fn in enumerate(fns.values())], ' ", \\"arguments\\": " ')
-    conv._add_rule("root", call + ' "}" ( "\\n"? ' + _literal(CLOSE) + " )?")
+    conv._add_rule("root", call + ' "}" ( "\\n"? ' + gbnf_literal(CLOSE) + " )?")
     return conv.format_grammar(), {}
 
 
 def _json_body(name: str) -> str:
     """A name as JSON writes it between its quotes."""
     return json.dumps(name, ensure_ascii=False)[1:-1]
-
-
-def _literal(text: str) -> str:
-    """text as a GBNF string literal, tabs escaped too (json_schema.Converter's escapes backslashes, quotes, CR, LF)."""
-    for a, b in (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
-        text = text.replace(a, b)
-    return '"' + text + '"'
 
 
 def _regex_escape(text: str) -> str:
