@@ -713,6 +713,21 @@ def test_generate_json_follows_a_schema_and_bad_files_are_one_error_line(tiny, e
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], (extra, r.stderr)
 
 
+def test_a_grammar_file_that_does_not_parse_is_refused_before_the_model_loads(tiny, env, tmp_path):
+    """The load (a minute the first time, with the cost measurement) came first and the parse error after it: with a
+    model file that is not there, the grammar's error must still be the one reported."""
+    (tmp_path / "bad.gbnf").write_text('root ::= "a" rest\n')
+    missing = str(tmp_path / "no-such-model.gguf")
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "hi", "--model", missing, "--grammar",
+                        str(tmp_path / "bad.gbnf")], env=env, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert "bad.gbnf" in lines[0] and "Undefined rule identifier 'rest'" in lines[0], lines
+    (tmp_path / "token.gbnf").write_text('root ::= "a" <[0]>\n')  # tokens are read once the model is there
+    r = run(tiny, env, "generate", "hi", "--grammar", str(tmp_path / "token.gbnf"), "--max-tokens", "4")
+    assert "could not be parsed" not in r.stderr, r.stderr
+
+
 def test_prompt_cache_dir_carries_a_long_system_prompt_from_one_run_to_the_next(tiny, env, tmp_path):
     states = tmp_path / "states"
     system = "You answer questions about this file. " * 12

@@ -4,6 +4,7 @@ Python (the tokens whose text keeps the output a prefix of a word of the grammar
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -348,3 +349,24 @@ def test_the_text_a_grammar_forces_is_drafted_and_the_output_stays_plain_decodin
     llm._engine.set_grammar_drafts(False)  # the switch bench.grammar compares with: none drafted, the same text
     off = llm.generate(PROMPTS[0], max_tokens=160, grammar=rules)
     assert off.stats.n_grammar_steps == 0 and off.text == plain.generate(PROMPTS[0], max_tokens=160, grammar=rules).text
+
+
+@pytest.mark.parametrize("gbnf, words", [('root ::= "a', "unexpected end of input"),
+                                         ('start ::= "a"', "does not contain a 'root' symbol"),
+                                         ('root ::= root "a"', "left recursion"),
+                                         ('root ::= "a" b', "Undefined rule identifier 'b'"),
+                                         ("root ::= " + "(" * 3000 + '"a"' + ")" * 3000, "nests groups 3000 deep")],
+                         ids=["unclosed", "no-root", "left-recursion", "undefined-rule", "deep"])
+def test_a_grammar_is_checked_without_a_model_as_with_one(tiny, make_llm, gbnf, words):
+    """_core.gbnf_error reads a grammar before any model is loaded (the CLI's --grammar file) and says what the
+    loaded model's check says."""
+    from specllm import _core
+    assert words in _core.gbnf_error(gbnf)
+    with pytest.raises(ValueError, match=re.escape(_core.gbnf_error(gbnf))):
+        make_llm(tiny["target"]).generate("x", max_tokens=1, grammar=gbnf)
+
+
+@pytest.mark.parametrize("gbnf", ['root ::= "yes" | "no"', 'root ::= "a" <[0]>', "root ::= <|endoftext|>"])
+def test_a_grammar_naming_tokens_is_left_to_the_model(gbnf):
+    from specllm import _core
+    assert _core.gbnf_error(gbnf) == ""  # tokens need a vocabulary: read once the model is loaded

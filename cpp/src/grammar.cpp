@@ -44,7 +44,8 @@ llama_sampler * init_quietly(const llama_vocab * vocab, const std::string & gbnf
     static std::mutex m;
     static std::unordered_set<std::string> parsed;
     std::lock_guard<std::mutex> lock(m);
-    const std::string key = std::to_string(llama_vocab_n_tokens(vocab)) + "|" + gbnf; // tokens may be named
+    const std::string key = (vocab != nullptr ? std::to_string(llama_vocab_n_tokens(vocab)) : std::string("-")) + "|" +
+                            gbnf; // tokens may be named
     if (parsed.count(key) != 0) {
         return init(vocab, gbnf, patterns, parse_error);
     }
@@ -193,6 +194,19 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         smpl_ = nullptr;
         throw;
     }
+}
+
+std::string gbnf_error(const std::string & gbnf) {
+    log_capture_install(); // llama.cpp's log of a missing root or left recursion, as after a load
+    try {
+        Grammar parsed(nullptr, gbnf);
+    } catch (const InvalidArgument & e) {
+        log_take_errors(); // what llama.cpp logged is in the message: not for the next call's log
+        const std::string why = e.what();
+        // a rule naming a token (<|tok|>, <[id]>) is read with the model's vocabulary: checked once it is loaded
+        return why.find("no vocab to parse token") != std::string::npos ? std::string() : why;
+    }
+    return std::string();
 }
 
 // the grammar must read each word as its beginning

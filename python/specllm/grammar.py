@@ -165,6 +165,10 @@ def from_cli(any_json: bool, schema_file: Optional[str], gbnf_file: Optional[str
         rules = _read(gbnf_file, "--grammar")
         if not rules.strip():  # it was dropped: the reply ran unconstrained
             raise InvalidOptionError(f"--grammar: {gbnf_file} is empty; give GBNF rules with a root rule")
+        from . import _core
+        why = _core.gbnf_error(rules)  # before the model loads (a minute, the first time), not after
+        if why:
+            raise InvalidOptionError(f"--grammar: {gbnf_file}: {why}")
         return rules
     if schema_file:
         return json(_read(schema_file, "--json-schema"))

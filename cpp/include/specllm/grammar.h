@@ -21,6 +21,10 @@ namespace specllm {
 
 class Model;
 
+// the error a Grammar of gbnf would throw, read without a model (vocab nullptr: as a program checks a grammar file
+// before it loads one); "" when it parses, or when it names tokens, which only a model's vocabulary can read
+std::string gbnf_error(const std::string & gbnf);
+
 class Grammar {
   public:
     // throws InvalidArgument with llama.cpp's parse error when gbnf is empty or not a grammar with a "root" rule.
