@@ -26,7 +26,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [sys.executable, "-m", "specllm.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "warning", *args]
+               "--no-access-log", *args]
         self._log = open(log_path, "w+b") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})))
 

@@ -770,6 +770,13 @@ def test_memory_file_carries_the_drafting_memory_from_one_run_to_the_next(tiny, 
     assert (tmp_path / "notes.txt").read_text() == "my notes"
 
 
+def test_serve_refuses_an_empty_api_key_or_origin(tiny, env):
+    """--api-key "" (an unset variable) served, refusing every request with 401; --cors-origin "" was taken."""
+    for flag in ("--api-key", "--cors-origin"):
+        r = run(tiny, env, "serve", flag, " ")
+        assert r.returncode == 2 and f"{flag} is empty" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_serve_says_at_once_when_it_cannot_listen(tiny, env):
     """A taken port (or a host that is no address here) was found only after the model was loaded and its costs
     measured: uvicorn's raw error, exit status 3, "ready: serving" after it, and with a draft model a segfault as the

@@ -596,6 +596,39 @@ def test_disconnect_while_queued(server, client):
     assert server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="running") == running_before + 1
 
 
+GONE_WHILE_QUEUED = {
+    "/v1/chat/completions": {"messages": MESSAGES, "max_tokens": LONG},
+    "/v1/completions": {"prompt": "Hello", "max_tokens": LONG},
+    "/v1/messages": {"model": MODEL, "messages": MESSAGES[1:], "max_tokens": LONG},
+    "/v1/responses": {"input": "Hello", "max_output_tokens": LONG},
+    "/api/chat": {"model": MODEL, "messages": MESSAGES, "stream": False, "options": {"num_predict": LONG}},
+    "/api/generate": {"model": MODEL, "prompt": "Hello", "stream": False, "options": {"num_predict": LONG}},
+}
+
+
+@pytest.mark.parametrize("path", list(GONE_WHILE_QUEUED))
+def test_a_non_streamed_request_whose_client_left_while_queued_ends_quietly(server, path):
+    """Skipped by the worker, it ended with no chunk, and every non-streamed endpoint but /completion read the last
+    chunk's finish_reason or stats from None: two tracebacks in the log and a 500, per such request."""
+    gone = server.metric("specllm_requests_total", headers=AUTH, endpoint=path, status="499")
+    skipped = server.metric("specllm_requests_cancelled_total", headers=AUTH, stage="queued")
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", headers=AUTH, timeout=30,
+                      json={"messages": MESSAGES, "max_tokens": LONG, "stream": True}) as running:
+        lines = running.iter_lines()  # kept: a dropped line iterator closes the connection
+        next(lines)
+        with pytest.raises(httpx.ReadTimeout):  # waits behind it, then gives up
+            post(server, path, GONE_WHILE_QUEUED[path], timeout=1.0)
+        assert server.wait_metric("specllm_requests_cancelled_total", skipped + 1, headers=AUTH,
+                                  stage="queued") == skipped + 1
+        # the gauge: a request whose client left does not wait any more (it read 1 until the worker skipped it)
+        assert server.metric("specllm_queue_depth", headers=AUTH) == 0
+    # the running one is cancelled as its client leaves; then the worker skips the one whose client left
+    assert server.wait_metric("specllm_requests_total", gone + 1, headers=AUTH, endpoint=path,
+                              status="499") == gone + 1, server.log()
+    assert server.metric("specllm_requests_total", headers=AUTH, endpoint=path, status="500") == 0
+    assert "Traceback" not in server.log() and "unhandled" not in server.log(), server.log()
+
+
 def test_full_queue_answers_429(tiny, tmp_path_factory):
     s = serve(tiny, tmp_path_factory, "--max-queue", "1")
     try:
@@ -684,9 +717,23 @@ def test_a_stop_during_a_stream_exits_cleanly(tiny, tmp_path_factory, signals):
     assert [line for line in got if line][-1] == "data: [DONE]", got[-3:]
 
 
+@pytest.mark.parametrize("level", ["info", "error"])
+def test_log_level_is_specllms_too_and_the_access_log_can_be_left_out(tiny, tmp_path_factory, level):
+    """--log-level error still printed specllm's own lines ("listening on", "ready: serving", the measuring)."""
+    s = serve(tiny, tmp_path_factory, "--log-level", level)  # serving.Server passes --no-access-log
+    try:
+        assert httpx.get(f"{s.url}/health", timeout=10).status_code == 200
+    finally:
+        assert s.stop(signal.SIGINT) == 0, s.log()
+    log = s.log()
+    assert ("listening on http://127.0.0.1:" in log and "ready: serving" in log) == (level == "info"), log
+    assert "GET /health" not in log, log
+
+
 def test_load_failure_ends_the_server(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf")
     s = Server("--model", str(bad), "--draft", "none", log_path=tmp_path / "log")
     assert s.proc.wait(60) == 1
     assert "error" in s.log() and "Traceback" not in s.log()
+    assert s.log().count("not a GGUF file") == 1, s.log()  # said by the CLI alone, in its words (--threads ...)

@@ -4,6 +4,7 @@ easily provoke — a decode error in the middle of a generation, a model still l
 import json
 import re
 import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -75,6 +76,10 @@ def test_health_is_503_while_the_model_loads(tiny, make_llm):
             r = c.post(path, json=body)
             assert r.status_code == 503 and "loading" in json.dumps(r.json()), (path, r.text)
         assert r.json() == {"error": r.json()["error"]} and isinstance(r.json()["error"], str)  # Ollama's
+        assert c.get("/v1/models").json()["data"] == []  # no id yet: it named a model "loading"
+        assert c.get("/v1/models/target").status_code == 503
+        r = c.head("/health")  # uptime monitors
+        assert r.status_code == 503 and r.content == b""
         go.set()
         for _ in range(300):
             if c.get("/health").status_code == 200:
@@ -82,6 +87,42 @@ def test_health_is_503_while_the_model_loads(tiny, make_llm):
             threading.Event().wait(0.05)
         assert c.get("/health").json() == {"status": "ok"}
         assert c.get("/v1/models").json()["data"][0]["id"] == "target"
+        assert c.head("/health").status_code == 200
+    go.clear()
+    with TestClient(create_app(load, model_id="target")) as c:  # the CLI gives the id: listed while it loads
+        assert c.get("/health").status_code == 503
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["target"]
+        go.set()
+
+
+def test_stopping_while_the_load_measures_its_costs_ends_the_load_at_once(tiny, tmp_path, monkeypatch):
+    """The load's cost measurement (a minute on a 2-core CPU) held the worker's thread past the server's stop: the
+    process waited 2 x 10 s, then died in llama.cpp as Python exited (SIGSEGV), and 'ready' was logged after the
+    stop. Here the measurement begins once the stop is set: it must end at its first timed step."""
+    from specllm import costs, profile
+    from specllm.server.metrics import Metrics
+    from specllm.server.worker import Worker
+
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    real, measuring = profile.load_or_measure, threading.Event()
+
+    def held(*args, **kw):
+        measuring.set()
+        assert costs._loading.stop.wait(30)  # the worker's stop, as the load on this thread sees it
+        time.sleep(0.2)  # the watcher has interrupted the engine
+        return real(*args, **kw)
+
+    monkeypatch.setattr(profile, "load_or_measure", held)
+    ready = []
+    worker = Worker(lambda: specllm.LLM(tiny["target"], tiny["draft"], n_threads=1), 4, Metrics())
+    worker.on_ready = ready.append
+    worker.start()
+    assert measuring.wait(60)
+    t0 = time.monotonic()
+    worker.stop()
+    assert time.monotonic() - t0 < 5 and not worker._thread.is_alive()
+    assert worker.llm is None and worker.load_error is None and not ready
+    assert not any(tmp_path.iterdir())  # no half-measured profile kept
 
 
 def test_a_failed_load_is_reported(tmp_path):
@@ -123,6 +164,25 @@ def test_cors_only_when_asked(llm):
 def test_bad_arguments(llm):
     with pytest.raises(ValueError, match="max_queue"):
         create_app(llm, max_queue=0)
+    for key in ("", "  ", 5):  # "": every request refused (--api-key "$UNSET")
+        with pytest.raises(ValueError, match="api_key must be a non-empty string"):
+            create_app(llm, api_key=key)
+    for origins in ([""], "http://x.test"):  # a string: one origin per character
+        with pytest.raises(ValueError, match="cors_origins"):
+            create_app(llm, cors_origins=origins)
+
+
+def test_an_unexpected_error_is_counted_as_a_500(llm, monkeypatch):
+    from specllm.server import routes
+
+    def broken(*args, **kw):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(routes, "chat_prompt", broken)
+    with TestClient(create_app(llm), raise_server_exceptions=False) as c:
+        assert c.post("/v1/chat/completions", json={"messages": MESSAGES}).status_code == 500
+        metrics = c.get("/metrics").text
+    assert 'specllm_requests_total{endpoint="/v1/chat/completions",status="500"} 1.0' in metrics, metrics
 
 
 def test_unknown_fields_are_ignored(llm):

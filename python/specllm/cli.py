@@ -91,7 +91,10 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--embedding-model", default=None, metavar="PATH",
                    help="a GGUF embedding model (nomic-embed-text, bge, ...) for /v1/embeddings and Ollama's "
                         "/api/embed (default: the chat model's own hidden states, mean-pooled)")
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="the least severe message logged, specllm's and uvicorn's (default: info)")
+    g.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="leave out uvicorn's line per request (as uvicorn's own flag)")
     p.set_defaults(func=run_serve)
 
     p = sub.add_parser("pull", help="download registry models into the cache (sha256-checked)")
@@ -111,6 +114,11 @@ def _check(parser, args) -> None:
         if default_draft(args.model) is None:  # it was ignored: no drafting at all
             parser.error(f"--ngram (hybrid drafting) needs a draft model, and {args.model} has none by default: "
                          f"give --draft MODEL, or --draft ngram for n-gram lookup alone")
+    if args.command == "serve":
+        if args.api_key is not None and not args.api_key.strip():  # --api-key "$UNSET": every request refused
+            parser.error("--api-key is empty (an unset variable?): give the key, or leave --api-key out")
+        if any(not origin.strip() for origin in args.cors_origin):
+            parser.error("--cors-origin is empty: give an origin such as http://localhost:3000")
     if args.command == "generate" and args.raw:
         if args.system is not None:
             parser.error("--system goes into the chat template; --raw completes the prompt as given, without it")
@@ -225,6 +233,7 @@ def _beside_stdout(stream) -> bool:
 def run_serve(args) -> int:
     try:
         from .server import serve
+        from .server.jobs import model_id as server_model_id
     except ImportError as e:
         raise SpecLLMError(f"the server needs its extra: pip install 'specllm[server]' ({e})") from None
     api_key = args.api_key
@@ -239,14 +248,16 @@ def run_serve(args) -> int:
     log = logging.getLogger("specllm.server")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
         log.addHandler(_stderr_handler())
-        log.setLevel(logging.INFO)
+    for name in ("specllm", "specllm.server", "specllm.profile", "specllm.memory"):  # uvicorn's too (serve)
+        logging.getLogger(name).setLevel(args.log_level.upper())
 
     def load() -> LLM:  # on the server's worker thread: /health answers 503 until it returns
         return LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
 
     serve(load, host=args.host, port=args.port, api_key=api_key, cors_origins=args.cors_origin,
+          model_id=server_model_id(args.model),  # /v1/models names it while it loads
           max_queue=args.max_queue, cache_reuse=args.cache_reuse, remeasure_after=args.remeasure_after,
-          log_level=args.log_level)
+          log_level=args.log_level, access_log=args.access_log)
     return 0
 
 

@@ -4,11 +4,28 @@ keeps the files; Costs is the LLM's part: which profile is in use, whether its s
 measurement another thread may interrupt."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Optional
 
 from . import logs, profile
 from .errors import Cancelled
+
+
+_loading = threading.local()  # .stop: the Event that ends the loads on this thread (stoppable_load)
+
+
+@contextlib.contextmanager
+def stoppable_load(stop: threading.Event):
+    """LLMs made on this thread meanwhile end the cost measurement of their load within one timed step once `stop`
+    is set (from any thread; before the measurement, it is not begun): LLM(...) raises Cancelled. A server's worker
+    loads its model so, and stopping the server sets it (the minute's measurement held the process at exit, which
+    then died in llama.cpp)."""
+    _loading.stop = stop
+    try:
+        yield
+    finally:
+        _loading.stop = None
 
 
 class Costs:
@@ -52,7 +69,8 @@ class Costs:
         end. Now the measurement is interrupted within one timed step and KeyboardInterrupt raised at once (the
         partial measurement is not kept)."""
         if threading.current_thread() is not threading.main_thread():
-            return fn()
+            stop = getattr(_loading, "stop", None)
+            return fn() if stop is None else self._until(stop, fn)
         box, done = {}, threading.Event()
 
         def run():
@@ -82,6 +100,19 @@ class Costs:
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def _until(self, stop: threading.Event, fn):
+        """fn() ended within one timed step once `stop` is set (Cancelled)."""
+        if stop.is_set():
+            raise Cancelled("the load was stopped before its cost measurement")
+        over = threading.Event()
+        threading.Thread(target=self._watch, args=(stop, over), name="specllm-load-stop", daemon=True).start()
+        try:
+            return fn()
+        finally:
+            with self._lock:  # an interrupt the measurement did not meet is not left for a generation
+                over.set()
+                self.engine.clear_interrupt()
 
     def check(self, draft_path: Optional[str]) -> None:
         """After a generation: a cost profile the steps have run far below is marked, to be measured again at the

@@ -45,10 +45,16 @@ class State:
 
     @property
     def model_id(self) -> str:
+        return self.known_model_id or "loading"
+
+    @property
+    def known_model_id(self) -> Optional[str]:
+        """The model's id: create_app's, or the loaded LLM's; None while a function loads it (create_app without a
+        model_id: the CLI gives one)."""
         if self._model_id:
             return self._model_id
         llm = self.worker.llm
-        return model_id_of(llm) if llm is not None else "loading"
+        return model_id_of(llm) if llm is not None else None
 
     def require_ready(self) -> None:
         if self.worker.load_error is not None:
@@ -108,7 +114,12 @@ class BodyLimit:
             if message["type"] == "http.response.start" and "code" not in status:
                 await too_big(scope, receive, counting_send)
 
-        await self.app(scope, counting_receive, replacing_send)
+        try:
+            await self.app(scope, counting_receive, replacing_send)
+        except Exception:  # Starlette's error middleware, outside this one, answers it with a 500: count that
+            if "code" not in status:
+                self.metrics.requests.labels(endpoint=endpoint, status="500").inc()
+            raise
 
 
 def json_content_type(scope: dict) -> dict:
@@ -150,6 +161,10 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     if isinstance(remeasure_after, bool) or not isinstance(remeasure_after, (int, float)) or not \
             0 <= remeasure_after < float("inf"):
         raise ValueError(f"remeasure_after must be a number of seconds >= 0 (0: never), got {remeasure_after!r}")
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError(f"api_key must be a non-empty string (None: no key), got {api_key!r}")
+    if isinstance(cors_origins, str) or any(not isinstance(o, str) or not o.strip() for o in cors_origins):
+        raise ValueError(f"cors_origins must be origins such as 'http://localhost:3000', got {list(cors_origins)!r}")
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics, remeasure_after=float(remeasure_after))
     state = State(worker, metrics, model_id, max_queue)
@@ -255,20 +270,20 @@ def _uvicorn_server():
 
 
 def serve(llm: Union[LLM, Callable[[], LLM]], host: str = "127.0.0.1", port: int = 8000, *,
-          api_key: Optional[str] = None, log_level: str = "info", **app_options) -> None:
+          api_key: Optional[str] = None, log_level: str = "info", access_log: bool = True, **app_options) -> None:
     """Serve llm on host:port until Ctrl-C or SIGTERM (running requests are cancelled, then it returns).
     llm may be a function that loads the LLM: the server answers /health with 503 until it is loaded, and if
     loading fails it stops and serve() raises that error. ListenError, before anything is loaded, when host:port
     cannot be listened on."""
     sockets = listen(host, port)  # before the load: a taken port is said at once, not after a minute's measuring
     try:
-        _run(llm, host, port, sockets, api_key, log_level, app_options)
+        _run(llm, host, port, sockets, api_key, log_level, access_log, app_options)
     finally:
         for sock in sockets:
             sock.close()
 
 
-def _run(llm, host, port, sockets, api_key, log_level, app_options) -> None:
+def _run(llm, host, port, sockets, api_key, log_level, access_log, app_options) -> None:
     import uvicorn
 
     _Server = _uvicorn_server()
@@ -276,7 +291,8 @@ def _run(llm, host, port, sockets, api_key, log_level, app_options) -> None:
         log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
                     "(pass api_key / --api-key)", host)
     app = create_app(llm, api_key=api_key, **app_options)
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5))
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                                    timeout_graceful_shutdown=5))
     worker = server.worker = app.state.specllm.worker
     worker.on_load_error = lambda e: setattr(server, "should_exit", True)
 

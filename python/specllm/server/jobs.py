@@ -151,7 +151,8 @@ async def follow(request: Request, job: Job, error: Callable[[BaseException], AP
 
 async def collect(request: Request, job: Job, tokens: Optional[list] = None):
     """(text, last chunk, logprobs) of a job, cancelling it if the client goes away; the generated tokens are added
-    to `tokens` when it is given, the prompt's logprobs (when asked for) kept in job.prompt_logprobs."""
+    to `tokens` when it is given, the prompt's logprobs (when asked for) kept in job.prompt_logprobs. A 499 when
+    the job never ran (its client went away while it waited)."""
     texts, last, logprobs = [], None, []
     async with aclosing(follow(request, job)) as events:
         async for _, value in events:
@@ -162,4 +163,6 @@ async def collect(request: Request, job: Job, tokens: Optional[list] = None):
             if tokens is not None:
                 tokens.extend(value.tokens)
             last = value
+    if last is None:  # skipped while queued (job.cancel: the client went away): nobody reads this, as embeddings'
+        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
     return "".join(texts), last, logprobs

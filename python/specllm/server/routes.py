@@ -373,6 +373,8 @@ async def apply_template(request: Request, req: TemplateRequest):
 @router.get("/v1/models", response_model=p.ModelList)
 async def models(request: Request):
     state = jobs.server_state(request)
+    if state.known_model_id is None:  # a function loads it and its id is not known yet: none to name
+        return p.ModelList(data=[])
     ids = [state.model_id] + (embeddings.names(state)[:-1] if state.worker.ready else [])  # + an embedding model
     return p.ModelList(data=[p.ModelCard(id=i, created=state.created) for i in ids])
 
@@ -380,12 +382,14 @@ async def models(request: Request):
 @router.get("/v1/models/{model:path}", response_model=p.ModelCard)
 async def model(request: Request, model: str):
     state = jobs.server_state(request)
+    if state.known_model_id is None:  # loading, its id not known yet: 503 until it is
+        state.require_ready()
     if not (state.worker.ready and model in embeddings.names(state)):
         jobs.check_model_name(state, model or "(none)")
     return p.ModelCard(id=model, created=state.created)
 
 
-@public.get("/health")
+@public.api_route("/health", methods=["GET", "HEAD"])  # HEAD: uptime monitors
 async def health(request: Request):
     worker = jobs.server_state(request).worker
     if worker.load_error is not None:

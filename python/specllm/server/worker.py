@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Union
 
+from .. import costs
 from ..llm import LLM
 from .metrics import Metrics
 
@@ -139,6 +140,8 @@ class Worker:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="specllm-worker", daemon=True)
         self._ready = threading.Event()
+        self._load_stop = threading.Event()  # set by stop(): a load in progress ends its cost measurement
+        metrics.queue_depth.set_function(self.depth)  # read when scraped: a job cancelled while queued leaves it
         if self.llm is not None:
             self._ready.set()
 
@@ -156,6 +159,11 @@ class Worker:
         # under self._cond
         return sum(1 for j in self._waiting if j is not None and not j.cancelled)
 
+    def depth(self) -> int:
+        """Jobs waiting (not those cancelled while they waited)."""
+        with self._cond:
+            return self._live()
+
     def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping:
@@ -166,11 +174,11 @@ class Worker:
             self._waiting.append(job)
             self._cond.notify()
             self._interrupt_measuring()  # the job runs now; the measurement waits for the next idle spell
-        self.metrics.queue_depth.set(live + 1)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what is queued and running (each ends with ServerStopping), refuse new jobs, and end the thread
         (bounded wait). Called again, it only waits."""
+        self._load_stop.set()
         with self._cond:
             self._stopping = True
             dropped = [j for j in self._waiting if j is not None]
@@ -224,15 +232,20 @@ class Worker:
     def _loop(self) -> None:
         if self._factory is not None:
             try:
-                self.llm = self._factory()
+                with costs.stoppable_load(self._load_stop):
+                    self.llm = self._factory()
             except BaseException as e:  # reported by /health; the process owner decides what to do
-                self.load_error = e
-                log.error("loading the model failed: %s", e)
-                if self.on_load_error is not None:
-                    self.on_load_error(e)
+                if self._load_stop.is_set():  # stop() during the load: not the model's failure
+                    log.info("loading stopped: the server is stopping")
+                else:
+                    self.load_error = e
+                    if self.on_load_error is not None:  # serve(): it stops the server and raises the error
+                        self.on_load_error(e)
+                    else:
+                        log.error("loading the model failed: %s", e)
             finally:
                 self._ready.set()
-            if self.llm is not None and self.on_ready is not None:
+            if self.llm is not None and self.on_ready is not None and not self._load_stop.is_set():
                 self.on_ready(self.llm)
         while True:
             with self._cond:
@@ -247,11 +260,9 @@ class Worker:
                     job = None
                 else:
                     job = self._waiting.popleft()
-                    live = self._live()
             if self._measuring is not None:
                 self._measure()
                 continue
-            self.metrics.queue_depth.set(live)
             if job is None:
                 return
             if self.llm is None:
