@@ -355,8 +355,10 @@ def test_the_text_a_grammar_forces_is_drafted_and_the_output_stays_plain_decodin
                                          ('start ::= "a"', "does not contain a 'root' symbol"),
                                          ('root ::= root "a"', "left recursion"),
                                          ('root ::= "a" b', "Undefined rule identifier 'b'"),
+                                         ('root ::= "<a>" [<] b', "Undefined rule identifier 'b'"),
                                          ("root ::= " + "(" * 3000 + '"a"' + ")" * 3000, "nests groups 3000 deep")],
-                         ids=["unclosed", "no-root", "left-recursion", "undefined-rule", "deep"])
+                         ids=["unclosed", "no-root", "left-recursion", "undefined-rule", "angle-brackets-in-literals",
+                              "deep"])
 def test_a_grammar_is_checked_without_a_model_as_with_one(tiny, make_llm, gbnf, words):
     """_core.gbnf_error reads a grammar before any model is loaded (the CLI's --grammar file) and says what the
     loaded model's check says."""
@@ -366,7 +368,8 @@ def test_a_grammar_is_checked_without_a_model_as_with_one(tiny, make_llm, gbnf, 
         make_llm(tiny["target"]).generate("x", max_tokens=1, grammar=gbnf)
 
 
-@pytest.mark.parametrize("gbnf", ['root ::= "yes" | "no"', 'root ::= "a" <[0]>', "root ::= <|endoftext|>"])
+@pytest.mark.parametrize("gbnf", ['root ::= "yes" | "no"  # <no token in a comment>', 'root ::= "<" [<>]',
+                                  'root ::= "a" <[0]>', "root ::= <|endoftext|>", 'root ::= <|x|> "a'])
 def test_a_grammar_naming_tokens_is_left_to_the_model(gbnf):
     from specllm import _core
     assert _core.gbnf_error(gbnf) == ""  # tokens need a vocabulary: read once the model is loaded

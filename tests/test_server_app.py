@@ -88,11 +88,16 @@ def test_health_is_503_while_the_model_loads(tiny, make_llm):
         assert c.get("/health").json() == {"status": "ok"}
         assert c.get("/v1/models").json()["data"][0]["id"] == "target"
         assert c.head("/health").status_code == 200
-    go.clear()
-    with TestClient(create_app(load, model_id="target")) as c:  # the CLI gives the id: listed while it loads
+    never = threading.Event()
+
+    def held():
+        assert never.wait(30)
+        raise specllm.SpecLLMError("not loaded (test)")
+
+    with TestClient(create_app(held, model_id="target")) as c:  # the CLI gives the id: listed while it loads
         assert c.get("/health").status_code == 503
         assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["target"]
-        go.set()
+        never.set()
 
 
 def test_stopping_while_the_load_measures_its_costs_ends_the_load_at_once(tiny, tmp_path, monkeypatch):
@@ -138,6 +143,8 @@ def test_a_failed_load_is_reported(tmp_path):
         assert r.status_code == 503 and r.json()["status"] == "error" and "missing.gguf" in r.json()["error"]
         r = c.post("/v1/chat/completions", json={"messages": MESSAGES})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+        r = c.get("/v1/models")  # no model to name, and why
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
 
 
 def test_a_body_without_a_length_is_capped(llm):
@@ -156,9 +163,13 @@ def test_cors_only_when_asked(llm):
     with TestClient(create_app(llm)) as c:
         r = c.options("/v1/models", headers={"Origin": "http://x.test", "Access-Control-Request-Method": "GET"})
         assert "access-control-allow-origin" not in r.headers
-    with TestClient(create_app(llm, cors_origins=["http://x.test"])) as c:
-        r = c.get("/v1/models", headers={"Origin": "http://x.test"})
-        assert r.headers["access-control-allow-origin"] == "http://x.test"
+    for origins in (["http://x.test"], (o for o in ["http://x.test"])):  # a generator was used up by the check
+        with TestClient(create_app(llm, cors_origins=origins)) as c:
+            r = c.get("/v1/models", headers={"Origin": "http://x.test"})
+            assert r.headers["access-control-allow-origin"] == "http://x.test"
+    with TestClient(create_app(llm, cors_origins=None, api_key=" k ")) as c:  # None: none; the key read stripped
+        assert c.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
+        assert c.get("/v1/models").status_code == 401
 
 
 def test_bad_arguments(llm):

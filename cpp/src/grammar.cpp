@@ -115,10 +115,8 @@ std::string piece_of(const llama_vocab * vocab, llama_token t) { // as the gramm
     return big;
 }
 
-// the deepest nesting of ( ) groups in GBNF text, outside "strings", [classes] and # comments: llama.cpp's parser
-// recurses once per level (~0.5 KB of stack each; 20,000 levels overflowed an 8 MiB stack)
-size_t group_depth(const std::string & gbnf) {
-    size_t depth = 0, deepest = 0;
+// f(c) for each character of GBNF text outside "strings", [classes] and # comments, until f returns false
+template <typename F> void for_each_rule_char(const std::string & gbnf, F f) {
     for (size_t i = 0; i < gbnf.size(); ++i) {
         const char c = gbnf[i];
         if (c == '#') {
@@ -130,13 +128,35 @@ size_t group_depth(const std::string & gbnf) {
             for (++i; i < gbnf.size() && gbnf[i] != end; ++i) {
                 i += gbnf[i] == '\\' ? 1 : 0;
             }
-        } else if (c == '(') {
+        } else if (!f(c)) {
+            return;
+        }
+    }
+}
+
+// the deepest nesting of ( ) groups in GBNF text: llama.cpp's parser recurses once per level (~0.5 KB of stack
+// each; 20,000 levels overflowed an 8 MiB stack)
+size_t group_depth(const std::string & gbnf) {
+    size_t depth = 0, deepest = 0;
+    for_each_rule_char(gbnf, [&](char c) {
+        if (c == '(') {
             deepest = std::max(deepest, ++depth);
         } else if (c == ')' && depth > 0) {
             --depth;
         }
-    }
+        return true;
+    });
     return deepest;
+}
+
+// whether GBNF text names a token (<|tok|>, <[id]>): only a model's vocabulary reads those
+bool names_tokens(const std::string & gbnf) {
+    bool found = false;
+    for_each_rule_char(gbnf, [&](char c) {
+        found = c == '<';
+        return !found;
+    });
+    return found;
 }
 
 } // namespace
@@ -197,14 +217,15 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
 }
 
 std::string gbnf_error(const std::string & gbnf) {
+    if (names_tokens(gbnf)) {
+        return std::string(); // read with the model's vocabulary: checked once it is loaded
+    }
     log_capture_install(); // llama.cpp's log of a missing root or left recursion, as after a load
     try {
         Grammar parsed(nullptr, gbnf);
     } catch (const InvalidArgument & e) {
         log_take_errors(); // what llama.cpp logged is in the message: not for the next call's log
-        const std::string why = e.what();
-        // a rule naming a token (<|tok|>, <[id]>) is read with the model's vocabulary: checked once it is loaded
-        return why.find("no vocab to parse token") != std::string::npos ? std::string() : why;
+        return e.what();
     }
     return std::string();
 }

@@ -248,7 +248,7 @@ def run_serve(args) -> int:
     log = logging.getLogger("specllm.server")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
         log.addHandler(_stderr_handler())
-    for name in ("specllm", "specllm.server", "specllm.profile", "specllm.memory"):  # uvicorn's too (serve)
+    for name in ("specllm.server",) + NOTE_LOGGERS:  # and uvicorn's (serve)
         logging.getLogger(name).setLevel(args.log_level.upper())
 
     def load() -> LLM:  # on the server's worker thread: /health answers 503 until it returns
@@ -356,10 +356,13 @@ def _stderr_handler() -> logging.Handler:
     return handler
 
 
+NOTE_LOGGERS = ("specllm.profile", "specllm.memory")  # what every command shows on stderr (at INFO)
+
+
 def _show_profile_notes() -> None:
     """The first load on a machine measures verify costs (10-20 s on a 2-core CPU): say so on stderr; and a
     --memory-file that could not be saved."""
-    for name in ("specllm.profile", "specllm.memory"):
+    for name in NOTE_LOGGERS:
         log = logging.getLogger(name)
         if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
             log.addHandler(_stderr_handler())

@@ -21,11 +21,11 @@ def stoppable_load(stop: threading.Event):
     is set (from any thread; before the measurement, it is not begun): LLM(...) raises Cancelled. A server's worker
     loads its model so, and stopping the server sets it (the minute's measurement held the process at exit, which
     then died in llama.cpp)."""
-    _loading.stop = stop
+    outer, _loading.stop = getattr(_loading, "stop", None), stop
     try:
         yield
     finally:
-        _loading.stop = None
+        _loading.stop = outer
 
 
 class Costs:
@@ -67,10 +67,15 @@ class Costs:
         """fn() (a profile read or measured), on a thread of its own when called from the main thread: a C++ call
         holds Python's signal handlers, so a Ctrl-C during the minute a measurement takes at a load waited for its
         end. Now the measurement is interrupted within one timed step and KeyboardInterrupt raised at once (the
-        partial measurement is not kept)."""
+        partial measurement is not kept). On any thread, a stoppable_load's stop ends it so too (Cancelled)."""
+        stop = getattr(_loading, "stop", None)
+        if stop is not None and stop.is_set():
+            raise Cancelled("the load was stopped before its cost measurement")
         if threading.current_thread() is not threading.main_thread():
-            stop = getattr(_loading, "stop", None)
-            return fn() if stop is None else self._until(stop, fn)
+            if stop is None:
+                return fn()
+            with self._stopped_by(stop, "specllm-load-stop"):
+                return fn()
         box, done = {}, threading.Event()
 
         def run():
@@ -85,7 +90,8 @@ class Costs:
         try:
             thread.start()
             while not done.wait(0.1):  # an Event's wait, not a join: a join cut by Ctrl-C left the thread half-ended
-                pass
+                if stop is not None and stop.is_set():
+                    self.engine.interrupt()
         except BaseException:  # Ctrl-C, or a signal handler's SystemExit: the measurement ends within one step
             if thread.ident is not None:  # started
                 self.engine.interrupt()
@@ -101,18 +107,20 @@ class Costs:
             raise box["error"]
         return box["value"]
 
-    def _until(self, stop: threading.Event, fn):
-        """fn() ended within one timed step once `stop` is set (Cancelled)."""
-        if stop.is_set():
-            raise Cancelled("the load was stopped before its cost measurement")
+    @contextlib.contextmanager
+    def _stopped_by(self, stop: Optional[threading.Event], name: str):
+        """Within it, the engine is interrupted once `stop` is set (a measurement ends within one timed step,
+        Cancelled); after it, no interrupt is left for a generation."""
         over = threading.Event()
-        threading.Thread(target=self._watch, args=(stop, over), name="specllm-load-stop", daemon=True).start()
+        if stop is not None:
+            threading.Thread(target=self._watch, args=(stop, over), name=name, daemon=True).start()
         try:
-            return fn()
+            yield
         finally:
-            with self._lock:  # an interrupt the measurement did not meet is not left for a generation
-                over.set()
+            with self._lock:
+                self.measuring = False
                 self.engine.clear_interrupt()
+                over.set()
 
     def check(self, draft_path: Optional[str]) -> None:
         """After a generation: a cost profile the steps have run far below is marked, to be measured again at the
@@ -137,20 +145,14 @@ class Costs:
             if stop is not None and stop.is_set():
                 return False
             self.measuring = True
-        over = threading.Event()
-        if stop is not None:
-            threading.Thread(target=self._watch, args=(stop, over), name="specllm-measure-stop", daemon=True).start()
         try:
-            prof = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *self._args(),
-                                           measure=True)
+            with self._stopped_by(stop, "specllm-measure-stop"):
+                prof = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *self._args(),
+                                               measure=True)
         except Cancelled:
             profile.log.info("measuring the cost profile again was interrupted; the costs stay as they were")
             return False
         finally:
-            with self._lock:  # an interrupt meant for the measurement is not left for a generation
-                self.measuring = False
-                self.engine.clear_interrupt()
-                over.set()
             logs.drain()
         self.profile = self.known = prof
         self.stale_checked = False

@@ -40,7 +40,8 @@ class ListenError(SpecLLMError):
 
 class Cancelled(SpecLLMError):
     """A generation was cancelled from another thread during prompt processing (Stream.cancel); streams turn it
-    into a last chunk with finish_reason "cancelled"."""
+    into a last chunk with finish_reason "cancelled". Also a cost measurement that was interrupted (LLM.measure_costs
+    takes it as "not measured"; LLM(...) raises it when a stoppable_load's stop ended its load, costs.py)."""
 
 
 class MemoryFileError(InvalidOptionError):

@@ -163,8 +163,11 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
         raise ValueError(f"remeasure_after must be a number of seconds >= 0 (0: never), got {remeasure_after!r}")
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         raise ValueError(f"api_key must be a non-empty string (None: no key), got {api_key!r}")
-    if isinstance(cors_origins, str) or any(not isinstance(o, str) or not o.strip() for o in cors_origins):
-        raise ValueError(f"cors_origins must be origins such as 'http://localhost:3000', got {list(cors_origins)!r}")
+    api_key = api_key.strip() if api_key is not None else None  # as the token sent is read
+    origins = [] if cors_origins is None else [cors_origins] if isinstance(cors_origins, str) else list(cors_origins)
+    if isinstance(cors_origins, str) or not all(isinstance(o, str) and o.strip() for o in origins):
+        raise ValueError(f"cors_origins must be a list of origins such as ['http://localhost:3000'], got "
+                         f"{cors_origins!r}")
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics, remeasure_after=float(remeasure_after))
     state = State(worker, metrics, model_id, max_queue)
@@ -210,8 +213,8 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     async def metrics_endpoint():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "DELETE"],
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
                                           "anthropic-beta", "anthropic-dangerous-direct-browser-access"])
     app.add_middleware(BodyLimit, max_body=max_body, metrics=metrics)

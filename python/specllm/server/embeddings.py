@@ -108,7 +108,7 @@ async def _embed(request: Request, inputs, normalize: bool, truncate: bool, dime
         async for _, value in events:  # its one "result"
             result = value
     if result is None:  # cancelled: the client is gone, nobody reads this
-        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
+        raise jobs.client_gone()
     return result
 
 

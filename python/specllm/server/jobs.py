@@ -116,6 +116,11 @@ async def watch_disconnect(request: Request, job: Job) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
+def client_gone() -> APIError:
+    """The answer to a request whose client went away before its job ran: nobody reads it (counted as a 499)."""
+    return APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
+
+
 def generation_error(e: BaseException) -> APIError:
     if isinstance(e, ServerStopping):
         return APIError(503, str(e), "server_error", None, "server_shutting_down")
@@ -163,6 +168,6 @@ async def collect(request: Request, job: Job, tokens: Optional[list] = None):
             if tokens is not None:
                 tokens.extend(value.tokens)
             last = value
-    if last is None:  # skipped while queued (job.cancel: the client went away): nobody reads this, as embeddings'
-        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "cancelled")
+    if last is None:  # skipped while queued (job.cancel: the client went away)
+        raise client_gone()
     return "".join(texts), last, logprobs

@@ -374,6 +374,8 @@ async def apply_template(request: Request, req: TemplateRequest):
 async def models(request: Request):
     state = jobs.server_state(request)
     if state.known_model_id is None:  # a function loads it and its id is not known yet: none to name
+        if state.worker.load_error is not None:
+            state.require_ready()  # the load failed: a 503 that says why, as /health
         return p.ModelList(data=[])
     ids = [state.model_id] + (embeddings.names(state)[:-1] if state.worker.ready else [])  # + an embedding model
     return p.ModelList(data=[p.ModelCard(id=i, created=state.created) for i in ids])
