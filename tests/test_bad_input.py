@@ -1,10 +1,14 @@
 """Inputs found wrong by review: each one gets a typed error (or works), never a crash, an untyped error from deep
 inside, or a file left half-written."""
 
+import contextlib
 import io
+import json
+import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,8 +163,58 @@ def test_a_failed_profile_write_leaves_no_temporary_file(tiny, tmp_path, monkeyp
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: FullDisk(fd, "wb"))  # files.write_atomic's file
-    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures, fails to save, goes on
+    with caplog_at(monkeypatch) as records:
+        llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures, fails to save, goes on
     assert llm.profile["verify_ms"] and list((tmp_path / "profiles").iterdir()) == []
+    # said (it was silent, and every load measured again): where, why, and what to do
+    assert any("could not be saved" in m and "No space left" in m and "SPECLLM_PROFILES" in m for m in records)
+
+
+@contextlib.contextmanager
+def caplog_at(monkeypatch):
+    """The messages of specllm.profile's log records inside the block."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    log = logging.getLogger("specllm.profile")
+    log.addHandler(handler)
+    monkeypatch.setattr(log, "level", logging.INFO)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+
+
+@pytest.mark.parametrize("damage", [
+    {"verify_ms": "strings"}, {"verify_ms": "nulls"}, {"verify_ms": float("nan")}, {"verify_ms": -1.0},
+    {"verify_ms": 0.0}, {"verify_ms": "cut"}, {"draft_token_ms": "abc"}, {"context_row_ms": float("nan")}])
+def test_a_profile_file_with_values_the_engine_refuses_is_measured_again(tiny, tmp_path, monkeypatch, damage):
+    """A profile that parsed as JSON but held strings, nulls, NaN or a cut list stopped every load (TypeError, or
+    'verify costs need T(1) > 0 ms') and was never measured again."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512).close()
+    (path,) = tmp_path.glob("*.json")
+    prof = json.loads(path.read_text())
+    key, how = next(iter(damage.items()))
+    n = len(prof["verify_ms"])
+    if key == "verify_ms":
+        v = prof["verify_ms"]
+        prof[key] = {"strings": [str(x) for x in v], "nulls": [None] * len(v), "cut": v[:3]}.get(how) \
+            or [how] + v[1:]
+    else:
+        prof[key] = how
+    prof["noisy"] = 3  # found busy at 3 loads: kept as it is from then on (profile.NOISY_LOADS)
+    path.write_text(json.dumps(prof))
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measured again, not an error
+    again = json.loads(path.read_text())
+    assert llm.profile["verify_ms"][0] > 0 and again["verify_ms"] == llm.profile["verify_ms"], again
+    assert len(again["verify_ms"]) == n and again.get("noisy", 1) == 1, again  # the damaged file's mark is gone
+    llm.close()
+
+
+def test_an_empty_profiles_variable_is_unset_not_the_current_directory(monkeypatch):
+    monkeypatch.setenv("SPECLLM_PROFILES", "")
+    assert profile._cache_dir() == Path.home() / ".cache" / "specllm" / "profiles"  # "" wrote profiles into cwd
 
 
 def test_an_unwritable_model_cache_is_a_pull_error(tmp_path, monkeypatch):

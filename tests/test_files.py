@@ -19,6 +19,12 @@ def test_a_new_file_gets_the_umasks_permissions(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "a.json").read_bytes() == b"{}" and mode(tmp_path / "a.json") == 0o640  # mkstemp's 0600 before
+    old = os.umask(0o022)
+    try:
+        files.write_atomic(tmp_path / "private", b"x", new_mode=0o600)  # the drafting memory's
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "private") == 0o600
     (tmp_path / "run").write_bytes(b"")
     os.chmod(tmp_path / "run", 0o4755)
     files.write_atomic(tmp_path / "run", b"x")

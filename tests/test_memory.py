@@ -240,6 +240,7 @@ def test_a_memory_file_keeps_the_memory_from_one_llm_to_the_next(tiny, make_llm,
     path = tmp_path / "memory.bin"
     llm = make(make_llm, tiny, memory_file=path)
     assert saved(path, llm) == []  # created at load: a place that cannot be written fails there
+    assert os.stat(path).st_mode & 0o777 == 0o600  # it holds generated text, as the prompt states (0644 before)
     first = llm.generate(PROMPT, max_tokens=N, draft_length=4)
     assert saved(path, llm) == llm._engine.memory() != []  # written after the generation
     for chunk in llm.stream(OTHER, max_tokens=8):  # streams too, and one closed early
@@ -274,6 +275,10 @@ def test_bad_memory_files_fail_at_load_and_are_never_overwritten(tiny, make_llm,
         make(make_llm, tiny, memory_file=tmp_path / "no-such-dir" / "m.bin")
     with pytest.raises(specllm.MemoryFileError, match="is a directory"):
         make(make_llm, tiny, memory_file=tmp_path)
+    os.mkfifo(tmp_path / "fifo")  # its read waited for a writer forever
+    with pytest.raises(specllm.MemoryFileError, match="is not a regular file"):
+        make(make_llm, tiny, memory_file=tmp_path / "fifo")
+    os.remove(tmp_path / "fifo")
     with pytest.raises(specllm.MemoryFileError, match="is empty"):  # not "no file"
         make(make_llm, tiny, memory_file="")
     with pytest.raises(TypeError):

@@ -129,6 +129,63 @@ def test_a_damaged_or_truncated_state_is_not_restored_and_is_removed(tiny, make_
         llm.close()
 
 
+def test_a_header_whose_sizes_wrap_around_is_damage_not_an_allocation(tiny, make_llm, tmp_path, caplog):
+    """n_tokens 2^32 - 1 and an n_state that wrapped the sum to the file's size passed the size check: the scan
+    then allocated 16 GB for the tokens (MemoryError at every load)."""
+    import struct
+
+    with make_llm(tiny["target"], prompt_cache_dir=tmp_path) as first:
+        first.generate(long_prompt(first, "Hello world "), max_tokens=N)
+    (name,) = states(tmp_path)
+    path = tmp_path / name
+    data = bytearray(path.read_bytes())
+    n_tokens = 0xFFFFFFFF
+    n_state = (len(data) - 40 - 4 * n_tokens) % 2**64
+    data[16:20] = struct.pack("<I", n_tokens)
+    data[24:32] = struct.pack("<Q", n_state)
+    path.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="specllm"):
+        make_llm(tiny["target"], prompt_cache_dir=tmp_path).close()
+        specllm.logs.drain()
+    assert not path.exists() and "damaged" in caplog.text
+
+
+def test_the_identity_reads_the_weights_not_only_the_first_mib(tmp_path):
+    """Two models of one size whose first MiB (a real GGUF's metadata: Qwen2.5's weights begin 5.9 MB in) is the
+    same, a fine-tune that kept its base's name say, had one identity: one read the other's states (wrong text)."""
+    from specllm import _core
+
+    head = os.urandom(1 << 20)
+    base, tuned, same = tmp_path / "base.gguf", tmp_path / "tuned.gguf", tmp_path / "copy.gguf"
+    weights = bytearray(os.urandom(3 << 20))
+    base.write_bytes(head + bytes(weights))
+    same.write_bytes(head + bytes(weights))
+    weights[1 << 20:(1 << 20) + (256 << 10)] = os.urandom(256 << 10)  # one tensor's worth, past the first MiB
+    tuned.write_bytes(head + bytes(weights))
+    ids = [_core.prompt_store_identity(str(p), "opts") for p in (base, tuned, same)]
+    assert ids[0] != ids[1] and ids[0] == ids[2]
+
+
+def test_chat_reset_forgets_the_conversation_not_the_states_on_disk_or_the_memory(tiny, tmp_path):
+    """/reset called LLM.reset(): it removed every state of the model in the directory (another process's too) and
+    wrote an empty --memory-file over the one a server shared."""
+    from specllm.chat_session import ChatSession
+
+    states_dir, mem = tmp_path / "states", tmp_path / "m.mem"
+    session = ChatSession(tiny["target"], "ngram", system="You answer. " * 30, gen_options={"max_tokens": N},
+                          llm_options={"n_threads": 1, "profile_costs": False, "prompt_cache_dir": states_dir,
+                                       "memory_file": mem})
+    first = session.reply("Hello world " * 10)
+    assert session.llm.prompt_cache_stored > 0  # once the writes queued are done
+    kept, memory = states(states_dir), mem.read_bytes()
+    assert kept and len(memory) > 100
+    session.reset()
+    assert session.turns == [] and states(states_dir) == kept and mem.read_bytes() == memory
+    again = session.reply("Hello world " * 10)  # the same first turn, from the system prompt's cached tokens
+    assert again.text == first.text and again.stats.n_cached > 0
+    session.llm.close()
+
+
 def test_other_files_in_the_directory_are_left_alone(tiny, make_llm, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "weights.kv").write_bytes(b"not ours")

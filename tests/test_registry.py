@@ -185,6 +185,16 @@ def test_stale_partial_is_never_a_model_and_is_replaced(reg):
     assert leftovers(reg) == ["toy.gguf"]
 
 
+def test_a_directory_in_the_models_place_is_said_before_any_download(reg, monkeypatch):
+    """A directory at the cached file's path: the pull downloaded the model (1.1 GB for the real one), then failed
+    to rename it there and deleted it."""
+    (reg.cache_dir() / "toy.gguf").mkdir(parents=True)
+    monkeypatch.setitem(reg._PULLERS, "pypi", lambda *a: pytest.fail("downloaded"))
+    with pytest.raises(reg.PullError, match="toy.gguf is in the way of toy's download: it exists and is not a file"):
+        reg.resolve("toy", progress=False)
+    assert (reg.cache_dir() / "toy.gguf").is_dir()
+
+
 def test_offline_error_is_clear(reg, tmp_path):
     for wheel in (tmp_path / "pieces").iterdir():
         wheel.unlink()

@@ -82,7 +82,9 @@ bool read_header(std::ifstream & in, uintmax_t file_size, Header & h) {
     std::memcpy(&h.n_tokens, buf + 16, 4);
     h.n_state = get64(buf + 24);
     h.checksum = get64(buf + 32);
-    return h.n_state > 0 && file_size == header_size + 4ull * h.n_tokens + h.n_state;
+    // each part within the file before the sum (a crafted n_state wrapped it to the size: 16 GB allocated)
+    return h.n_state > 0 && h.n_state <= file_size && 4ull * h.n_tokens <= file_size &&
+           file_size == header_size + 4ull * h.n_tokens + h.n_state;
 }
 
 bool write_all(int fd, const void * data, size_t n) {
@@ -109,14 +111,26 @@ size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama
 }
 
 uint64_t prompt_store_identity(const std::string & model_path, const std::string & options) {
-    std::ifstream in(model_path, std::ios::binary);
-    std::vector<char> head(1 << 20);
-    in.read(head.data(), (std::streamsize) head.size());
-    head.resize((size_t) in.gcount());
+    // the size, the first MiB (the metadata: a real GGUF's weights begin megabytes in) and 64 KiB at 64 places
+    // spread over the rest: the weights of a fine-tune or another quantization of the same size differ there
+    constexpr size_t head_bytes = 1 << 20, sample_bytes = 64 << 10, n_samples = 64;
     std::error_code ec;
     const uint64_t size = (uint64_t) fs::file_size(model_path, ec);
     uint64_t h = mix(&size, sizeof size, basis);
-    h = mix(head.data(), head.size(), h);
+    std::ifstream in(model_path, std::ios::binary);
+    std::vector<char> buf(head_bytes);
+    in.read(buf.data(), (std::streamsize) buf.size());
+    h = mix(buf.data(), (size_t) in.gcount(), h);
+    if (!ec && size > head_bytes + sample_bytes) {
+        buf.resize(sample_bytes);
+        for (size_t i = 0; i < n_samples; ++i) {
+            const uint64_t at = head_bytes + (size - head_bytes - sample_bytes) * (i + 1) / n_samples;
+            in.clear();
+            in.seekg((std::streamoff) at);
+            in.read(buf.data(), (std::streamsize) buf.size());
+            h = mix(buf.data(), (size_t) in.gcount(), h);
+        }
+    }
     return mix(options.data(), options.size(), h);
 }
 

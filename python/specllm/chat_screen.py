@@ -19,7 +19,7 @@ JUST_ASKED_S = 0.5  # a Ctrl-C this soon after the prompt appeared, on the last 
 MEASURING_THREAD = "specllm-measure"  # what it logs stays off the prompt (cli's stderr handler drops it)
 HELP = """\
 /help                           this help
-/reset                          forget the conversation (the system prompt stays)
+/reset                          forget the conversation (the system prompt and the drafting memory stay)
 /system [TEXT]                  show, or set, the system prompt
 /stats                          statistics of the whole session
 /save FILE                      save the conversation (JSON)

@@ -111,9 +111,10 @@ class ChatSession:
         self._system = None if value is None else _text("the system prompt", value)
 
     def reset(self) -> None:
-        """Forget the conversation (the system prompt stays) and the cached prefix."""
+        """Forget the conversation (the system prompt stays). The drafting memory and the prompt states on disk stay
+        too (LLM.reset() emptied a --memory-file and removed every state of the model in --prompt-cache-dir, other
+        processes' too); the next reply's prompt reuses the cached system prompt and decodes the rest."""
         self.turns.clear()
-        self.llm.reset()
 
     def save(self, path: str) -> None:
         """Write the conversation (the system prompt and the messages, as JSON) to path atomically, for load()."""

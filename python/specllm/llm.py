@@ -71,6 +71,7 @@ def _at_exit(ref, flush: bool) -> None:
         llm._gate.shut(timeout=10.0)
         if flush:
             llm._engine.flush_prompt_store()
+            logs.drain()  # the writer's note of a failed write (a full disk): generate's only state is written now
 
 
 @contextlib.contextmanager

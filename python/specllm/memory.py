@@ -26,7 +26,7 @@ VERSION = 1
 def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
     header = json.dumps({"version": VERSION, "n_vocab": n_vocab, "model": os.path.basename(model),
                          "n_tokens": len(tokens)}).encode() + b"\n"
-    files.write_atomic(path, MAGIC + header + np.asarray(tokens, dtype="<i4").tobytes())
+    files.write_atomic(path, MAGIC + header + np.asarray(tokens, dtype="<i4").tobytes(), new_mode=0o600)  # outputs
 
 
 def load(path: str, n_vocab: Optional[int]) -> List[int]:
@@ -73,6 +73,8 @@ class MemoryFile:
                                   "another path")
         if os.path.isdir(path):
             raise MemoryFileError(f"memory_file {path} is a directory; give the path of a file")
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO hung the load, a device would be overwritten
+            raise MemoryFileError(f"memory_file {path} is not a regular file; give the path of a file")
         self._failing = False
         self.read(None)  # a file that is not a drafting memory fails now, before the models load
 

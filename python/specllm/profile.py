@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import logging
 import os
 import platform
@@ -118,7 +119,8 @@ def sizes_for(verify_rows: int) -> list[int]:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SPECLLM_PROFILES", Path.home() / ".cache" / "specllm" / "profiles"))
+    # an empty SPECLLM_PROFILES is unset (Path("") is the current directory), as SPECLLM_CACHE is
+    return Path(os.environ.get("SPECLLM_PROFILES") or Path.home() / ".cache" / "specllm" / "profiles")
 
 
 def kernel_key(opts) -> object:
@@ -149,15 +151,27 @@ def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, v
 
 
 def _read(path: Path, verify_rows: int) -> dict | None:
-    """The profile in path, or None (none yet, unreadable, or for other batch sizes)."""
+    """The profile in path, or None (none yet, unreadable, damaged, or for other batch sizes): measured again."""
     try:
         prof = json.loads(path.read_text())
-        if (prof.get("sizes") == sizes_for(verify_rows) and isinstance(prof.get("verify_ms"), list)
-                and isinstance(prof.get("context_row_ms"), float)):
+        if isinstance(prof, dict) and _valid(prof, sizes_for(verify_rows)):
             return prof
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, RecursionError):
         pass
     return None
+
+
+def _valid(prof: dict, sizes: list) -> bool:
+    """Costs the engine takes: T(n) for n = 1..max(sizes), finite, >= 0 (0: not measured), T(1) > 0; a row's
+    context cost and the draft token cost finite and >= 0. A damaged file (strings, NaN, a cut list) stopped every
+    load with an error instead of being measured again."""
+    def ms(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    v = prof.get("verify_ms")
+    return (prof.get("sizes") == sizes and isinstance(v, list) and len(v) == max(sizes) and all(map(ms, v))
+            and v[0] > 0 and isinstance(prof.get("context_row_ms"), float) and ms(prof["context_row_ms"])
+            and ms(prof.get("draft_token_ms", 0.0)))
 
 
 def noisy_loads(prof: dict | None) -> int:
@@ -326,8 +340,10 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
         try:
             _write(path, prof)
-        except OSError:  # a read-only home or a full disk: profile again next time
-            pass
+        except OSError as e:  # a read-only home or a full disk: measured again at the next load
+            log.warning("the cost profile could not be saved to %s (%s): it is measured again at every load until "
+                        "it can be (set SPECLLM_PROFILES to a directory this process may write)", path,
+                        e.strerror or e)
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
     if prof.get("draft_token_ms"):
