@@ -728,6 +728,21 @@ def test_a_grammar_file_that_does_not_parse_is_refused_before_the_model_loads(ti
     assert r.returncode == 0 and "could not be parsed" not in r.stderr, r.stderr
 
 
+def test_a_prompt_state_that_cannot_be_written_at_exit_is_said(tiny, env, tmp_path):
+    """generate writes its one state as the process exits: a failure was never shown (the log was not drained at
+    exit, and the core's notes had no handler in the CLI). A directory in the state file's place makes it fail."""
+    states = tmp_path / "states"
+    args = ["generate", "--system", "You answer questions about this file. " * 12, "--max-tokens", "8",
+            "--prompt-cache-dir", str(states), "Question one?"]
+    assert run(tiny, env, *args).returncode == 0
+    (state,) = states.glob("*.kv")
+    state.unlink()
+    state.mkdir()
+    (state / "keep").write_text("not empty: not removed as a damaged state")
+    r = run(tiny, env, *args)
+    assert r.returncode == 0 and "a prompt state could not be written to" in r.stderr, r.stderr
+
+
 def test_prompt_cache_dir_carries_a_long_system_prompt_from_one_run_to_the_next(tiny, env, tmp_path):
     states = tmp_path / "states"
     system = "You answer questions about this file. " * 12

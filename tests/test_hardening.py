@@ -56,7 +56,8 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     # such a profile is cached as measured, marked noisy
     assert profile.increasing(good["verify_ms"]) or profile.noisy_loads(good) > 0
     busy = {k: v for k, v in good.items() if k != "noisy"}
-    path.write_text(json.dumps(dict(busy, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0])))  # a busy machine
+    pad = [0.0] * (len(good["verify_ms"]) - 7)  # the file's length: a shorter list is damage, not a busy machine
+    path.write_text(json.dumps(dict(busy, verify_ms=[50.0, 20.0, 10.0, 5.0, 4.0, 3.0, 2.0] + pad)))  # busy
     caplog.clear()
     with caplog.at_level("INFO", logger="specllm.profile"):
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
@@ -74,7 +75,7 @@ def test_a_profile_that_does_not_grow_is_measured_again(tiny, tmp_path, monkeypa
     # this exact-mode profile "auto" drafted nothing); quiet, the same VM read 48, 89, 112
     assert profile.increasing([104.0, 289.0, 391.0]) and not profile.plausible([104.0, 289.0, 391.0])
     assert profile.plausible([48.0, 89.0, 112.0]) and not profile.plausible([50.0, 20.0])
-    path.write_text(json.dumps(dict(busy, verify_ms=[2.0 * n for n in range(1, 8)][:1] + [9.0] * 6)))
+    path.write_text(json.dumps(dict(busy, verify_ms=[2.0 * n for n in range(1, 8)][:1] + [9.0] * 6 + pad)))
     caplog.clear()
     with caplog.at_level("INFO", logger="specllm.profile"):
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)

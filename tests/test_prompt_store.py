@@ -157,24 +157,31 @@ def test_the_identity_reads_the_weights_not_only_the_first_mib(tmp_path):
 
     head = os.urandom(1 << 20)
     base, tuned, same = tmp_path / "base.gguf", tmp_path / "tuned.gguf", tmp_path / "copy.gguf"
-    weights = bytearray(os.urandom(3 << 20))
+    weights = bytearray(os.urandom(32 << 20))  # 64 samples of 64 KiB leave gaps of ~450 KiB between them
     base.write_bytes(head + bytes(weights))
     same.write_bytes(head + bytes(weights))
-    weights[1 << 20:(1 << 20) + (256 << 10)] = os.urandom(256 << 10)  # one tensor's worth, past the first MiB
+    weights[9 << 20:10 << 20] = os.urandom(1 << 20)  # one tensor's worth (a MiB), far past the first MiB
     tuned.write_bytes(head + bytes(weights))
     ids = [_core.prompt_store_identity(str(p), "opts") for p in (base, tuned, same)]
     assert ids[0] != ids[1] and ids[0] == ids[2]
+    small = tmp_path / "small.gguf"  # shorter than the first MiB and a sample: read whole, no sample
+    small.write_bytes(b"x" * 1000)
+    before = _core.prompt_store_identity(str(small), "opts")
+    small.write_bytes(b"y" * 1000)
+    assert _core.prompt_store_identity(str(small), "opts") != before
 
 
-def test_chat_reset_forgets_the_conversation_not_the_states_on_disk_or_the_memory(tiny, tmp_path):
+@pytest.mark.parametrize("draft", ["ngram", "near_draft"])
+def test_chat_reset_forgets_the_conversation_not_the_states_on_disk_or_the_memory(tiny, tmp_path, draft):
     """/reset called LLM.reset(): it removed every state of the model in the directory (another process's too) and
-    wrote an empty --memory-file over the one a server shared."""
+    wrote an empty --memory-file over the one a server shared. The reply after it is a fresh conversation's."""
     from specllm.chat_session import ChatSession
 
     states_dir, mem = tmp_path / "states", tmp_path / "m.mem"
-    session = ChatSession(tiny["target"], "ngram", system="You answer. " * 30, gen_options={"max_tokens": N},
+    session = ChatSession(tiny["target"], tiny.get(draft, draft), system="You answer. " * 30,
+                          gen_options={"max_tokens": N},
                           llm_options={"n_threads": 1, "profile_costs": False, "prompt_cache_dir": states_dir,
-                                       "memory_file": mem})
+                                       "memory_file": mem, "exact": True})
     first = session.reply("Hello world " * 10)
     assert session.llm.prompt_cache_stored > 0  # once the writes queued are done
     kept, memory = states(states_dir), mem.read_bytes()

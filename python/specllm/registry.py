@@ -138,9 +138,10 @@ def _pull(name, progress, sources):
                             "folder") from None
         if dest.is_file():  # already there, or pulled meanwhile by another process
             return str(dest)
-        if os.path.lexists(dest):  # a directory, a dangling link: found before a 1 GB download, not after it
-            raise PullError(f"{dest} is in the way of {name}'s download: it exists and is not a file; move it away "
-                            "(or set SPECLLM_CACHE to another folder)")
+        if os.path.lexists(dest) and not dest.is_file():  # a directory, a broken link: said before a 1 GB download
+            what = "a broken link" if dest.is_symlink() else "not a file"
+            raise PullError(f"{dest} is in the way of {name}'s download: it is {what}; move it away (or set "
+                            "SPECLLM_CACHE to another folder)")
         errors = []
         for source in sources:
             spec = entry["sources"].get(source)
