@@ -732,14 +732,16 @@ def test_a_prompt_state_that_cannot_be_written_at_exit_is_said(tiny, env, tmp_pa
     """generate writes its one state as the process exits: a failure was never shown (the log was not drained at
     exit, and the core's notes had no handler in the CLI). A directory in the state file's place makes it fail."""
     states = tmp_path / "states"
-    args = ["generate", "--system", "You answer questions about this file. " * 12, "--max-tokens", "8",
-            "--prompt-cache-dir", str(states), "Question one?"]
-    assert run(tiny, env, *args).returncode == 0
+    # plain decoding: the same reply, so the same state name, whatever a cost profile measured beside other work
+    args = [sys.executable, "-m", "specllm.cli", "generate", "--system", "You answer questions about this file. " * 12,
+            "--max-tokens", "8", "--prompt-cache-dir", str(states), "--model", tiny["target"], "--draft", "none",
+            "--threads", "1", "Question one?"]
+    assert subprocess.run(args, env=env, capture_output=True, timeout=120).returncode == 0
     (state,) = states.glob("*.kv")
     state.unlink()
     state.mkdir()
     (state / "keep").write_text("not empty: not removed as a damaged state")
-    r = run(tiny, env, *args)
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "a prompt state could not be written to" in r.stderr, r.stderr
 
 
