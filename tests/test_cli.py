@@ -730,19 +730,25 @@ def test_a_grammar_file_that_does_not_parse_is_refused_before_the_model_loads(ti
 
 def test_a_prompt_state_that_cannot_be_written_at_exit_is_said(tiny, env, tmp_path):
     """generate writes its one state as the process exits: a failure was never shown (the log was not drained at
-    exit, and the core's notes had no handler in the CLI). A directory in the state file's place makes it fail."""
+    exit, and the core's notes had no handler in the CLI). A file size limit below the state's makes it fail, as a
+    full disk does (Python ignores SIGXFSZ: the write fails with EFBIG)."""
+    import resource
+
     states = tmp_path / "states"
-    # plain decoding: the same reply, so the same state name, whatever a cost profile measured beside other work
     args = [sys.executable, "-m", "specllm.cli", "generate", "--system", "You answer questions about this file. " * 12,
             "--max-tokens", "8", "--prompt-cache-dir", str(states), "--model", tiny["target"], "--draft", "none",
             "--threads", "1", "Question one?"]
     assert subprocess.run(args, env=env, capture_output=True, timeout=120).returncode == 0
     (state,) = states.glob("*.kv")
+    limit = state.stat().st_size // 2
     state.unlink()
-    state.mkdir()
-    (state / "keep").write_text("not empty: not removed as a damaged state")
-    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, preexec_fn=small_files)
     assert r.returncode == 0 and "a prompt state could not be written to" in r.stderr, r.stderr
+    assert list(states.glob("*.kv")) == []
 
 
 def test_prompt_cache_dir_carries_a_long_system_prompt_from_one_run_to_the_next(tiny, env, tmp_path):
