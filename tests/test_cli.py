@@ -729,9 +729,10 @@ def test_a_grammar_file_that_does_not_parse_is_refused_before_the_model_loads(ti
 
 
 def test_a_prompt_state_that_cannot_be_written_at_exit_is_said(tiny, env, tmp_path):
-    """generate writes its one state as the process exits: a failure was never shown (the log was not drained at
-    exit, and the core's notes had no handler in the CLI). A file size limit below the state's makes it fail, as a
-    full disk does (Python ignores SIGXFSZ: the write fails with EFBIG)."""
+    """generate writes its one state at the end, on the store's thread: a failure that came after the stream's last
+    log drain was never shown (no drain at exit, and none at all when a garbage collection freed the LLM before the
+    exit hook: in the full suite it failed so), and the core's notes had no handler in the CLI. A file size limit
+    below the state's makes the write fail, as a full disk does (Python ignores SIGXFSZ: EFBIG)."""
     import resource
 
     states = tmp_path / "states"

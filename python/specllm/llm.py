@@ -71,7 +71,8 @@ def _at_exit(ref, flush: bool) -> None:
         llm._gate.shut(timeout=10.0)
         if flush:
             llm._engine.flush_prompt_store()
-            logs.drain()  # the writer's note of a failed write (a full disk): generate's only state is written now
+    if flush:  # the writer's note of a failed write (a full disk): generate's only state is written at the end, and
+        logs.drain()  # an LLM dropped without close() (freed by a GC pass before now) wrote it as it was freed
 
 
 @contextlib.contextmanager
