@@ -81,6 +81,18 @@ def test_bad_constructor_arguments_fail_before_loading(tiny, make_llm, kwargs, e
     draft = kwargs.pop("draft", None)
     with pytest.raises(error, match=message):
         make_llm(tiny["target"], draft, **kwargs)
+    with pytest.raises(error, match=message):  # as specllm-cli serve checks its flags before it binds its port
+        specllm.llm.check_arguments(tiny["target"], draft, **kwargs)
+
+
+def test_a_prompt_cache_dir_that_cannot_be_a_directory_fails_before_loading(tiny, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    for place in ("a-file", "a-file/states", "a-file/states/more"):
+        with pytest.raises(specllm.InvalidOptionError, match=r"is not a directory and cannot be made one \(.*a-file "
+                                                                 r"is not a directory\)"):
+            specllm.llm.check_arguments(tiny["target"], None, prompt_cache_dir=tmp_path / place)
+    specllm.llm.check_arguments(tiny["target"], None, prompt_cache_dir=tmp_path / "new" / "states")  # made at load
+    assert (tmp_path / "a-file").read_text() == "x" and not (tmp_path / "new").exists()
 
 
 def test_a_huge_n_batch_is_capped_by_the_context(tiny, make_llm):

@@ -821,3 +821,16 @@ def test_serve_says_at_once_when_it_cannot_listen(tiny, env):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and lines == ["specllm-cli: error: --port must be an int from 0 to 65535 (0: a free one), "
                                           "got 70000"], r.stderr
+
+
+def test_serve_says_a_flag_the_load_would_refuse_before_it_binds(tiny, env, tmp_path):
+    """--ctx 8, a --prompt-cache-dir on a file or a --memory-file on a directory were found by the load, after the
+    port was bound and uvicorn had started: its lines, then the error. Now: one error line, nothing served."""
+    (tmp_path / "a-file").write_text("x")
+    for flags, words in ((["--ctx", "8"], "--ctx must be between 16 and"),
+                         (["--prompt-cache-dir", str(tmp_path / "a-file" / "states")], "is not a directory"),
+                         (["--memory-file", str(tmp_path)], "is a directory; give the path of a file")):
+        r = run(tiny, env, "serve", "--port", "0", *flags)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
+    assert (tmp_path / "a-file").read_text() == "x"

@@ -219,6 +219,10 @@ def test_binding_beyond_loopback_without_a_key_warns(llm, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="specllm.server"):
         specllm.serve(llm, host="0.0.0.0", port=0)
     assert any("without an API key" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="specllm.server"):  # --log-level error keeps it: the port is open to all
+        specllm.serve(llm, host="0.0.0.0", port=0)
+    assert [r.levelname for r in caplog.records if "without an API key" in r.getMessage()] == ["ERROR"]
     with caplog.at_level("INFO", logger="specllm.server"):
         specllm.serve(llm, host="127.0.0.1", port=0)
     assert any(re.match(r"listening on http://127\.0\.0\.1:[1-9]\d*", r.getMessage()) for r in caplog.records)

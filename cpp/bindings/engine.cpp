@@ -43,6 +43,7 @@ void register_engine(py::module_ & m) {
         .def_readwrite("sentence_boundaries", &EngineOptions::sentence_boundaries);
     m.attr("exact_verify_rows") = exact_verify_rows;
     m.attr("max_threads") = max_threads;
+    m.attr("max_ctx") = max_ctx;
 
     py::class_<Stats>(m, "Stats")
         .def_readonly("n_prompt", &Stats::n_prompt)

@@ -25,7 +25,7 @@ import sys
 from . import cli_args, grammar, registry
 from .chat_screen import HELP, MEASURING_THREAD, Style, run_chat  # noqa: F401  (Style: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
-from .llm import DEFAULT, LLM, default_draft
+from .llm import DEFAULT, LLM, check_arguments, default_draft
 
 PROG = "specllm-cli"
 
@@ -253,6 +253,10 @@ def run_serve(args) -> int:
 
     def load() -> LLM:  # on the server's worker thread: /health answers 503 until it returns
         return LLM(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
+
+    # what the load would refuse in its first second (--threads 10000, --memory-file on a directory): said before
+    # the port is bound and the server started
+    check_arguments(args.model, args.draft, ngram=args.ngram is not False, **_llm_options(args))
 
     serve(load, host=args.host, port=args.port, api_key=api_key, cors_origins=args.cors_origin,
           model_id=server_model_id(args.model),  # /v1/models names it while it loads

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import numbers
 import os
 import signal
 import threading
+import types
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -54,6 +56,29 @@ def _draft_arg(model: str, draft, ngram):
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
     return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
+
+
+def _checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_template, chat_template_kwargs,
+             **load) -> tuple:
+    """LLM(...)'s arguments checked before anything loads: (model, prompt_cache_dir, MemoryFile or None,
+    kv_cache(...), the chat template's check_load_args)."""
+    model, prompt_cache_dir = check_load(model, memory_file=memory_file, **load)
+    memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file", os.fspath(memory_file)))
+    kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
+    return model, prompt_cache_dir, memory_file, kv, chat_templates.check_load_args(chat_template, chat_template_kwargs)
+
+
+def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
+    """What LLM(model, draft, **kwargs) refuses before it loads anything (TypeError, InvalidOptionError,
+    MemoryFileError, ...), raised without loading: `specllm-cli serve` checks its flags so before it binds its
+    port."""
+    bound = inspect.signature(LLM.__init__).bind(None, model, draft, **kwargs)
+    bound.apply_defaults()
+    load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "profile_costs",
+                                                                   "embedding_model")}
+    _checked(**load)
+    draft, ngram = _draft_arg(load["model"], draft, bound.arguments["ngram"])
+    _check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))
 
 
 def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
@@ -183,16 +208,14 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         chat_template_kwargs: the template's own variables for every conversation (llama-server's
             --chat-template-kwargs; e.g. {"enable_thinking": False} for Qwen3's); chat() can add more per call.
         """
-        model, prompt_cache_dir = check_load(
+        model, prompt_cache_dir, self._memory_file, kv, template = _checked(
             model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
             n_threads=n_threads, ngram_min=ngram_min, ngram_max=ngram_max, memory_tokens=memory_tokens,
             memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
             prompt_cache_disk_mb=prompt_cache_disk_mb, learn_batch_costs=learn_batch_costs,
-            stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact)
-        self._memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file",
-                                                                                    os.fspath(memory_file)))
-        kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
-        template = chat_templates.check_load_args(chat_template, chat_template_kwargs)
+            stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact, cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v, flash_attn=flash_attn, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs)
         if kv[0] not in FLOAT_CACHE_TYPES + ("q8_0",):
             logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
                                 "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "

@@ -232,6 +232,8 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
     for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
                         ("ngram_min", ngram_min), ("ngram_max", ngram_max)):
         _int(name, value)
+    if not 16 <= n_ctx <= _core.max_ctx:  # as the load says it
+        raise InvalidOptionError(f"n_ctx must be between 16 and {_core.max_ctx}, got {n_ctx}")
     _int("memory_tokens", memory_tokens, lo=0)
     _int("prompt_cache_mb", prompt_cache_mb, lo=0)
     _int("prompt_cache_disk_mb", prompt_cache_disk_mb, lo=1)
@@ -242,6 +244,12 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
         if not prompt_cache_dir:
             raise InvalidOptionError("prompt_cache_dir is empty: give a directory (made if missing), or None "
                                      "for no prompt states on disk")
+        place = os.path.abspath(prompt_cache_dir)
+        while not os.path.lexists(place) and os.path.dirname(place) != place:
+            place = os.path.dirname(place)  # the directory's nearest existing part: it, or where it would be made
+        if not os.path.isdir(place):
+            raise InvalidOptionError(f"prompt_cache_dir {prompt_cache_dir!r} is not a directory and cannot be made one "
+                                     f"({place} is not a directory): give a directory to keep prompt states in")
     if memory_file is not None and memory_tokens == 0:
         raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
     for name, value in (("learn_batch_costs", learn_batch_costs), ("exact", exact)):

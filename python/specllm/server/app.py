@@ -290,9 +290,10 @@ def _run(llm, host, port, sockets, api_key, log_level, access_log, app_options) 
     import uvicorn
 
     _Server = _uvicorn_server()
-    if not is_loopback(host) and api_key is None:
-        log.warning("serving on %s without an API key: anyone who can reach this port can use the model "
-                    "(pass api_key / --api-key)", host)
+    if not is_loopback(host) and api_key is None:  # said at any log level: a quiet log must not hide an open port
+        log.log(min(max(logging.WARNING, log.getEffectiveLevel()), logging.CRITICAL),
+                "serving on %s without an API key: anyone who can reach this port can use the model "
+                "(pass api_key / --api-key)", host)
     app = create_app(llm, api_key=api_key, **app_options)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                                     timeout_graceful_shutdown=5))
