@@ -12,7 +12,6 @@ are the new request's), and GET / DELETE /v1/responses/{id} read or drop it."""
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from typing import List, Optional
