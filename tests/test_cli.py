@@ -834,3 +834,20 @@ def test_serve_says_a_flag_the_load_would_refuse_before_it_binds(tiny, env, tmp_
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
     assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_chat_forget_empties_the_drafting_memory_and_keeps_the_conversation(tiny, env, tmp_path):
+    """Chat had no way to clear the drafting memory (/reset keeps it, on purpose): /forget does, and empties a
+    --memory-file too."""
+    path = tmp_path / "memory.bin"
+    child = chat(tiny, env, "--max-tokens", "24", "--memory-file", str(path))
+    assert "tok/s" in ask(child, "hello")
+    held = len(specllm.memory.load(str(path), None))  # the reply (and a separator)
+    said = ask(child, "/forget")
+    m = re.search(r"drafting memory forgotten \((\d+) tokens; (.*) emptied\)", said.replace("\r\n", ""))
+    assert held > 0 and m and int(m.group(1)) == held and m.group(2) == str(path), said
+    assert specllm.memory.load(str(path), None) == []
+    assert "conversation: 2 messages" in ask(child, "/stats")
+    assert "drafting memory forgotten (0 tokens;" in ask(child, "/forget").replace("\r\n", "")
+    child.sendeof()
+    exits_cleanly(child)

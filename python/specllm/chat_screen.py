@@ -20,6 +20,8 @@ MEASURING_THREAD = "specllm-measure"  # what it logs stays off the prompt (cli's
 HELP = """\
 /help                           this help
 /reset                          forget the conversation (the system prompt and the drafting memory stay)
+/forget                         forget the drafting memory (earlier replies drafts are copied from; with
+                                --memory-file, the file is emptied too)
 /system [TEXT]                  show, or set, the system prompt
 /stats                          statistics of the whole session
 /save FILE                      save the conversation (JSON)
@@ -96,6 +98,10 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
     elif name == "/reset":
         session.reset()
         print(style.dim("conversation forgotten" + (" (the system prompt stays)" if session.system else "")))
+    elif name == "/forget":
+        n = session.forget_memory()
+        kept = session.llm_options.get("memory_file")
+        print(style.dim(f"drafting memory forgotten ({n} tokens" + (f"; {kept} emptied)" if kept else ")")))
     elif name == "/system":
         if arg:
             try:

@@ -116,6 +116,13 @@ class ChatSession:
         --prompt-cache-dir, other processes' too); the next reply's prompt reuses the cached system prompt."""
         self.turns.clear()
 
+    def forget_memory(self) -> int:
+        """Forget the drafting memory (LLM.clear_memory: earlier replies, and what "auto" learned from them; a
+        memory_file is emptied too); the conversation stays. The number of tokens it held."""
+        n = self.llm.memory_size
+        self.llm.clear_memory()
+        return n
+
     def save(self, path: str) -> None:
         """Write the conversation (the system prompt and the messages, as JSON) to path atomically, for load()."""
         path = os.fspath(path)
