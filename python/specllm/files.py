@@ -1,10 +1,17 @@
-"""Files written whole or not at all: the drafting memory, a saved chat, the cost profiles."""
+"""Files written whole or not at all (the drafting memory, a saved chat, the cost profiles), and a lock between
+processes."""
 from __future__ import annotations
 
 import contextlib
 import os
 import secrets
 import stat
+import time
+
+try:
+    import fcntl
+except ImportError:  # Windows: no locks between processes here
+    fcntl = None
 
 
 def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
@@ -32,3 +39,38 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def exclusive(lock_path, wait_s: float, on_wait=lambda: None, stopped=lambda: False):
+    """Holds an exclusive lock on lock_path (made if missing, 0600; the kernel frees it when the process dies) within
+    it, waiting for another process's hold up to wait_s seconds (on_wait() called once when it must wait; stopped()
+    polled, it may raise). Yields False when it got the lock at once, True after a wait, None when it gave up (after
+    wait_s, or stopped() was true); False too where no lock can be had (no fcntl, a read-only directory, a file
+    system without locks): the work goes on unlocked, as it would have."""
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(os.fspath(lock_path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError:
+            fd = None
+    try:
+        held, deadline = False, time.monotonic() + wait_s
+        while fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not held:
+                    on_wait()
+                    held = True
+                if stopped() or time.monotonic() > deadline:
+                    held = None
+                    break
+                time.sleep(0.05)
+            except OSError:  # no locks on this file system
+                break
+        yield held
+    finally:
+        if fd is not None:
+            os.close(fd)  # and the lock with it

@@ -1,6 +1,7 @@
 """The verify-cost profile of the "auto" policy: measured once per model, device and thread count, cached."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -10,6 +11,7 @@ import platform
 from pathlib import Path
 
 from . import _core, amx, files
+from .errors import Cancelled
 
 log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
@@ -287,6 +289,32 @@ def _write(path: Path, prof: dict) -> None:
     files.write_atomic(path, json.dumps(prof).encode())
 
 
+LOCK_WAIT_S = 300  # the longest a load waits for another process measuring the same profile, then measures too
+
+
+@contextlib.contextmanager
+def _measuring(path: Path, engine):
+    """One process at a time measures a target's costs: two measuring at once (two servers started together, a chat
+    beside a server's first load) each time the other's work and both keep a busy profile. Yields whether it waited
+    for another process (whose profile is then on file); Cancelled when the engine is interrupted meanwhile (a
+    stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
+    def waiting() -> None:
+        log.info("another process is measuring these costs: waiting for it (up to %d s) to use its profile (%s)",
+                 LOCK_WAIT_S, path)
+
+    def stopped() -> bool:
+        if engine.interrupted:
+            raise Cancelled("the load was stopped while it waited for another process's cost measurement")
+        return False
+
+    with contextlib.suppress(OSError):  # a directory that cannot be made: no lock (the write says what to do)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with files.exclusive(path.with_name(path.name + ".lock"), LOCK_WAIT_S, waiting, stopped) as held:
+        if held is None:
+            log.warning("another process has measured these costs for %d s; measuring here too", LOCK_WAIT_S)
+        yield held is not None and held
+
+
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
                     verify_rows: int = 0, known: dict | None = None, swapped: bool = False,
                     measure: bool = False) -> dict:
@@ -303,49 +331,67 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
         if mark_stale(known, known["stale"], target, [draft], n_threads, n_gpu_layers, kernels, verify_rows,
                       **shape_mark):
             prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
-    if prof is None:
-        on_file = _read(path, verify_rows)
-        before = noisy_loads(on_file)  # loads that found the cached profile busy
-        # loads in a row that measured again a profile found stale (STALE_LOADS), kept through a busy measurement
-        count = stale_loads(on_file) + (on_file is not None and "stale" in on_file)
-        carried = {"stale_loads": count} if count else {}
-        if count and ("stale_shape" in on_file if "stale" in on_file else on_file.get("stale_for") == "shape"):
-            carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
-        if known is not None and known.get("sizes") == sizes:
-            verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
-            before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
-            # ... and its marks: costs judged stale are measured again at the next load, with the others
-            carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
-        else:
-            log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
-                     "draft (once per model, machine, thread count and mode; about a minute on a 2-core CPU, half "
-                     "that in exact mode)",
-                     ", ".join(map(str, sizes)))
-            attempts = 1 if before else MAX_MEASURES
-            for attempt in range(attempts):
-                verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
-                if plausible(verify_ms):
-                    break
-                later = ("measuring again at the next load" if before + 1 < NOISY_LOADS
-                         else "keeping them (delete the file to measure again)")
-                log.warning("the measured verify costs do not grow with the batch size, or grow faster than one "
-                            "plain step per row (%s ms): the machine was busy; %s",
-                            ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
-                            "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
-                            f"({path})")
-            context_ms = context_row_cost(engine, sizes, verify_ms)
-        prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
-                "context_row_ms": float(context_ms), **carried}
-        if not plausible(verify_ms):
-            prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
-        try:
-            _write(path, prof)
-        except OSError as e:  # a read-only home or a full disk: measured again at the next load
-            log.warning("the cost profile could not be saved to %s (%s); set SPECLLM_PROFILES to a directory this "
-                        "process may write (unsaved, the costs are measured again at later loads)", path,
-                        e.strerror or e)
+    if prof is None and (known is None or known.get("sizes") != sizes):  # measured here: one process at a time
+        # per target and settings (the verify costs are the target's, whichever drafter's file they go to)
+        with _measuring(_path(target, "", n_threads, n_gpu_layers, kernels, verify_rows), engine) as waited:
+            if waited and not measure:  # what the other process measured, if this load would take it
+                prof = cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
+                if prof is None and known is None:  # it measured another drafter: its verify costs are the target's
+                    known = cached(target, "", n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
+            if prof is None:
+                prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows,
+                                known)
+    elif prof is None:
+        prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows, known)
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
     if prof.get("draft_token_ms"):
         engine.set_draft_token_cost(prof["draft_token_ms"])
+    return prof
+
+
+def _measure(engine, path: Path, sizes: list, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
+             verify_rows: int, known: dict | None) -> dict:
+    """load_or_measure's profile when none on file is taken: measured (or the verify costs taken from `known`),
+    with the counts and marks carried from the file, and written."""
+    on_file = _read(path, verify_rows)
+    before = noisy_loads(on_file)  # loads that found the cached profile busy
+    # loads in a row that measured again a profile found stale (STALE_LOADS), kept through a busy measurement
+    count = stale_loads(on_file) + (on_file is not None and "stale" in on_file)
+    carried = {"stale_loads": count} if count else {}
+    if count and ("stale_shape" in on_file if "stale" in on_file else on_file.get("stale_for") == "shape"):
+        carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
+    if known is not None and known.get("sizes") == sizes:
+        verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
+        before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
+        # ... and its marks: costs judged stale are measured again at the next load, with the others
+        carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
+    else:
+        log.info("measuring this machine's verify costs for batch sizes %s, to decide how many tokens to "
+                 "draft (once per model, machine, thread count and mode; about a minute on a 2-core CPU, half "
+                 "that in exact mode)",
+                 ", ".join(map(str, sizes)))
+        attempts = 1 if before else MAX_MEASURES
+        for attempt in range(attempts):
+            verify_ms = engine.profile_verify(sizes, N_REPS_EXACT if verify_rows > 0 else N_REPS)
+            if plausible(verify_ms):
+                break
+            later = ("measuring again at the next load" if before + 1 < NOISY_LOADS
+                     else "keeping them (delete the file to measure again)")
+            log.warning("the measured verify costs do not grow with the batch size, or grow faster than one "
+                        "plain step per row (%s ms): the machine was busy; %s",
+                        ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
+                        "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
+                        f"({path})")
+        context_ms = context_row_cost(engine, sizes, verify_ms)
+    prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
+            "context_row_ms": float(context_ms), **carried}
+    if not plausible(verify_ms):
+        prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
+    try:
+        _write(path, prof)
+    except OSError as e:  # a read-only home or a full disk: measured again at the next load
+        log.warning("the cost profile could not be saved to %s (%s); set SPECLLM_PROFILES to a directory this "
+                    "process may write (unsaved, the costs are measured again at later loads)", path,
+                    e.strerror or e)
     return prof
