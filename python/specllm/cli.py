@@ -25,7 +25,8 @@ import sys
 from . import cli_args, grammar, registry
 from .chat_screen import HELP, MEASURING_THREAD, Style, run_chat  # noqa: F401  (Style: specllm.cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
-from .llm import DEFAULT, LLM, check_arguments, default_draft
+from .llm import DEFAULT, LLM, default_draft
+from .load_options import check_arguments
 
 PROG = "specllm-cli"
 

@@ -9,82 +9,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import numbers
 import os
 import signal
 import threading
-import types
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _core, costs, embed, gguf_check, infill, logs, memory
+from . import _core, costs, embed, infill, logs, memory
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
-from .options import FLOAT_CACHE_TYPES, _int, check_load, kv_cache, make_options
+from .load_options import DEFAULT, checked, check_ngram_sizes, default_draft, draft_arg  # noqa: F401 (default_draft)
+from .load_options import drafter_options, model_options, resolve
+from .options import FLOAT_CACHE_TYPES, _int, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
 
-DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, n-gram lookup for a path
 Prompt = Union[str, Sequence[int]]
-
-
-def _resolve(name_or_path: str) -> str:
-    from . import registry
-    return registry.resolve(name_or_path)
-
-
-def default_draft(name_or_path: str) -> Optional[str]:
-    """What draft=DEFAULT means for a target: a registry name's known draft; for a .gguf path, n-gram lookup in the
-    prompt and output ("ngram"): it needs no second model and costs microseconds, and "auto" drafts only where it
-    pays, so a model given by path speculates too (plain decoding for a path before 2026-11-26)."""
-    if os.path.exists(name_or_path):
-        return "ngram"
-    from . import registry
-    return registry.default_draft(name_or_path)
-
-
-def _draft_arg(model: str, draft, ngram):
-    """(draft, ngram) with the defaults filled in: DEFAULT is a registry target's known draft; a draft model drafts
-    with n-gram lookup beside it unless ngram=False (as in specllm-cli: "auto" uses n-grams only where they pay, and
-    on a CPU where the draft model cannot pay they are all that can)."""
-    if draft == DEFAULT:
-        draft = default_draft(model)
-    if ngram is None and draft not in (None, "ngram"):
-        ngram = True
-    if draft is not None and not isinstance(draft, (str, os.PathLike)):
-        raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
-    return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
-
-
-def _checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_template, chat_template_kwargs,
-             **load) -> tuple:
-    """LLM(...)'s arguments checked before anything loads: (model, prompt_cache_dir, MemoryFile or None,
-    kv_cache(...), the chat template's check_load_args)."""
-    model, prompt_cache_dir = check_load(model, memory_file=memory_file, **load)
-    memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file", os.fspath(memory_file)))
-    kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
-    return model, prompt_cache_dir, memory_file, kv, chat_templates.check_load_args(chat_template, chat_template_kwargs)
-
-
-def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
-    """What LLM(model, draft, **kwargs) refuses before it loads anything (TypeError, InvalidOptionError,
-    MemoryFileError, ...), raised without loading: `specllm-cli serve` checks its flags so before it binds its
-    port."""
-    bound = inspect.signature(LLM.__init__).bind(None, model, draft, **kwargs)
-    bound.apply_defaults()
-    load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "profile_costs",
-                                                                   "embedding_model")}
-    _checked(**load)
-    draft, ngram = _draft_arg(load["model"], draft, bound.arguments["ngram"])
-    _check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))
-
-
-def _check_ngram_sizes(draft, ngram: bool, sizes) -> None:
-    """Before any model loads: an index of these sizes refuses what the n-gram drafter would refuse."""
-    if draft == "ngram" or (ngram and draft is not None):
-        _core.NgramIndex(sizes.n_min, sizes.n_max)
 
 
 def _at_exit(ref, flush: bool) -> None:
@@ -208,7 +150,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         chat_template_kwargs: the template's own variables for every conversation (llama-server's
             --chat-template-kwargs; e.g. {"enable_thinking": False} for Qwen3's); chat() can add more per call.
         """
-        model, prompt_cache_dir, self._memory_file, kv, template = _checked(
+        model, prompt_cache_dir, self._memory_file, kv, template = checked(
             model, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers,
             n_threads=n_threads, ngram_min=ngram_min, ngram_max=ngram_max, memory_tokens=memory_tokens,
             memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
@@ -220,18 +162,18 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
                                 "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "
                                 "smaller V is safer", kv[0])
-        draft, ngram = _draft_arg(model, draft, ngram)
+        draft, ngram = draft_arg(model, draft, ngram)
 
         opts = _core.EngineOptions()
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max
-        _check_ngram_sizes(draft, ngram, opts.ngram)
-        opts.target = self._model_options(_resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, True)
+        check_ngram_sizes(draft, ngram, opts.ngram)
+        opts.target = model_options(resolve(model), n_ctx, n_threads, n_gpu_layers, n_batch, True)
         opts.target.cache_type_k, opts.target.cache_type_v, opts.target.flash_attn = kv
         on_cpu = n_gpu_layers == 0 or not _core.supports_gpu_offload()
         opts.verify_rows = _core.exact_verify_rows if exact and on_cpu else 0
         opts.memory_tokens = memory_tokens
         self._draft_n_gpu_layers = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-        opts.draft_kind, opts.draft = self._drafter_options(draft, ngram, self._draft_n_gpu_layers, opts.target)
+        opts.draft_kind, opts.draft = drafter_options(draft, ngram, self._draft_n_gpu_layers, opts.target)
         self.model_path = opts.target.path
         self.draft = draft
         self.seed = seed
@@ -279,12 +221,12 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         an LLM made without a drafter gets one on a machine with no cost profile of its target yet: measuring
         the profile clears the cache). The new drafter is loaded before the old one is freed; if it cannot be
         (a typed error), the old one stays. Waits for a running generation (see stream_idle_timeout). Ctrl-C while the new drafter loads is raised once it is in place."""
-        draft, ngram = _draft_arg(self._model, draft, ngram)
-        _check_ngram_sizes(draft, ngram, self._opts.ngram)
+        draft, ngram = draft_arg(self._model, draft, ngram)
+        check_ngram_sizes(draft, ngram, self._opts.ngram)
         if draft_n_gpu_layers is not None:
             _int("draft_n_gpu_layers", draft_n_gpu_layers)
         dngl = self._draft_n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-        kind, dopts = self._drafter_options(draft, ngram, dngl, self._opts.target)  # may pull the model first
+        kind, dopts = drafter_options(draft, ngram, dngl, self._opts.target)  # may pull the model first
         with Call(self._gate), _interrupt_after():  # the swap and what says which drafter is in place are one
             try:
                 self._engine.set_drafter(kind, dopts, self._opts.ngram)
@@ -309,30 +251,6 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
     def hybrid(self) -> bool:
         """Whether a draft model drafts with n-gram lookup beside it."""
         return self._opts.draft_kind == _core.DraftKind.hybrid
-
-    @classmethod
-    def _drafter_options(cls, draft, ngram, n_gpu_layers, target):
-        """(DraftKind, the draft model's ModelOptions) for draft None, "ngram" or a model's path or name."""
-        if draft is None:
-            return _core.DraftKind.none, _core.ModelOptions()
-        if draft == "ngram":
-            return _core.DraftKind.ngram, _core.ModelOptions()
-        # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
-        o = cls._model_options(_resolve(draft), target.n_ctx, target.n_threads, n_gpu_layers, target.n_batch, True)
-        o.cache_type_k, o.cache_type_v, o.flash_attn = target.cache_type_k, target.cache_type_v, target.flash_attn
-        return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
-
-    @staticmethod
-    def _model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
-        gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
-        o = _core.ModelOptions()
-        o.repack = repack
-        o.path = path
-        o.n_ctx = n_ctx
-        o.n_threads = n_threads or 0
-        o.n_gpu_layers = n_gpu_layers
-        o.n_batch = n_batch
-        return o
 
     # --- text helpers
     @property

@@ -1,0 +1,97 @@
+"""What LLM(...) and set_draft take, before anything loads: the arguments checked (check_arguments: what LLM(...)
+would refuse, said without loading), the draft argument's defaults, and the options llama.cpp loads a model with."""
+from __future__ import annotations
+
+import inspect
+import os
+import types
+from typing import Optional
+
+from . import _core, gguf_check, memory
+from . import chat_template as chat_templates
+from .options import check_load, kv_cache
+from .options import text as _text
+
+DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, n-gram lookup for a path
+
+
+def resolve(name_or_path: str) -> str:
+    from . import registry
+    return registry.resolve(name_or_path)
+
+
+def default_draft(name_or_path: str) -> Optional[str]:
+    """What draft=DEFAULT means for a target: a registry name's known draft; for a .gguf path, n-gram lookup in the
+    prompt and output ("ngram"): it needs no second model and costs microseconds, and "auto" drafts only where it
+    pays, so a model given by path speculates too (plain decoding for a path before 2026-11-26)."""
+    if os.path.exists(name_or_path):
+        return "ngram"
+    from . import registry
+    return registry.default_draft(name_or_path)
+
+
+def draft_arg(model: str, draft, ngram):
+    """(draft, ngram) with the defaults filled in: DEFAULT is a registry target's known draft; a draft model drafts
+    with n-gram lookup beside it unless ngram=False (as in specllm-cli: "auto" uses n-grams only where they pay, and
+    on a CPU where the draft model cannot pay they are all that can)."""
+    if draft == DEFAULT:
+        draft = default_draft(model)
+    if ngram is None and draft not in (None, "ngram"):
+        ngram = True
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
+    return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
+
+
+def checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_template, chat_template_kwargs,
+             **load) -> tuple:
+    """LLM(...)'s arguments checked before anything loads: (model, prompt_cache_dir, MemoryFile or None,
+    kv_cache(...), the chat template's check_load_args)."""
+    model, prompt_cache_dir = check_load(model, memory_file=memory_file, **load)
+    memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file", os.fspath(memory_file)))
+    kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
+    return model, prompt_cache_dir, memory_file, kv, chat_templates.check_load_args(chat_template, chat_template_kwargs)
+
+
+def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
+    """What LLM(model, draft, **kwargs) refuses before it loads anything (TypeError, InvalidOptionError,
+    MemoryFileError, ...), raised without loading: `specllm-cli serve` checks its flags so before it binds its
+    port."""
+    from .llm import LLM
+
+    bound = inspect.signature(LLM.__init__).bind(None, model, draft, **kwargs)
+    bound.apply_defaults()
+    load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "profile_costs",
+                                                                   "embedding_model")}
+    checked(**load)
+    draft, ngram = draft_arg(load["model"], draft, bound.arguments["ngram"])
+    check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))
+
+
+def check_ngram_sizes(draft, ngram: bool, sizes) -> None:
+    """Before any model loads: an index of these sizes refuses what the n-gram drafter would refuse."""
+    if draft == "ngram" or (ngram and draft is not None):
+        _core.NgramIndex(sizes.n_min, sizes.n_max)
+
+
+def drafter_options(draft, ngram, n_gpu_layers, target):
+    """(DraftKind, the draft model's ModelOptions) for draft None, "ngram" or a model's path or name."""
+    if draft is None:
+        return _core.DraftKind.none, _core.ModelOptions()
+    if draft == "ngram":
+        return _core.DraftKind.ngram, _core.ModelOptions()
+    # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
+    o = model_options(resolve(draft), target.n_ctx, target.n_threads, n_gpu_layers, target.n_batch, True)
+    o.cache_type_k, o.cache_type_v, o.flash_attn = target.cache_type_k, target.cache_type_v, target.flash_attn
+    return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
+
+def model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
+    gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
+    o = _core.ModelOptions()
+    o.repack = repack
+    o.path = path
+    o.n_ctx = n_ctx
+    o.n_threads = n_threads or 0
+    o.n_gpu_layers = n_gpu_layers
+    o.n_batch = n_batch
+    return o
