@@ -69,8 +69,8 @@ def test_the_largest_max_tokens_does_not_overflow_the_context_check(llm):
     (dict(n_gpu_layers=2.5), TypeError, r"n_gpu_layers must be an int, got float"),
     (dict(draft_n_gpu_layers="all"), TypeError, r"draft_n_gpu_layers must be an int, got str"),
     (dict(ngram_min="2"), TypeError, r"ngram_min must be an int, got str"),
-    (dict(learn_batch_costs="yes"), TypeError, r"learn_batch_costs must be a bool, got str"),
-    (dict(exact="no"), TypeError, r"exact must be a bool, got str"),  # was taken as True
+    (dict(learn_batch_costs="yes"), TypeError, r"learn_batch_costs must be a bool \(True or False\), got str"),
+    (dict(exact="no"), TypeError, r"exact must be a bool \(True or False\), got str"),  # was taken as True
     (dict(seed=-1), specllm.InvalidOptionError, r"seed must be >= 0, got -1"),  # loaded, then every call failed
     (dict(seed="a"), TypeError, r"seed must be an int, got str"),
     (dict(stream_idle_timeout=0), specllm.InvalidOptionError, r"stream_idle_timeout must be > 0 seconds"),
@@ -272,3 +272,27 @@ def test_cli_generate_takes_an_argument_that_is_not_utf8(tiny, tmp_path):
                         "--draft", "none", "--threads", "1", "--max-tokens", "4"], env=env, capture_output=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda llm: llm.generate("hi", max_tokens=2, ignore_eos="no"), "ignore_eos"),
+    (lambda llm: llm.chat([{"role": "user", "content": "hi"}], stream="no", max_tokens=2), "stream"),
+    (lambda llm: llm.embed("hi", normalize="no"), "normalize"),
+    (lambda llm: llm.embed("hi", truncate="no"), "truncate"),  # truncated an input it should have refused
+    (lambda llm: llm.embedding_tokens("hi", truncate=1), "truncate"),
+    (lambda llm: llm.tokenize("hi", add_special="no"), "add_special"),  # pybind11's "incompatible arguments"
+    (lambda llm: llm.reset(keep_memory="no"), "keep_memory"),
+    (lambda llm: llm.set_draft("ngram", ngram="no"), "ngram"),
+])
+def test_a_flag_that_is_not_a_bool_is_refused(llm, call, name):
+    """bool() took "no" (and 0, None) as True or False: ignore_eos="no" ran to max_tokens, stream="no" streamed."""
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool \(True or False\), got (str|int)$"):
+        call(llm)
+
+
+@pytest.mark.parametrize("kwargs", [dict(ngram="no"), dict(profile_costs="no")])
+def test_a_constructor_flag_that_is_not_a_bool_is_refused(tiny, kwargs):
+    with pytest.raises(TypeError, match=rf"^{next(iter(kwargs))} must be a bool"):
+        specllm.LLM(tiny["target"], "ngram", **kwargs)
+    with pytest.raises(TypeError, match=rf"^{next(iter(kwargs))} must be a bool"):
+        specllm.load_options.check_arguments(tiny["target"], "ngram", **kwargs)

@@ -195,13 +195,19 @@ def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
         assert llm._engine.memory() == before  # a failed load changes nothing
     with pytest.raises(FileNotFoundError):
         llm.load_memory(tmp_path / "missing.bin")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a FIFO nobody writes hung the load for ever
+    for place in (fifo, tmp_path):
+        with pytest.raises(specllm.MemoryFileError, match="is not a regular file"):
+            llm.load_memory(place)
     # a memory of another vocabulary
     other = make_llm(tiny["draft_other_vocab"], "ngram")
     with pytest.raises(specllm.MemoryFileError, match="vocabulary has"):
         other.load_memory(good)
     # an unwritable place: an OSError, and nothing half-written
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError) as e:
         llm.save_memory(tmp_path / "no-such-dir" / "m.bin")
+    assert e.value.filename == str(tmp_path / "no-such-dir" / "m.bin")  # not the temporary file's name
     assert not any(p.name.startswith("m.bin") for p in tmp_path.rglob("*"))
     assert issubclass(specllm.MemoryFileError, ValueError)
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import List, Optional, Sequence
 
 from .errors import InvalidOptionError
+from .options import flag
 from .options import text as _text
 
 # chat_template= this name: llama.cpp's built-in formatting of the model's own template (what specllm did up to
@@ -222,4 +223,4 @@ class ChatMethods:
         them parsed as tool_calls, and constrains them to the tools' schemas)."""
         prompt = self.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
                                           chat_template_kwargs=chat_template_kwargs)
-        return self.stream(prompt, **options) if stream else self.generate(prompt, **options)
+        return self.stream(prompt, **options) if flag("stream", stream) else self.generate(prompt, **options)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _core, gguf_check, logs
 from .errors import Cancelled, ContextOverflowError, InvalidOptionError
+from .options import flag
 from .options import text as _text
 from .stream import Call
 
@@ -84,7 +85,7 @@ def vectors(embedder, token_lists: List[List[int]], normalize: bool,
             raise Cancelled("the embedding was cancelled")
 
     try:
-        return embedder.embed(token_lists, bool(normalize), poll)
+        return embedder.embed(token_lists, normalize, poll)
     finally:
         logs.drain()
 
@@ -126,6 +127,8 @@ class EmbedMethods:
                       stop: Optional[threading.Event] = None) -> Tuple[np.ndarray, List[int]]:
         """embed()'s vectors, always one row per input, with the tokens each input was read as (a server's usage)."""
         items, _ = split(input)
+        flag("normalize", normalize)
+        flag("truncate", truncate)  # truncate="no" truncated
         with Call(self._gate):
             embedder = self._embedding()
             ids = tokens(embedder, items, truncate)
@@ -133,6 +136,7 @@ class EmbedMethods:
 
     def embedding_tokens(self, input: Input, truncate: bool = False) -> List[List[int]]:
         """The tokens embed() reads for each input (the embedding model's own when there is one)."""
+        flag("truncate", truncate)
         with Call(self._gate):
             return tokens(self._embedding(), split(input)[0], truncate)
 

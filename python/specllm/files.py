@@ -19,14 +19,19 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     threads saving to one path do not share it), flushed to the disk (a power cut leaves the old file or the new
     one, not an empty one), renamed over it. An interruption (an OSError, Ctrl-C) leaves the old file as it was and
     no temporary file behind. A symbolic link is followed (the file it names is replaced, the link stays); a replaced
-    file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask."""
-    path = os.path.realpath(os.fspath(path))
+    file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask. An OSError names the
+    path given, not the temporary file."""
+    given = os.fspath(path)
+    path = os.path.realpath(given)
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777
     except OSError:
         mode = None
     tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), new_mode)  # and the umask
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), new_mode)  # and umask
+    except OSError as e:  # a missing directory, no permission, a full disk
+        raise OSError(e.errno, e.strerror, given) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -35,9 +40,11 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise OSError(e.errno, e.strerror, given) from None
         raise
 
 

@@ -21,7 +21,7 @@ from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .load_options import DEFAULT, checked, check_ngram_sizes, default_draft, draft_arg  # noqa: F401 (default_draft)
 from .load_options import drafter_options, model_options, resolve
-from .options import FLOAT_CACHE_TYPES, _int, make_options
+from .options import FLOAT_CACHE_TYPES, _int, flag, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
@@ -155,7 +155,8 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             n_threads=n_threads, ngram_min=ngram_min, ngram_max=ngram_max, memory_tokens=memory_tokens,
             memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
             prompt_cache_disk_mb=prompt_cache_disk_mb, learn_batch_costs=learn_batch_costs,
-            stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact, cache_type_k=cache_type_k,
+            stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact, profile_costs=profile_costs,
+            cache_type_k=cache_type_k,
             cache_type_v=cache_type_v, flash_attn=flash_attn, chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs)
         if kv[0] not in FLOAT_CACHE_TYPES + ("q8_0",):
@@ -258,7 +259,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         return self._engine.target.n_ctx
 
     def tokenize(self, text: str, add_special: bool = True) -> List[int]:
-        return self._engine.target.tokenize(_text("text", text), add_special, True)
+        return self._engine.target.tokenize(_text("text", text), flag("add_special", add_special), True)
 
     def count_tokens(self, prompt: Prompt) -> int:
         """The number of tokens generate(prompt) would evaluate (BOS included)."""
@@ -274,10 +275,9 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
     def reset(self, keep_memory: bool = False) -> None:
         """Forget the cached conversation prefix (the next call evaluates its whole prompt) and, unless
         keep_memory, the drafting memory with what "auto" learned about its drafts (as in a new process)."""
-        if not isinstance(keep_memory, bool):  # keep_memory="no" would have kept it
-            raise TypeError(f"keep_memory must be a bool, got {type(keep_memory).__name__}")
+        flag("keep_memory", keep_memory)  # keep_memory="no" would have kept it
         with Call(self._gate):
-            self._engine.reset(bool(keep_memory))
+            self._engine.reset(keep_memory)
             self._memory_changed()
 
     @property

@@ -9,7 +9,7 @@ from typing import Optional
 
 from . import _core, gguf_check, memory
 from . import chat_template as chat_templates
-from .options import check_load, kv_cache
+from .options import check_load, flag, kv_cache
 from .options import text as _text
 
 DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, n-gram lookup for a path
@@ -36,11 +36,12 @@ def draft_arg(model: str, draft, ngram):
     on a CPU where the draft model cannot pay they are all that can)."""
     if draft == DEFAULT:
         draft = default_draft(model)
-    if ngram is None and draft not in (None, "ngram"):
-        ngram = True
+    if ngram is None:
+        ngram = draft not in (None, "ngram")
+    flag("ngram", ngram)  # ngram="no" would have drafted with n-grams
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
-    return (_text("draft", os.fspath(draft)) if draft is not None else None), bool(ngram)
+    return (_text("draft", os.fspath(draft)) if draft is not None else None), ngram
 
 
 def checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_template, chat_template_kwargs,
@@ -61,8 +62,7 @@ def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
 
     bound = inspect.signature(LLM.__init__).bind(None, model, draft, **kwargs)
     bound.apply_defaults()
-    load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "profile_costs",
-                                                                   "embedding_model")}
+    load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "embedding_model")}
     checked(**load)
     draft, ngram = draft_arg(load["model"], draft, bound.arguments["ngram"])
     check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from typing import List, Optional, Union
 
 import numpy as np
@@ -30,8 +31,18 @@ def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
 
 
 def load(path: str, n_vocab: Optional[int]) -> List[int]:
-    """The tokens of a saved memory. n_vocab None: the file's form only (before a model is loaded)."""
-    with open(path, "rb") as f:
+    """The tokens of a saved memory. n_vocab None: the file's form only (before a model is loaded). OSError when it
+    cannot be read; MemoryFileError for what is not a memory this vocabulary takes (a FIFO or a device too: a FIFO
+    hung the read)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MemoryFileError(f"{path} is not a regular file; give the path of a drafting memory file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         data = f.read()
     if not data.startswith(MAGIC):
         raise MemoryFileError(f"{path} is not a specllm drafting memory (save one with LLM.save_memory)")
@@ -122,16 +133,18 @@ class MemoryMethods:
             self._memory_changed()
 
     def save_memory(self, path: Union[str, os.PathLike]) -> None:
-        """Write the drafting memory to a file (atomically), for load_memory in another process."""
+        """Write the drafting memory to a file (atomically), for load_memory in another process; OSError (naming
+        path) where it cannot be written."""
         path = _text("path", os.fspath(path))
         with Call(self._gate):
             tokens = self._engine.memory()
-        save(path, tokens, self._engine.target.n_vocab, self.model_path)
+        save(path, tokens, self._engine.target.n_vocab, self.model_path)  # OSError names path
 
     def load_memory(self, path: Union[str, os.PathLike]) -> None:
         """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
         larger than memory_tokens keeps its newest outputs; what "auto" learned about the memory it replaces starts
-        over. Raises MemoryFileError for a file that is not one, is damaged, or fits another vocabulary."""
+        over. Raises MemoryFileError for a file that is not one (a FIFO or a directory too), is damaged, or fits
+        another vocabulary; OSError (FileNotFoundError...) for one that cannot be read."""
         path = _text("path", os.fspath(path))
         tokens = load(path, self._engine.target.n_vocab)
         with Call(self._gate):

@@ -42,6 +42,13 @@ def text(name: str, value) -> str:
     return value
 
 
+def flag(name: str, value) -> bool:
+    """value, which must be a bool: "no" or 0 would have been taken as True or False by bool()."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
+    return value
+
+
 def _float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -157,7 +164,7 @@ def make_options(
     o.draft_p_min = _float("draft_p_min", draft_p_min)
     if not 0 <= o.draft_p_min <= 1:
         raise InvalidOptionError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
-    o.ignore_eos = bool(ignore_eos)
+    o.ignore_eos = flag("ignore_eos", ignore_eos)
     if logprobs is not None:  # how many of the most likely tokens to list beside each emitted token's logprob
         o.logprobs = _int("logprobs", logprobs, lo=0, hi=_core.max_top_logprobs)
     if prompt_logprobs is not None:  # the same for the prompt's tokens (an eval harness's loglikelihood)
@@ -226,7 +233,7 @@ def kv_cache(cache_type_k, cache_type_v, flash_attn) -> tuple:
 
 def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_threads, ngram_min, ngram_max,
                memory_tokens, memory_file, prompt_cache_mb, prompt_cache_dir, prompt_cache_disk_mb,
-               learn_batch_costs, stream_idle_timeout, seed=None, exact=False):
+               learn_batch_costs, stream_idle_timeout, seed=None, exact=False, profile_costs=True):
     """LLM(...)'s arguments checked before anything loads (TypeError, InvalidOptionError): (model, prompt_cache_dir)
     as strs (prompt_cache_dir None when not given)."""
     for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_gpu_layers", n_gpu_layers),
@@ -252,9 +259,9 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
                                      f"({place} is not a directory): give a directory to keep prompt states in")
     if memory_file is not None and memory_tokens == 0:
         raise InvalidOptionError("memory_file keeps the drafting memory, which memory_tokens=0 turns off")
-    for name, value in (("learn_batch_costs", learn_batch_costs), ("exact", exact)):
-        if not isinstance(value, bool):  # exact="no" would have been True
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    flag("learn_batch_costs", learn_batch_costs)
+    flag("exact", exact)  # exact="no" would have been True
+    flag("profile_costs", profile_costs)
     if seed is not None:  # every call would have failed on it
         _int("seed", seed, lo=0, hi=None)
     if draft_n_gpu_layers is not None:
