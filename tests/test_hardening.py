@@ -4,6 +4,7 @@ warper order, and degenerate logits as a typed error. Each test fails on the cod
 import json
 import math
 import os
+import time
 import types
 
 import numpy as np
@@ -546,6 +547,20 @@ def test_close_waits_for_a_running_stream(tiny):
     llm.close()  # the idle stream is closed after 0.2 s, then the models are freed
     assert [c.finish_reason for c in stream] == ["cancelled"]
     assert llm.closed
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
+def test_an_error_out_of_a_with_block_ends_its_open_stream_at_once(tiny, error):
+    """`with LLM(...) as llm: for chunk in llm.stream(...): raise ...`: the error (or Ctrl-C) reached the caller only
+    after stream_idle_timeout (10 s), the with block's close() waiting for a stream nobody would advance again."""
+    began = time.monotonic()
+    with pytest.raises(error):
+        with specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=256, profile_costs=False) as llm:
+            stream = llm.stream("hello", max_tokens=50)
+            for _ in stream:
+                raise error()
+    assert time.monotonic() - began < 5.0 and llm.closed
+    assert [c.finish_reason for c in stream] == ["cancelled"]
 
 
 # --- llama.cpp's memory agrees with what specllm believes, after every step

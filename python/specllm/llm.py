@@ -440,7 +440,9 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
     def __enter__(self) -> "LLM":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and not self.closed:  # the block was left by an error or Ctrl-C: a stream it left
+            self._gate.end_idle_stream("closed")      # open will not be advanced (close() waited idle_timeout)
         self.close()
 
     def __repr__(self) -> str:

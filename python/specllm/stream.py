@@ -70,6 +70,16 @@ class Gate:
                 self._cond.notify_all()
             return left
 
+    def end_idle_stream(self, why: str) -> None:
+        """End the holder at once if it is a stream between two chunks (nobody inside its next()); a stream running
+        a step, or a call, is left to finish."""
+        with self._cond:
+            h = self._holder
+            if isinstance(h, _Ticket) and h._idle_since is not None:
+                h._preempt(why)
+                self._holder = None
+                self._cond.notify_all()
+
     def idle(self, holder) -> None:
         with self._cond:
             holder._idle_since = time.monotonic()
