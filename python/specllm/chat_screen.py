@@ -276,7 +276,7 @@ def run_chat(args, llm_options: dict, gen_options: dict) -> int:
                           llm_options=llm_options, gen_options=gen_options)
     print(style.dim(f"{os.path.basename(session.model)} · drafter {session.draft_label} · context "
                     f"{session.n_ctx} · /help for commands, Ctrl-D to quit"))
-    with _ended_by_signals():
+    with ended_by_signals():
         return _chat(session, style)
 
 
@@ -287,7 +287,7 @@ class Killed(BaseException):  # not an Exception: no handler of errors on the wa
 
 
 @contextlib.contextmanager
-def _ended_by_signals():
+def ended_by_signals():
     """SIGTERM and SIGHUP end the chat as Ctrl-D does, with exit status 128 + the signal's number: killed at the
     prompt by the signal's default action, the process left the terminal without echo (readline restores it only on
     the way out of input()); the history is saved and the drafting memory written (atexit), as on Ctrl-D."""

@@ -23,7 +23,7 @@ import re
 import sys
 
 from . import cli_args, grammar, registry
-from .chat_screen import HELP, MEASURING_THREAD, Style, run_chat  # noqa: F401  (Style: specllm.cli.Style)
+from .chat_screen import HELP, MEASURING_THREAD, Style, ended_by_signals, run_chat  # noqa: F401  (cli.Style)
 from .errors import InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM, default_draft
 from .load_options import check_arguments
@@ -100,6 +100,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pull", help="download registry models into the cache (sha256-checked)")
     p.add_argument("names", nargs="+", metavar="NAME", help="registry names (see 'models')")
+    p.add_argument("--force", action="store_true", help="download again even if cached (a damaged copy)")
     p.set_defaults(func=run_pull)
 
     p = sub.add_parser("models", help="list the known and the cached models")
@@ -267,13 +268,18 @@ def run_serve(args) -> int:
 
 
 def run_pull(args) -> int:
-    for name in args.names:
-        path = registry.pull(name, progress=sys.stderr.isatty())
-        print(f"{name}: {path} ({_size(os.path.getsize(path))})")
-        draft = registry.default_draft(name)
-        if draft and draft != "ngram" and not os.path.isfile(registry.cached_path(draft)):
-            print(f"  its default draft is not cached yet: {PROG} pull {draft}")
+    with ended_by_signals():  # SIGTERM: pip stopped and the pieces removed, as on Ctrl-C (killed, they stayed)
+        for name in args.names:
+            _pull_one(name, args.force)
     return 0
+
+
+def _pull_one(name: str, force: bool) -> None:
+    path = registry.pull(name, progress=sys.stderr.isatty(), force=force)
+    print(f"{name}: {path} ({_size(os.path.getsize(path))})")
+    draft = registry.default_draft(name)
+    if draft and draft != "ngram" and not os.path.isfile(registry.cached_path(draft)):
+        print(f"  its default draft is not cached yet: {PROG} pull {draft}")
 
 
 def run_models(args) -> int:
@@ -285,7 +291,8 @@ def run_models(args) -> int:
         else:
             sizes = [s.get("size") for s in entry.get("sources", {}).values() if s.get("size")]
             size = _size(sizes[0]) if sizes else "?"
-        rows.append((name, entry.get("role") or "", size, "yes" if name in cached else "no",
+        state = ("damaged: pull again" if cached[name]["damaged"] else "yes") if name in cached else "no"
+        rows.append((name, entry.get("role") or "", size, state,
                      entry.get("default_draft") or "-", entry.get("description", "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -333,8 +340,10 @@ def in_flags(message: str) -> str:
                   lambda m: FLAG_NAMES[m.group(1)] + (" " if m.group(2) else ""), message)
 
 
-def _error(message: str) -> None:
-    first, *rest = in_flags(str(message)).strip().splitlines() or ["(no message)"]
+def _error(error) -> None:
+    # a registry error names no option of the library, and quotes other tools (pip's "port=9" is not --port)
+    message = str(error) if isinstance(error, registry.RegistryError) else in_flags(str(error))
+    first, *rest = message.strip().splitlines() or ["(no message)"]
     print(f"{PROG}: error: {first}", file=sys.stderr)
     for line in rest:
         print(f"  {line}", file=sys.stderr)
@@ -361,7 +370,7 @@ def _stderr_handler() -> logging.Handler:
     return handler
 
 
-NOTE_LOGGERS = ("specllm.profile", "specllm.memory", "specllm.core")  # what every command shows on stderr (INFO)
+NOTE_LOGGERS = ("specllm.profile", "specllm.memory", "specllm.core", "specllm.registry")  # what every command shows on stderr (INFO)
 
 
 def _show_profile_notes() -> None:

