@@ -67,6 +67,7 @@ def test_a_load_waits_for_another_process_measuring_and_takes_its_profile(tiny, 
     child = _held(lock)
     try:
         with caplog.at_level("INFO", logger="specllm.profile"):
+            caplog.clear()  # the first load's notes (kept when an earlier test set the logger to INFO)
             thread, box = _load_in_thread(tiny)
             assert _said(caplog, "another process is measuring these costs: waiting for it")
             theirs = dict(measured, verify_ms=PLAUSIBLE, draft_token_ms=0.125)

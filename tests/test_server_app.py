@@ -127,7 +127,7 @@ def test_stopping_while_the_load_measures_its_costs_ends_the_load_at_once(tiny, 
     worker.stop()
     assert time.monotonic() - t0 < 5 and not worker._thread.is_alive()
     assert worker.llm is None and worker.load_error is None and not ready
-    assert not any(tmp_path.iterdir())  # no half-measured profile kept
+    assert not list(tmp_path.glob("*.json"))  # no half-measured profile kept (its lock file may stay)
 
 
 def test_a_failed_load_is_reported(tmp_path):

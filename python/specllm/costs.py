@@ -4,6 +4,7 @@ keeps the files; Costs is the LLM's part: which profile is in use, whether its s
 measurement another thread may interrupt."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from typing import Optional
@@ -13,6 +14,38 @@ from .errors import Cancelled
 
 
 _loading = threading.local()  # .stop: the Event that ends the loads on this thread (stoppable_load)
+
+# At interpreter exit, measurements other threads run (an LLM loading in a daemon thread, measure_costs) are
+# interrupted and waited for: a thread that came back from llama.cpp while Python finalized died with SIGSEGV.
+_exiting = threading.Event()
+_measuring = threading.Condition()
+_n_measuring = 0
+
+
+def exiting() -> None:
+    """The interpreter exits: running measurements end within one timed step (LLM's exit hook calls it first)."""
+    _exiting.set()
+
+
+@atexit.register  # at import, so after every LLM's own exit hook (LIFO): a measurement's LLM may not exist yet
+def _at_exit() -> None:
+    _exiting.set()
+    with _measuring:
+        _measuring.wait_for(lambda: _n_measuring == 0, timeout=10.0)
+
+
+@contextlib.contextmanager
+def exit_waits():
+    """The interpreter's exit waits (10 s at most) until the block ends: an LLM's load, a measurement."""
+    global _n_measuring
+    with _measuring:
+        _n_measuring += 1
+    try:
+        yield
+    finally:
+        with _measuring:
+            _n_measuring -= 1
+            _measuring.notify_all()
 
 
 @contextlib.contextmanager
@@ -71,10 +104,10 @@ class Costs:
         stop = getattr(_loading, "stop", None)
         if stop is not None and stop.is_set():
             raise Cancelled("the load was stopped before its cost measurement")
+        if _exiting.is_set():  # a load in another thread reached its measurement as the interpreter exits
+            raise Cancelled("the interpreter is exiting: the cost measurement was not begun")
         if threading.current_thread() is not threading.main_thread():
-            if stop is None:
-                return fn()
-            with self._stopped_by(stop, "specllm-load-stop"):
+            with exit_waits(), self._stopped_by(stop, "specllm-load-stop"):
                 return fn()
         box, done = {}, threading.Event()
 
@@ -109,11 +142,10 @@ class Costs:
 
     @contextlib.contextmanager
     def _stopped_by(self, stop: Optional[threading.Event], name: str):
-        """Within it, the engine is interrupted once `stop` is set (a measurement ends within one timed step,
-        Cancelled); after it, no interrupt is left for a generation."""
+        """Within it, the engine is interrupted once `stop` is set or the interpreter exits (a measurement ends
+        within one timed step, Cancelled); after it, no interrupt is left for a generation."""
         over = threading.Event()
-        if stop is not None:
-            threading.Thread(target=self._watch, args=(stop, over), name=name, daemon=True).start()
+        threading.Thread(target=self._watch, args=(stop, over), name=name, daemon=True).start()
         try:
             yield
         finally:
@@ -146,7 +178,7 @@ class Costs:
                 return False
             self.measuring = True
         try:
-            with self._stopped_by(stop, "specllm-measure-stop"):
+            with exit_waits(), self._stopped_by(stop, "specllm-measure-stop"):
                 prof = profile.load_or_measure(self.engine, self._model_path, draft_path or "", *self._args(),
                                                measure=True)
         except Cancelled:
@@ -165,11 +197,11 @@ class Costs:
             if self.measuring:
                 self.engine.interrupt()
 
-    def _watch(self, stop: threading.Event, over: threading.Event) -> None:
-        """Interrupts the measurement once `stop` is set, unless it is over first (polled: an Event cannot wait for
-        either of two)."""
-        while not over.is_set():
-            if stop.wait(0.02):
+    def _watch(self, stop: Optional[threading.Event], over: threading.Event) -> None:
+        """Interrupts the measurement once `stop` is set, or the interpreter exits, unless it is over first (polled:
+        an Event cannot wait for either of two)."""
+        while not over.wait(0.02):
+            if (stop is not None and stop.is_set()) or _exiting.is_set():
                 with self._lock:
                     if not over.is_set():
                         self.engine.interrupt()

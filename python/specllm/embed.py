@@ -77,12 +77,15 @@ def _added_tail(embedder, text: str) -> List[int]:
 
 
 def vectors(embedder, token_lists: List[List[int]], normalize: bool,
-            stop: Optional[threading.Event] = None) -> np.ndarray:
+            stop: Optional[threading.Event] = None, gate=None) -> np.ndarray:
     """(len(token_lists), n_embd) float32; a stop set from another thread raises Cancelled before the next decode
-    batch (64 rows of one input, or several short inputs together)."""
+    batch (64 rows of one input, or several short inputs together), as does the interpreter's exit (gate.exiting:
+    a daemon thread inside llama.cpp as Python finalized died with SIGSEGV)."""
     def poll():
         if stop is not None and stop.is_set():
             raise Cancelled("the embedding was cancelled")
+        if gate is not None and gate.exiting:
+            raise Cancelled("the interpreter is exiting: the embedding was stopped")
 
     try:
         return embedder.embed(token_lists, normalize, poll)
@@ -132,7 +135,7 @@ class EmbedMethods:
         with Call(self._gate):
             embedder = self._embedding()
             ids = tokens(embedder, items, truncate)
-            return vectors(embedder, ids, normalize, stop), [len(t) for t in ids]
+            return vectors(embedder, ids, normalize, stop, self._gate), [len(t) for t in ids]
 
     def embedding_tokens(self, input: Input, truncate: bool = False) -> List[List[int]]:
         """The tokens embed() reads for each input (the embedding model's own when there is one)."""

@@ -13,6 +13,7 @@ import numbers
 import os
 import signal
 import threading
+import traceback
 import weakref
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -33,9 +34,10 @@ def _at_exit(ref, flush: bool) -> None:
     """At interpreter exit: a generation a daemon thread still runs is cancelled and waited for (10 s at most), so
     that Python does not finalize while that thread is inside llama.cpp (Gate.shut); then (flush: a prompt_cache_dir)
     the prompt states still being written reach the disk (close() waits for them too)."""
+    costs.exiting()  # a measurement another thread runs (measure_costs, holding the gate) ends at once
     llm = ref()
     if llm is not None and not llm.closed:
-        llm._gate.shut(timeout=10.0)
+        llm._gate.shut(timeout=10.0)  # an embedding ends within a batch, a stream within a step
         if flush:
             llm._engine.flush_prompt_store()
     if flush:  # the writer's note of a failed write (a full disk): generate's only state is written at the end, and
@@ -181,38 +183,46 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         self._model = model  # as given: a registry name finds its default draft (set_draft)
         self._opts = opts
         self._gate = Gate(float(stream_idle_timeout))
-        self._embedder = None if embedding_model is None else embed.load(
-            embedding_model, opts.target.n_threads, n_gpu_layers)  # None: the target's, made when first used
-        self.embedding_model = None if self._embedder is None else self._embedder.path
-        try:
-            self._engine = _core.Engine(opts)
-        finally:
-            logs.drain()
-        self._engine.set_learn_batch_costs(learn_batch_costs)
-        self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
-        if prompt_cache_dir is not None:
-            # the states' numbers depend on the model file, the kernels (exact mode, GPU) and llama.cpp's version
-            numerics = f"{_core.llama_cpp_version}|verify_rows={opts.verify_rows}|gpu={not on_cpu}"
-            if kv != ("f16", "f16", -1):  # another cache's states (and their layout without flash attention)
-                numerics += "|kv={}/{}|fa={}".format(*kv)
+        # the interpreter's exit waits (bounded) for a load another thread runs; one that fails frees its models
+        # here, inside that wait (freed by a later garbage collection as Python finalized, they crashed it)
+        with costs.exit_waits():
             try:
-                self._engine.set_prompt_store(prompt_cache_dir, int(prompt_cache_disk_mb) << 20,
-                                              _core.prompt_store_identity(self.model_path, numerics))
-            finally:
-                logs.drain()
-        atexit.register(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
-        if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
-            opts.draft_kind, draft = _core.DraftKind.none, None
-        self._set_chat_template(template)
-        self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
-        self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
-        self._drafter_loaded(draft, swapped=False)
-        if self._memory_file is not None:
-            saved = self._memory_file.read(self._engine.target.n_vocab)
-            if saved:
-                self._engine.set_memory(saved)
-            else:  # no file yet: one now, so that a place that cannot be written fails at load
-                self._memory_file.create(self._engine.target.n_vocab, self.model_path)
+                self._embedder = None if embedding_model is None else embed.load(
+                    embedding_model, opts.target.n_threads, n_gpu_layers)  # None: the target's, made when first used
+                self.embedding_model = None if self._embedder is None else self._embedder.path
+                try:
+                    self._engine = _core.Engine(opts)
+                finally:
+                    logs.drain()
+                self._engine.set_learn_batch_costs(learn_batch_costs)
+                self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
+                if prompt_cache_dir is not None:
+                    # the states' numbers depend on the model file, the kernels (exact mode, GPU) and llama.cpp's version
+                    numerics = f"{_core.llama_cpp_version}|verify_rows={opts.verify_rows}|gpu={not on_cpu}"
+                    if kv != ("f16", "f16", -1):  # another cache's states (and their layout without flash attention)
+                        numerics += "|kv={}/{}|fa={}".format(*kv)
+                    try:
+                        self._engine.set_prompt_store(prompt_cache_dir, int(prompt_cache_disk_mb) << 20,
+                                                      _core.prompt_store_identity(self.model_path, numerics))
+                    finally:
+                        logs.drain()
+                atexit.register(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
+                if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
+                    opts.draft_kind, draft = _core.DraftKind.none, None
+                self._set_chat_template(template)
+                self.last_stats: Optional[Stats] = None  # stats of the latest generation (also one closed early)
+                self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
+                self._drafter_loaded(draft, swapped=False)
+                if self._memory_file is not None:
+                    saved = self._memory_file.read(self._engine.target.n_vocab)
+                    if saved:
+                        self._engine.set_memory(saved)
+                    else:  # no file yet: one now, so that a place that cannot be written fails at load
+                        self._memory_file.create(self._engine.target.n_vocab, self.model_path)
+            except BaseException as e:
+                traceback.clear_frames(e.__traceback__)  # the frames it came through hold the engine too
+                self._free()
+                raise
 
     def set_draft(self, draft: Union[str, os.PathLike, None] = DEFAULT, *, ngram: Optional[bool] = None,
                   draft_n_gpu_layers: Optional[int] = None) -> None:
@@ -427,11 +437,15 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         if isinstance(self._engine, _Closed):
             return
         with Call(self._gate):
-            self._embedder = None  # before the engine: one over the target's weights keeps them alive
-            engine, self._engine = self._engine, _Closed()
-            self._costs.engine = self._engine  # the profile's part holds no engine either
-            del engine  # the last reference: the C++ engine frees both models (without the GIL)
+            self._free()
             logs.drain()
+
+    def _free(self) -> None:
+        self._embedder = None  # before the engine: one over the target's weights keeps them alive
+        engine, self._engine = getattr(self, "_engine", None), _Closed()
+        if hasattr(self, "_costs"):
+            self._costs.engine = self._engine  # the profile's part holds no engine either
+        del engine  # the last reference: the C++ engine frees both models (without the GIL)
 
     @property
     def closed(self) -> bool:

@@ -47,6 +47,11 @@ class Gate:
             self._check_shut()  # shut while this waited
             self._holder = holder
 
+    @property
+    def exiting(self) -> bool:
+        """shut() was called: a call holding the gate (an embedding) should end at its next chance."""
+        return self._shut
+
     def _check_shut(self) -> None:
         if self._shut and threading.current_thread() is not threading.main_thread():
             raise SpecLLMError("the interpreter is exiting: this LLM takes no more calls from other threads")
