@@ -135,7 +135,7 @@ uint64_t prompt_store_identity(const std::string & model_path, const std::string
 }
 
 PromptStore::PromptStore(const std::string & dir, size_t max_bytes, uint64_t identity)
-    : dir_(dir), max_bytes_(max_bytes), identity_(identity) {
+    : dir_(dir), max_bytes_(max_bytes), identity_(identity), pid_(::getpid()) {
     if (dir.empty()) {
         throw InvalidArgument("prompt_cache_dir is empty: give a directory (created if missing), or None for no "
                               "prompt states on disk");
@@ -157,16 +157,21 @@ PromptStore::PromptStore(const std::string & dir, size_t max_bytes, uint64_t ide
     ::close(fd);
     ::unlink(probe.c_str());
     scan();
-    writer_ = std::thread([this] { run(); });
+    writer_ = std::make_unique<std::thread>([this] { run(); });
 }
 
 PromptStore::~PromptStore() {
+    if (forked()) {
+        writer_.release(); // the parent's thread: not in this process (std::thread's join threw, terminating it)
+        cv_.release();
+        return;
+    }
     {
         std::lock_guard<std::mutex> lock(mu_);
         stop_ = true;
     }
-    cv_.notify_all();
-    writer_.join();
+    cv_->notify_all();
+    writer_->join();
 }
 
 void PromptStore::scan() {
@@ -205,6 +210,9 @@ void PromptStore::scan() {
 
 size_t PromptStore::best(const std::vector<llama_token> & seq, std::vector<llama_token> & tokens,
                          std::string & file) const {
+    if (forked()) {
+        return 0;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     size_t best_n = 0;
     const Entry * chosen = nullptr;
@@ -223,6 +231,9 @@ size_t PromptStore::best(const std::vector<llama_token> & seq, std::vector<llama
 }
 
 bool PromptStore::covers(const std::vector<llama_token> & live, size_t slack) const {
+    if (forked()) {
+        return true; // nothing to write here
+    }
     std::lock_guard<std::mutex> lock(mu_);
     const size_t need = live.size() > slack ? live.size() - slack : 0;
     for (const auto & e : entries_) {
@@ -245,6 +256,9 @@ void PromptStore::forget(const std::string & file) {
 
 bool PromptStore::read(const std::string & file, const std::vector<llama_token> & tokens,
                        std::vector<uint8_t> & state) {
+    if (forked()) {
+        return false;
+    }
     std::error_code ec;
     const uintmax_t size = fs::file_size(file, ec);
     std::ifstream in(file, std::ios::binary);
@@ -272,25 +286,28 @@ bool PromptStore::read(const std::string & file, const std::vector<llama_token> 
 }
 
 void PromptStore::write(std::vector<llama_token> tokens, std::vector<uint8_t> state) {
-    if (state.empty() || header_size + 4 * tokens.size() + state.size() > max_bytes_) {
+    if (forked() || state.empty() || header_size + 4 * tokens.size() + state.size() > max_bytes_) {
         return; // larger than the whole store: not kept
     }
     {
         std::lock_guard<std::mutex> lock(mu_);
         jobs_.push_back(Job{std::move(tokens), std::move(state)});
     }
-    cv_.notify_all();
+    cv_->notify_all();
 }
 
 void PromptStore::flush() {
+    if (forked()) {
+        return;
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return jobs_.empty(); });
+    cv_->wait(lock, [this] { return jobs_.empty(); });
 }
 
 void PromptStore::run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-        cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        cv_->wait(lock, [this] { return stop_ || !jobs_.empty(); });
         if (jobs_.empty()) {
             return; // stopped, every queued state written
         }
@@ -299,7 +316,7 @@ void PromptStore::run() {
         store(job);
         lock.lock();
         jobs_.pop_front();
-        cv_.notify_all();
+        cv_->notify_all();
     }
 }
 
@@ -379,6 +396,9 @@ void PromptStore::evict() {
 }
 
 void PromptStore::remove_all() {
+    if (forked()) {
+        return;
+    }
     flush();
     std::lock_guard<std::mutex> lock(mu_);
     std::error_code ec;
@@ -389,11 +409,17 @@ void PromptStore::remove_all() {
 }
 
 int PromptStore::n_entries() const {
+    if (forked()) {
+        return 0;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     return (int) entries_.size();
 }
 
 size_t PromptStore::bytes() const {
+    if (forked()) {
+        return 0;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     size_t n = 0;
     for (const auto & e : entries_) {

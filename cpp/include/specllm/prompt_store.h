@@ -12,10 +12,13 @@
 
 #include "llama.h"
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +31,9 @@ class PromptStore {
     // dir is created if missing. identity names the model and the numerics of its states (a state restored into
     // another model, or into exact mode from fast mode, would be wrong). Throws InvalidArgument when dir cannot be
     // a directory of files this process writes
+    // A process forked from the one that made the store (os.fork, multiprocessing) has no writer thread, and a lock
+    // the parent's writer held at the fork would never be released: there the store stores and finds nothing (the
+    // child decodes its prompts) and its destructor leaves the parent's thread alone (joining it aborted the child)
     PromptStore(const std::string & dir, size_t max_bytes, uint64_t identity);
     ~PromptStore(); // finishes the writes queued
     PromptStore(const PromptStore &) = delete;
@@ -65,17 +71,21 @@ class PromptStore {
     void store(const Job & job);
     void evict();
     void forget(const std::string & file); // under mu_
+    bool forked() const { return ::getpid() != pid_; }
     std::string dir_;
     size_t max_bytes_;
     uint64_t identity_;
     mutable std::mutex mu_;
-    std::condition_variable cv_;
+    // released, not destroyed, in a forked child: the parent's writer waited on it at the fork, and destroying a
+    // condition variable with a waiter blocks for ever
+    std::unique_ptr<std::condition_variable> cv_ = std::make_unique<std::condition_variable>();
     std::deque<Job> jobs_;
     bool busy_ = false;
     bool stop_ = false;
     bool warned_ = false;
     std::vector<Entry> entries_;
-    std::thread writer_;
+    pid_t pid_;                           // of the process that made the store
+    std::unique_ptr<std::thread> writer_; // released, not joined, in a forked child
 };
 
 // how many tokens a and b share from their start (both prompt caches compare token lists by it)
