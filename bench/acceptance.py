@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import socket
 from pathlib import Path
 
-from bench import tasks
+from bench import checks, tasks
+from bench.checks import positive_int
 
 OUT = Path(__file__).resolve().parent / "results" / "acceptance"
 
@@ -26,18 +26,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--limit", type=int, default=2, help="prompts per task")
+    ap.add_argument("--limit", type=positive_int, default=2, help="prompts per task")
     ap.add_argument("--temperatures", default="0.7,1.0")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per prompt")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=positive_int, default=4)
+    ap.add_argument("--max-tokens", type=positive_int, default=64)
+    ap.add_argument("--seeds", type=positive_int, default=1, help="seeds per prompt")
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    checks.out_dir(args.out)
+    try:
+        prompts = tasks.load_tasks(list(tasks.ALL_TASKS), limit=args.limit)
+    except tasks.PromptError as e:
+        checks.fail(str(e))
 
     import specllm
 
-    prompts = tasks.load_tasks(list(tasks.ALL_TASKS), limit=args.limit)
     llm = specllm.LLM(args.target, args.draft, ngram=False, n_threads=args.threads, profile_costs=False)
     rows = []
     for t in [float(x) for x in args.temperatures.split(",")]:
@@ -54,18 +58,16 @@ def main(argv=None) -> int:
                        rate=round(accepted / max(1, drafted), 4), tokens_per_step=round(generated / max(1, steps), 3))
             print(row, flush=True)
             rows.append(row)
-    args.out.mkdir(parents=True, exist_ok=True)
+    checks.made_out_dir(args.out)
     stem = args.out / f"{datetime.date.today()}-{socket.gethostname()}"
     meta = dict(vars(args), out=str(args.out), command="python -m bench.acceptance " + " ".join(argv or []))
-    stem.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    checks.write_text(stem.with_suffix(".json"), json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"# Coupled vs rejection acceptance ({args.target} + {args.draft}, k={args.k}, "
              f"{args.max_tokens} tokens, {len(prompts)} prompts x {args.seeds} seeds)", "",
              "| T | acceptance | drafted | accepted | rate | tokens/step |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['temperature']} | {r['acceptance']} | {r['drafted']} | {r['accepted']} | {r['rate']:.3f} | "
               f"{r['tokens_per_step']:.2f} |" for r in rows]
-    tmp = stem.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, stem.with_suffix(".md"))
+    checks.write_text(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

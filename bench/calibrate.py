@@ -21,10 +21,10 @@ back than the text's). The memory's priors come from
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from bench.oracle import plain_answers
+from bench.results_file import load_or_fail
 
 NAMES = ["clean 1-2", "clean 3", "clean 4-7", "clean 8-15", "clean 16+",
          "doubtful 1-2", "doubtful 3", "doubtful 4-7", "doubtful 8-15", "doubtful 16+",
@@ -73,14 +73,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="+", help="bench/results/*.json of runs that include the plain system")
     args = p.parse_args(argv)
+    runs = [load_or_fail(path, ("run", "multicall"), system="plain", model=i == 0)
+            for i, path in enumerate(args.results)]
 
     import specllm
     from specllm import _core
 
-    runs = []
-    for path in args.results:
-        with open(path) as f:
-            runs.append(json.load(f))
     llm = specllm.LLM(runs[0]["meta"]["target"], draft=None, n_ctx=runs[0]["meta"].get("ctx", 4096))
     pos0: dict = {}
     deeper: dict = {}

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import checks
+from bench.checks import names_in, positive_int
 from bench.run import machine_info, resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,18 +128,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cli_chat", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=positive_int, default=2)
+    p.add_argument("--max-tokens", type=positive_int, default=256)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--messages", default=",".join(MESSAGES))
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cli-chat")
     args = p.parse_args(argv)
-    names = [m for m in args.messages.split(",") if m]
-    unknown = sorted(set(names) - set(MESSAGES))
-    if unknown or not names:
-        p.error(f"unknown message(s) {', '.join(unknown)}: expected some of {', '.join(MESSAGES)}")
-    if args.repeat < 1:
-        p.error(f"--repeat must be at least 1 (got {args.repeat})")
+    names = names_in(p, "--messages", args.messages, MESSAGES)
+    checks.out_dir(args.out)
     args.target, args.draft = resolve_model(args.target), resolve_model(args.draft)
     records = []
     for i, name in enumerate(names):
@@ -172,10 +170,11 @@ def main(argv=None) -> int:
                      f"{r['n_steps']} / {r['n_generated']} |")
     table = "\n".join(lines)
     print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
+    checks.made_out_dir(args.out)
     stem = f"{meta['date']}-{meta['machine']}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": rows, "records": records}, indent=1))
-    (args.out / f"{stem}.md").write_text(f"# specllm-cli chat, copy-heavy edits — {meta['date']}\n\n"
+    checks.write_text(args.out / f"{stem}.json", json.dumps({"meta": meta, "summary": rows, "records": records},
+                                                            indent=1))
+    checks.write_text(args.out / f"{stem}.md", f"# specllm-cli chat, copy-heavy edits — {meta['date']}\n\n"
                                          f"`{meta['command']}`\n\n{table}\n")
     return 0
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 
 from bench.report import _key
+from bench.results_file import ResultsError, load
 
 DECISION = ("n_steps", "n_drafted", "n_accepted", "text")
 
@@ -58,22 +58,22 @@ def main(argv=None) -> int:
                    help="the system of the second run, if it ran the same settings under another name (default: "
                         "--system)")
     args = p.parse_args(argv)
-    try:
-        a, b = (json.load(open(path, encoding="utf-8")) for path in (args.a, args.b))
-    except (OSError, ValueError) as e:
-        print(f"cannot read a bench.run result: {e}", file=sys.stderr)
-        return 2
     system_b = args.system_b or args.system
+    try:
+        a, b = (load(path, "records", system="plain") for path in (args.a, args.b))
+    except ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     c = compare(a, b, args.system, system_b=system_b)
-    if not c["runs"]:
-        print(f"no (prompt, turn, round) of system {args.system} (and {system_b} in the second run) is in both runs",
-              file=sys.stderr)
+    if not c["prompts"]:
+        print(f"error: no (prompt, turn, round) of system {args.system} (and {system_b} in the second run) is in both "
+              "runs beside a plain one", file=sys.stderr)
         return 1
     for task, pid, turn, x, y in c["prompts"]:
         print(f"{task:15s} {pid}:{turn}  {x:.2f}  {y:.2f}  {x - y:+.2f}")
     print(f"same decisions and text: {c['same']} of {c['runs']} runs; per prompt |difference| median "
           f"{c['median_diff']:.3f}, max {c['max_diff']:.3f}, {c['within_005']} of {len(c['prompts'])} within 0.05")
-    sa, sb = a["summary"].get(args.system, {}), b["summary"].get(system_b, {})
+    sa, sb = (dict(run.get("summary") or {}).get(name) or {} for run, name in ((a, args.system), (b, system_b)))
     for task in sa:
         if task in sb and sa[task].get("speedup") is not None and sb[task].get("speedup") is not None:
             print(f"{task:15s} {sa[task]['speedup']:.2f}  {sb[task]['speedup']:.2f}")

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench.checks import positive_int
+
 SIZES = [1, 2, 3, 4, 5, 6, 8, 12, 16]
 CONTEXTS = [32, 512, 1024, 2048, 3072]
 
@@ -33,9 +35,9 @@ def rows_term(t: dict, c: int, n: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2, help="rounds over all contexts (medians are taken)")
-    p.add_argument("--repeat", type=int, default=6, help="measurements of profile.context_row_cost afterwards")
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=2, help="rounds over all contexts (medians are taken)")
+    p.add_argument("--repeat", type=positive_int, default=6, help="measurements of profile.context_row_cost afterwards")
     p.add_argument("--out", default=None, help="write the measurements to this JSON file")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.repeat < 0 or args.threads < 1:
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
             print(f"round {r}, {c} tokens: " + ", ".join(f"T({n}) {ms[n - 1]:.0f}" for n in SIZES), flush=True)
     t = {c: {n: statistics.median(m["ms"][n] for m in measured if m["context"] == c) for n in SIZES}
          for c in CONTEXTS}
-    print(f"\n| context | T(1) / T(1) at 32 | " + " | ".join(f"rows' term n={n}" for n in SIZES[1:]) + " |")
+    print("\n| context | T(1) / T(1) at 32 | " + " | ".join(f"rows' term n={n}" for n in SIZES[1:]) + " |")
     print("|---:|---:|" + "---:|" * (len(SIZES) - 1))
     for c in CONTEXTS[1:]:
         print(f"| {c} | {t[c][1] / t[32][1]:.3f} | " +

@@ -8,30 +8,33 @@ generated with draft_length=0 (the engine then skips the n-gram lookups, shadow 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics as st
 import sys
-from pathlib import Path
 
-PROMPTS = Path(__file__).resolve().parent / "prompts"
+from bench.checks import fail, names_in, positive_int
+from bench.tasks import ALL_TASKS, SET_PATHS, PromptError, read_jsonl
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.draft_overhead", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b", help="registry name or GGUF path (its default draft)")
-    p.add_argument("--prompts", default="holdout3", help="bench/prompts/NAME.jsonl (default: %(default)s)")
+    p.add_argument("--prompts", default="holdout3", choices=SET_PATHS,
+                   help="bench/prompts/NAME.jsonl (default: %(default)s)")
     p.add_argument("--tasks", default="translation,qa,math_reasoning", help="comma-separated tasks")
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=4)
+    p.add_argument("--max-tokens", type=positive_int, default=96)
+    p.add_argument("--threads", type=positive_int, default=2)
     args = p.parse_args(argv)
+    tasks = set(names_in(p, "--tasks", args.tasks, ALL_TASKS))
+    try:
+        rows = read_jsonl(SET_PATHS[args.prompts], ("task", "turns"), "prompts")
+    except PromptError as e:
+        fail(str(e))
+    rows = [r for r in rows if r["task"] in tasks]
+    if not rows:
+        p.error(f"no prompts of the tasks {args.tasks} in --prompts {args.prompts}")
     import specllm
 
-    tasks = set(args.tasks.split(","))
-    rows = [json.loads(line) for line in open(PROMPTS / f"{args.prompts}.jsonl", encoding="utf-8")]
-    rows = [r for r in rows if r["task"] in tasks]
-    if not rows or args.rounds < 1:
-        p.error("no prompts of those tasks, or --rounds below 1")
     llm = specllm.LLM(args.model, n_threads=args.threads)
     idle, drafted = [], []
     for rep in range(args.rounds):

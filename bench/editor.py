@@ -27,6 +27,8 @@ import json
 import statistics
 from pathlib import Path
 
+from bench import checks
+from bench.checks import positive_int
 from bench.fim import holes
 
 SYSTEMS = {"plain": dict(draft=None), "default": dict(), "no-memory": dict(memory_tokens=0),
@@ -50,13 +52,13 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--holes", type=int, default=8)
+    ap.add_argument("--holes", type=positive_int, default=8)
     ap.add_argument("--seed", type=int, default=3, help="which holes (bench.fim's --seed; default: %(default)s)")
     ap.add_argument("--context-lines", type=int, default=30)
-    ap.add_argument("--requests", type=int, default=3, help="requests per hole at most")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--requests", type=positive_int, default=3, help="requests per hole at most")
+    ap.add_argument("--rounds", type=positive_int, default=2)
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--max-tokens", type=positive_int, default=48)
     ap.add_argument("--systems", default="plain,default,no-memory", help=f"comma-separated, from {','.join(SYSTEMS)}")
     ap.add_argument("--enter", action="store_true",
                     help="after accepting a line the user presses Enter (the cursor after the next line's indent)")
@@ -66,6 +68,8 @@ def main(argv=None) -> None:
     ap.add_argument("--chunk-lines", type=int, default=24, help="--ring: lines per chunk (default: %(default)s)")
     ap.add_argument("--rotations", type=int, default=4, help="--ring: requests after the first (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.out:
+        checks.out_dir(Path(args.out).resolve().parent, "--out's folder")
     if args.ring:
         return ring(args)
     names = args.systems.split(",")
@@ -94,7 +98,7 @@ def main(argv=None) -> None:
                 if prefix is None:
                     break
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        checks.write_text(Path(args.out), json.dumps(rows, indent=1))
     report(rows, names)
 
 
@@ -136,7 +140,7 @@ def ring(args) -> None:
             for n, v in row.items() if isinstance(v, dict)) +
             f"; same middle: {got['no reuse'].text == got['cache_reuse=256'].text}", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        checks.write_text(Path(args.out), json.dumps(rows, indent=1))
     later = rows[1:]
     for n in llms:
         print(f"{n}: requests after the first, median prompt processing "

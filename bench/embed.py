@@ -14,13 +14,15 @@ import os
 import statistics
 import time
 
+from bench.checks import positive_int
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sizes", type=int, nargs="+", metavar="N", help="input sizes in tokens")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--short", default=None, metavar="NxT", help="N short inputs of T tokens: one call against N")
     args = ap.parse_args(argv)
     if args.rounds < 1 or min(args.sizes) < 1:

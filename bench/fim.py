@@ -18,6 +18,8 @@ import re
 import statistics
 from pathlib import Path
 
+from bench.checks import positive_int
+
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ["python/specllm/stream.py", "python/specllm/memory.py", "python/specllm/registry.py",
            "python/specllm/chat_session.py", "python/specllm/server/tools.py", "python/specllm/server/worker.py",
@@ -53,10 +55,10 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--holes", type=int, default=12)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--holes", type=positive_int, default=12)
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--max-tokens", type=positive_int, default=64)
     ap.add_argument("--seed", type=int, default=0, help="which holes (default: %(default)s)")
     ap.add_argument("--systems", default="plain,default", help=f"comma-separated, from {','.join(SYSTEMS)}")
     args = ap.parse_args(argv)

@@ -20,6 +20,8 @@ import argparse
 import json
 import statistics
 
+from bench.checks import positive_int
+
 RECORD = {"type": "object", "properties": {
     "title": {"type": "string"}, "year": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
     "required": ["title", "year", "tags"], "additionalProperties": False}
@@ -59,9 +61,9 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--max-tokens", type=positive_int, default=128)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0, help="below 1, every constrained row is masked whole")
     ap.add_argument("--full-mask", action="store_true", help="mask every row whole (the engine's test switch)")

@@ -20,6 +20,7 @@ import argparse
 import statistics
 
 from bench import tasks
+from bench.checks import names_in, positive_int
 
 
 def first_difference(a: list, b: list) -> int:
@@ -35,12 +36,12 @@ def main(argv=None) -> None:
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
     ap.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="holdout5")
     ap.add_argument("--tasks", default=",".join(tasks.ALL_TASKS))
-    ap.add_argument("--limit", type=int, default=1, help="prompts per task (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--limit", type=positive_int, default=1, help="prompts per task (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=positive_int, default=128)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--long", default=None, metavar="C1,C2", help="generation speed at these contexts instead")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of --long (default: %(default)s)")
+    ap.add_argument("--rounds", type=positive_int, default=5, help="rounds of --long (default: %(default)s)")
     args = ap.parse_args(argv)
     types = args.types.split(",")
     from specllm.options import CACHE_TYPES
@@ -49,8 +50,6 @@ def main(argv=None) -> None:
     if types[0] != "f16" or len(set(types)) != len(types) or not all(
             len(kv) == 2 and set(kv) <= set(CACHE_TYPES) for kv in pairs.values()):
         ap.error(f"--types must start with f16 and name each cache once, as a type or K/V of {', '.join(CACHE_TYPES)}")
-    if args.limit < 1 or args.max_tokens < 1 or args.rounds < 1:
-        ap.error("--limit, --max-tokens and --rounds must be >= 1")
     try:
         contexts = [int(c) for c in args.long.split(",")] if args.long else []
     except ValueError:
@@ -58,12 +57,16 @@ def main(argv=None) -> None:
     if contexts and min(contexts) < 1:
         ap.error("--long's contexts must be >= 1")
 
+    task_names = names_in(ap, "--tasks", args.tasks, tasks.ALL_TASKS)
+    prompts = [] if contexts else tasks.load_tasks(task_names, args.limit, prompt_set=args.prompts)
+    if not contexts and not prompts:
+        ap.error(f"no prompts of the tasks {args.tasks} in --prompts {args.prompts}")
+
     import specllm
 
     if contexts:
         return long_contexts(specllm, args, types, pairs, contexts)
 
-    prompts = tasks.load_tasks(args.tasks.split(","), args.limit, prompt_set=args.prompts)
     answers, sizes, contexts = {}, {}, []
     for t in types:
         kv = dict(cache_type_k=pairs[t][0], cache_type_v=pairs[t][1], n_ctx=args.ctx, n_threads=args.threads, profile_costs=False,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from bench.checks import positive_int
+
 PROMPTS = [
     "Write a haiku about the sea.",
     "Add type hints and a docstring to this function:\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n"
@@ -28,9 +30,9 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--max-tokens", type=positive_int, default=64)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--top", type=int, nargs="+", default=[0, 5, 20], help="the logprobs=n values")
     ap.add_argument("--scoring", type=int, nargs="+", metavar="N", help="prompt sizes: time prompt_logprobs instead")
     args = ap.parse_args(argv)

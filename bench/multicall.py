@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import report
+from bench import checks, report, tasks
+from bench.checks import non_negative_int, positive_int
 from bench.multicall_report import markdown, summarize
 from bench.run import machine_info, resolve_model, versions
 from bench.systems import BUSY_XEON_PAIR
@@ -103,14 +104,19 @@ class Sequence:
 
 
 def load_sequences(path: Path = MULTICALL_PATH, ids: list[str] | None = None, limit: int | None = None) -> list:
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    """The sequences of a .jsonl file (those of `ids`, the first `limit`); tasks.PromptError for a damaged file."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be at least 0 (got {limit})")
+    rows = tasks.read_jsonl(path, ("id", "kind", "mode", "requests", "source"), "sequences")
+    empty = [str(r["id"]) for r in rows if not r["requests"] or not isinstance(r["requests"], list)]
+    if empty:
+        raise tasks.PromptError(f"sequences {path}: no requests in {', '.join(empty)}")
     seqs = [Sequence(r["id"], r["kind"], r["mode"], list(r["requests"]), r["source"], r.get("system"))
             for r in rows]
     if ids:
         unknown = sorted(set(ids) - {s.id for s in seqs})
         if unknown:
-            raise ValueError(f"unknown sequence(s) {', '.join(unknown)}: expected some of "
+            raise tasks.PromptError(f"unknown sequence(s) {', '.join(unknown)}: expected some of "
                              f"{', '.join(s.id for s in seqs)}")
         seqs = [s for s in seqs if s.id in ids]
     return seqs[:limit] if limit is not None else seqs
@@ -214,19 +220,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--systems", default="plain,memory-off,memory-on",
                    help=f"comma-separated, from: {', '.join(SYSTEMS)} (default: %(default)s)")
     p.add_argument("--sequences", default="", help="comma-separated sequence ids (default: all, in file order)")
-    p.add_argument("--limit", type=int, default=None, help="first N sequences (default: all)")
-    p.add_argument("--max-tokens", type=int, default=256, help="new tokens per request (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--limit", type=positive_int, default=None, help="first N sequences (default: all)")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="new tokens per request (default: %(default)s)")
+    p.add_argument("--repeat", type=positive_int, default=1,
                    help="rounds: every sequence runs N times from a cold start, rounds interleaved per sequence; a "
                         "request's speed-up is the median of its rounds' ratios (default: %(default)s)")
     p.add_argument("--reload-rounds", action="store_true",
                    help="rounds outer: every round runs all sequences, with the systems closed and loaded afresh in "
                         "an order rotated by one per round (where the LLM a process loads first runs slower, "
                         "bench/README stop 53, --repeat a multiple of the systems' count gives each every place)")
-    p.add_argument("--memory-tokens", type=int, default=None,
+    p.add_argument("--memory-tokens", type=non_negative_int, default=None,
                    help="memory-on's memory_tokens (default: the library's default)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default: %(default)s)")
-    p.add_argument("--ctx", type=int, default=8192,
+    p.add_argument("--threads", type=positive_int, default=2, help="CPU threads (default: %(default)s)")
+    p.add_argument("--ctx", type=positive_int, default=8192,
                    help="context size; the conversations grow to ~3k tokens at 256 tokens a reply (default: "
                         "%(default)s)")
     p.add_argument("--prompts", type=prompt_set, default=MULTICALL_PATH,
@@ -234,29 +240,55 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default: multicall)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "multicall", help="output folder")
     args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error(f"--repeat must be at least 1 (got {args.repeat})")
-    unknown = [s for s in args.systems.split(",") if s and s not in SYSTEMS]
-    if unknown:
-        p.error(f"unknown system(s) {', '.join(unknown)}: expected some of {', '.join(SYSTEMS)}")
+    args.system_names = checks.names_in(p, "--systems", args.systems, SYSTEMS)
+    args.argv = argv
     return args
+
+
+def read_sequences(args) -> list:
+    """The sequences of the run, read before any model loads (else fail())."""
+    try:
+        sequences = load_sequences(args.prompts, [s for s in args.sequences.split(",") if s] or None, args.limit)
+    except tasks.PromptError as e:
+        checks.fail(str(e))
+    if not sequences:
+        checks.fail(f"no sequences to run in {args.prompts}")
+    return sequences
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    names = [s for s in args.systems.split(",") if s]
-    sequences = load_sequences(args.prompts, [s for s in args.sequences.split(",") if s] or None, args.limit)
+    sequences = read_sequences(args)
+    checks.out_dir(args.out)
+    log_path = []  # the records log, once the run has one
+    try:
+        return measure(args, sequences, log_path.append)
+    except KeyboardInterrupt:
+        return checks.interrupted(log_path[-1] if log_path else None)
+
+
+def load(system: System, target: str, args) -> None:
+    """A system that cannot load ends the run: nothing to compare."""
+    try:
+        system.load(target, args.threads, args.ctx)
+    except Exception as e:
+        checks.fail(f"system {system.name} could not load: {type(e).__name__}: {e}")
+
+
+def measure(args, sequences: list, started) -> int:
+    """Load the systems, run the sequences, write the results; started(path) is told the records log's path."""
+    names = args.system_names
     target = resolve_model(args.target)
-    draft = args.draft if args.draft == "ngram" else resolve_model(args.draft)
+    draft = args.draft if args.draft == "ngram" else resolve_model(args.draft, "--draft")
     notes: list[str] = []
     systems = []
     for name in names:
         system = System(name, llm_kwargs(name, draft, args.memory_tokens))
-        system.load(target, args.threads, args.ctx)  # a system that cannot load ends the run: nothing to compare
+        load(system, target, args)
         print(f"loaded {name} in {system.load_ms:.0f} ms", file=sys.stderr)
         systems.append(system)
     meta = {**machine_info(), "date": datetime.date.today().isoformat(),
-            "command": "python -m bench.multicall " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m bench.multicall " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
             "target": target, "draft": draft, "max_tokens": args.max_tokens, "threads": args.threads,
             "ctx": args.ctx, "repeat": args.repeat, "limit": args.limit, "prompts": str(args.prompts),
             "sequences": [s.id for s in sequences], "systems": names, "reference": "plain",
@@ -270,9 +302,10 @@ def main(argv=None) -> int:
     while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):
         n += 1
         stem = f"{meta['date']}-{meta['machine']}-{n}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    records, t_start, turn = [], time.perf_counter(), 0
-    with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
+    checks.made_out_dir(args.out)
+    records, t_start, turn, log_path = [], time.perf_counter(), 0, args.out / f"{stem}.records.jsonl"
+    started(log_path)
+    with open(log_path, "w", encoding="utf-8") as log:  # survives a crash mid-run
         def run_round(si: int, seq: Sequence, rep: int) -> None:
             nonlocal turn
             for system in systems:
@@ -306,7 +339,7 @@ def main(argv=None) -> int:
                         system.close()
                     gc.collect()
                     for system in order:  # a system that cannot load again ends the run, as at the start
-                        system.load(target, args.threads, args.ctx)
+                        load(system, target, args)
                     meta["load_order"].append([s.name for s in order])
                     meta["reload_ms"].append({s.name: round(s.load_ms) for s in order})
                     print(f"round {rep + 1}: loaded " + ", ".join(f"{s.name} in {s.load_ms:.0f} ms" for s in order),
@@ -317,13 +350,21 @@ def main(argv=None) -> int:
             for si, seq in enumerate(sequences):
                 for rep in range(args.repeat):
                     run_round(si, seq, rep)
+    if not records:
+        os.unlink(log_path)
+        checks.fail("nothing was measured: every request failed (see above); no results written")
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     summary = summarize(records, names, sequences, args.max_tokens)
     md = markdown(summary, meta, sequences)
-    report._write_atomic(args.out / f"{stem}.json",
-                         json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
-    report._write_atomic(args.out / f"{stem}.md", md)
-    os.unlink(args.out / f"{stem}.records.jsonl")
+    try:
+        checks.write_text(args.out / f"{stem}.json",
+                          json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+        checks.write_text(args.out / f"{stem}.md", md)
+    except OSError as e:
+        (args.out / f"{stem}.json").unlink(missing_ok=True)
+        checks.fail(f"cannot write the results to {args.out}: {e.strerror or e}; the records measured are kept in "
+                    f"{log_path}")
+    os.unlink(log_path)
     print(md)
     print(f"wrote {args.out / stem}.json and .md", file=sys.stderr)
     return 0

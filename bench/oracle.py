@@ -12,11 +12,11 @@ length policy with this drafter on this machine. First turns only.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
-from bench import tasks
+from bench import checks, tasks
+from bench.results_file import load_or_fail
 
 
 def verify_ms(costs: list[float], rows: int, chunk: int, row_ms: float = 0.0, n_past: int = 0) -> float:
@@ -48,9 +48,12 @@ def plain_answers(llm, run: dict, seen: set | None = None, system: str = "plain"
     (a (task, id) in `seen` is skipped, and added). ends=True: a fourth item, the token that ended the answer (the
     template's end of turn) if the model ended it before max_tokens, else None (cut at max_tokens)."""
     meta = run["meta"]
-    prompts = {(q.task, q.id): q for q in tasks.load_tasks(meta["tasks"].split(","), meta.get("limit"),
-                                                            prompt_set=meta.get("prompts", "dev"),
-                                                            skip=meta.get("skip") or 0)}
+    try:
+        prompts = {(q.task, q.id): q for q in tasks.load_tasks(str(meta["tasks"]).split(","), meta.get("limit"),
+                                                                prompt_set=meta.get("prompts", "dev"),
+                                                                skip=meta.get("skip") or 0)}
+    except (tasks.PromptError, TypeError, ValueError) as e:
+        checks.fail(f"cannot read the prompts the run used (meta.tasks {meta['tasks']!r}): {e}")
     seen = set() if seen is None else seen
     for rec in run["records"]:
         key = (rec["task"], rec["id"])
@@ -103,12 +106,11 @@ def main(argv=None) -> int:
     p.add_argument("results", help="a bench/results/*.json of a run that includes the plain system")
     p.add_argument("--threads", type=int, default=2, help="threads of the cost profile (default: 2)")
     args = p.parse_args(argv)
+    run = load_or_fail(args.results, "run", system="plain", model=True)
 
     import specllm
     from specllm import _core
 
-    with open(args.results) as f:
-        run = json.load(f)
     meta = run["meta"]
     llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096))
     costs = [c for c in llm._engine.verify_costs()]  # T(1..49), profiled (a size not measured: padded to one that was)

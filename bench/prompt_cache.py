@@ -16,16 +16,18 @@ import argparse
 import statistics
 import time
 
+from bench.checks import positive_int, readable_file
+
 
 def main(argv=None) -> None:
     import specllm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--file", default="python/specllm/stream.py", help="the source file the chat is about")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--file", type=readable_file, default="python/specllm/stream.py", help="the source file the chat is about")
+    ap.add_argument("--rounds", type=positive_int, default=3)
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--max-tokens", type=positive_int, default=48)
     args = ap.parse_args(argv)
     source = open(args.file, encoding="utf-8").read()
     on = specllm.LLM(args.model, n_threads=args.threads, n_ctx=8192)

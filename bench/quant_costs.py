@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.checks import positive_int
+
 SIZES = [1, 2, 3, 4, 6, 8, 12, 16]
 TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
          "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16"}
@@ -66,8 +68,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     p.add_argument("--types", default="q8_0,q4_0", help=f"comma-separated, of {', '.join(TYPES)}")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=4, help="rounds over all files (medians are taken)")
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=4, help="rounds over all files (medians are taken)")
     p.add_argument("--exact", action="store_true", help="specllm's exact mode (the same repacked weights)")
     p.add_argument("--unrepacked", action="store_true", help="also each file loaded without weight repacking")
     p.add_argument("--dir", default=None, help="keep the requantized files here (default: a temporary directory)")
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         timed = measure(files, args.threads, args.rounds, args.exact, args.unrepacked)
     sizes.update({f"{name}, not repacked": size for name, size in list(sizes.items()) if args.unrepacked})
     med = {name: [statistics.median(r[i] for r in rows) for i in range(len(SIZES))] for name, rows in timed.items()}
-    print(f"\n| type | file MB | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in SIZES[1:]) + " |")
+    print("\n| type | file MB | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in SIZES[1:]) + " |")
     print("|---|---:|---:|" + "---:|" * (len(SIZES) - 1))
     for name, t in med.items():
         print(f"| {name} | {sizes[name] / 1e6:.0f} | {t[0]:.1f} | " + " | ".join(f"{v / t[0]:.2f}" for v in t[1:]) + " |")

@@ -7,11 +7,13 @@ median over the rounds), then the median of those ratios, so machine drift cance
 """
 from __future__ import annotations
 
+import io
 import json
-import os
 import statistics
 import warnings
 from pathlib import Path
+
+from bench import checks
 
 OVERALL = "overall"
 
@@ -180,29 +182,31 @@ def plot(summary: dict, path: Path, reference: str = "plain") -> None:
     ax.set_ylabel(f"speedup over specllm {reference}")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    checks.write_bytes(path, png.getvalue())
 
 
 def _write_atomic(path: Path, text: str) -> None:
     """An interrupted write leaves the old file (or none), never a truncated one that oracle/simulate would read."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    checks.write_text(path, text)
 
 
 def write_outputs(out_dir: Path, stem: str, meta: dict, summary: dict, records: list) -> dict:
     """Write <stem>.json, <stem>.md and <stem>.png into out_dir; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
-    _write_atomic(paths["json"], json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
-    _write_atomic(paths["md"], markdown(summary, meta))
-    try:
-        plot(summary, paths["png"], meta.get("reference", "plain"))
-    except ImportError:
-        warnings.warn("matplotlib is not installed: no PNG chart (pip install matplotlib, or specllm[bench])")
-        del paths["png"]
+    try:  # all three or none
+        _write_atomic(paths["json"], json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+        _write_atomic(paths["md"], markdown(summary, meta))
+        try:
+            plot(summary, paths["png"], meta.get("reference", "plain"))
+        except ImportError:
+            warnings.warn("matplotlib is not installed: no PNG chart (pip install matplotlib, or specllm[bench])")
+            del paths["png"]
+    except BaseException:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+        raise
     return paths

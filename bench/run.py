@@ -22,7 +22,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import report, tasks
+from bench import checks, report, tasks
+from bench.checks import non_negative_float, non_negative_int, positive_int
 from bench.systems import ALL_SYSTEMS, SPECLLM_SYSTEMS, Config, SpecllmSystem, make_system
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +33,8 @@ WARMUP_TOKENS = 16
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    p.add_argument("--limit", type=int, default=None, help="prompts per task (default: all)")
-    p.add_argument("--skip", type=int, default=0,
+    p.add_argument("--limit", type=positive_int, default=None, help="prompts per task (default: all)")
+    p.add_argument("--skip", type=non_negative_int, default=0,
                    help="prompts per task left out before --limit takes its share (a set not yet looked at: "
                         "default: %(default)s)")
     p.add_argument("--tasks", default=",".join(tasks.ALL_TASKS), help="comma-separated, from: %(default)s")
@@ -41,10 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of every prompt on every system (rounds interleaved; a prompt's speedup is the median "
                         "of its rounds' ratios; default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per answer (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: %(default)s)")
-    p.add_argument("--ctx", type=int, default=4096, help="context size (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="new tokens per answer (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
+                   help="CPU threads (default: %(default)s)")
+    p.add_argument("--ctx", type=positive_int, default=4096, help="context size (default: %(default)s)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--repeat-penalty", type=float, default=1.0,
                    help="llama.cpp's repeat penalty over the last 64 tokens (specllm systems only; default: 1, off)")
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
@@ -63,21 +65,41 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "faster, bench/README stop 53, an even --repeat gives each system each place alike)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output folder")
     args = p.parse_args(argv)
-    if args.skip < 0:
-        p.error(f"--skip must be at least 0 (got {args.skip})")
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1 (got {args.repeat})")
+    args.task_names = checks.names_in(p, "--tasks", args.tasks, tasks.ALL_TASKS)
+    args.system_names = checks.names_in(p, "--systems", args.systems, ALL_SYSTEMS)
     return args
 
 
-def resolve_model(name_or_path: str) -> str:
-    """An existing file as is, else a registry name (python/specllm/registry.py, loaded without the extension)."""
+def load_prompts(args) -> list:
+    """The prompts of the run, read before any model loads (else fail())."""
+    try:
+        prompts = tasks.load_tasks(args.task_names, args.limit, args.specbench, args.prompts, skip=args.skip)
+    except tasks.PromptError as e:
+        checks.fail(str(e))
+    if not prompts:
+        checks.fail(f"no prompts to run: --tasks {args.tasks} --prompts {args.prompts} --skip {args.skip} "
+                    "leave none (a smaller --skip, or other tasks)")
+    return prompts
+
+
+def resolve_model(name_or_path: str, flag: str = "--target") -> str:
+    """An existing file as is, else a registry name (python/specllm/registry.py, loaded without the extension),
+    pulled if missing; fail() for a path that is not a file or an unknown name."""
     if os.path.isfile(name_or_path):
         return os.path.abspath(name_or_path)
     spec = importlib.util.spec_from_file_location("_specllm_registry", REPO / "python" / "specllm" / "registry.py")
     registry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(registry)
-    return registry.resolve(name_or_path)
+    try:
+        path = registry.resolve(name_or_path)
+    except registry.RegistryError as e:
+        checks.fail(f"{flag} {name_or_path}: {e}")
+    if not os.path.isfile(path):
+        checks.fail(f"{flag} {name_or_path}: {'a folder, not' if os.path.isdir(path) else 'no such'} model file "
+                    "(give a GGUF path or a registry name)")
+    return path
 
 
 def make_templater(systems: list, target: str):
@@ -101,8 +123,8 @@ def load_systems(names: list, cfg: Config, notes: list) -> tuple[list, dict]:
     """Load every system and run its warm-up (excluded); a system that fails is dropped with a note."""
     systems, load_ms = [], {}
     for name in names:
-        system = make_system(name, cfg)
         try:
+            system = make_system(name, cfg)
             load_ms[name] = system.load()
             print(f"loaded {name} in {load_ms[name]:.0f} ms", file=sys.stderr)
             systems.append(system)
@@ -214,21 +236,34 @@ def versions() -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    names = [s for s in args.systems.split(",") if s]
-    cfg = Config(resolve_model(args.target), resolve_model(args.draft) if args.draft else "", args.ctx,
-                 args.threads, args.temperature, args.repeat_penalty)
-    if args.repeat_penalty != 1.0 and any(n not in SPECLLM_SYSTEMS for n in names):
-        print("--repeat-penalty applies to specllm's systems only", file=sys.stderr)
+    if args.repeat_penalty != 1.0 and any(n not in SPECLLM_SYSTEMS for n in args.system_names):
+        print("error: --repeat-penalty applies to specllm's systems only", file=sys.stderr)
         return 2
-    prompts = tasks.load_tasks([t for t in args.tasks.split(",") if t], args.limit, args.specbench, args.prompts,
-                               skip=args.skip)
+    prompts = load_prompts(args)
+    checks.out_dir(args.out)
+    log_path = []  # the records log, once the run has one
+    try:
+        return measure(args, prompts, log_path.append)
+    except KeyboardInterrupt:
+        return checks.interrupted(log_path[-1] if log_path else None)
+
+
+def measure(args, prompts: list, started) -> int:
+    """Load the systems, run the prompts, write the results; started(path) is told the records log's path."""
+    names = args.system_names
+    cfg = Config(resolve_model(args.target), resolve_model(args.draft, "--draft") if args.draft else "", args.ctx,
+                 args.threads, args.temperature, args.repeat_penalty)
     notes = []
     systems, load_ms = load_systems(names, cfg, notes)
-    template = make_templater(systems, cfg.target)
+    if not systems:
+        checks.fail("no system could run (see above)")
+    try:
+        template = make_templater(systems, cfg.target)
+    except Exception as e:  # llama-cpp-python missing, or the model unreadable by it
+        checks.fail(f"cannot render the prompts with {cfg.target}'s chat template: {type(e).__name__}: {e}")
     systems = warm_up(systems, template, notes)
     if not systems:
-        print("no system could run", file=sys.stderr)
-        return 1
+        checks.fail("no system could run (see above)")
     meta = {**machine_info(), "date": datetime.date.today().isoformat(), "target": cfg.target, "draft": cfg.draft,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "repeat_penalty": args.repeat_penalty,
             "threads": args.threads,
@@ -241,9 +276,10 @@ def main(argv=None) -> int:
     while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):  # a run in progress too
         n += 1
         stem = f"{meta['date']}-{meta['machine']}-{n}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    records, t_start = [], time.perf_counter()
-    with open(args.out / f"{stem}.records.jsonl", "w", encoding="utf-8") as log:  # survives a crash mid-run
+    checks.made_out_dir(args.out)
+    records, t_start, log_path = [], time.perf_counter(), args.out / f"{stem}.records.jsonl"
+    started(log_path)
+    with open(log_path, "w", encoding="utf-8") as log:  # survives a crash mid-run
         def keep(name: str, new) -> None:
             if isinstance(new, Exception):
                 notes.append(f"{name} failed on {prompt.task}/{prompt.id}: {type(new).__name__}: {new}")
@@ -280,10 +316,17 @@ def main(argv=None) -> int:
                     run_one(i, prompt, rep)
                 print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
                       f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+    if not records:
+        os.unlink(log_path)
+        checks.fail("nothing was measured: every generation failed (see above); no results written")
     summary = report.summarize(records, [s.name for s in systems], args.max_tokens)
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-    paths = report.write_outputs(args.out, stem, meta, summary, records)
-    os.unlink(args.out / f"{stem}.records.jsonl")
+    try:
+        paths = report.write_outputs(args.out, stem, meta, summary, records)
+    except OSError as e:
+        checks.fail(f"cannot write the results to {args.out}: {e.strerror or e}; the records measured are kept in "
+                    f"{log_path}")
+    os.unlink(log_path)
     print(report.markdown(summary, meta))
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import random
 import signal
 import socket
@@ -30,7 +29,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench import tasks
+from bench import checks, tasks
+from bench.checks import positive_int
 
 REPO = Path(__file__).resolve().parent.parent
 TURNS = ["Write a Python function that parses a date in ISO format.", "Add type hints to it.",
@@ -225,10 +225,10 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
     p.add_argument("--tasks", default="qa,code_edit,summarization,translation")
-    p.add_argument("--limit", type=int, default=2, help="prompts per task (overhead)")
-    p.add_argument("--repeat", type=int, default=3, help="rounds per prompt (overhead)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--limit", type=positive_int, default=2, help="prompts per task (overhead)")
+    p.add_argument("--repeat", type=positive_int, default=3, help="rounds per prompt (overhead)")
+    p.add_argument("--max-tokens", type=positive_int, default=128)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--soak", type=int, default=300, help="soak requests")
     p.add_argument("--soak-tokens", type=int, default=12, help="most tokens per soak request")
@@ -236,12 +236,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve")
     args = p.parse_args(argv)
     parts = args.parts.split(",")
+    checks.out_dir(args.out)
 
     import openai
     import specllm
     from specllm.server.app import model_id_of
 
-    args.out.mkdir(parents=True, exist_ok=True)
+    checks.made_out_dir(args.out)
     stem = f"{datetime.date.today().isoformat()}-{socket.gethostname()}"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -276,11 +277,9 @@ def main(argv=None) -> int:
                 proc.kill()
                 res_rc = "killed"
     res["server_exit"] = res_rc
-    tmp = args.out / f"{stem}.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1))
-    os.replace(tmp, args.out / f"{stem}.json")
+    checks.write_text(args.out / f"{stem}.json", json.dumps(res, indent=1))
     md = report(res) + f"\nServer exit status after SIGINT: {res_rc}.\n"
-    (args.out / f"{stem}.md").write_text(md)
+    checks.write_text(args.out / f"{stem}.md", md)
     print(md)
     return 0
 

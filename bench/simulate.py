@@ -14,12 +14,13 @@ timing noise.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from bench.checks import fail
 from bench.oracle import context_ms, verify_ms
+from bench.results_file import kind_of, load_or_fail
 
 
 def simulate(policy, index, prompt: list[int], answer: list[int], costs: list[float], chunk: int, doubt: bool,
@@ -360,6 +361,10 @@ def main(argv=None) -> int:
     policy_costs = None if args.policy_costs is None else parse_costs(args.policy_costs, "--policy-costs")
     if args.policy_context_ms is not None and args.orders > 0:
         p.error("--policy-context-ms is not used by --orders: leave one out")
+    runs = [load_or_fail(path, ("run", "multicall"), args.answers, model=i == 0) for i, path in enumerate(args.results)]
+    if args.after is not None and kind_of(runs[0]) != "multicall":
+        p.error(f"--after applies to a bench.multicall run; {args.results[0]} is a bench.run results file")
+    after_run = None if args.after is None else load_or_fail(args.after, "run", args.answers)
 
     import specllm
     from specllm import _core
@@ -369,9 +374,7 @@ def main(argv=None) -> int:
     flat: list = []  # (task, prompt tokens, answer tokens, end token or None, max_tokens) in run order
     seen: set = set()
     carry_over = {k: v for k, v in vars(args).items() if k in CARRY_OVER and v is not None}
-    for path in args.results:
-        with open(path) as f:
-            run = json.load(f)
+    for run in runs:
         if llm is None:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
@@ -399,13 +402,12 @@ def main(argv=None) -> int:
                 p.error("--policy-context-ms replays Spec-Bench runs only (bench.run), not bench.multicall's")
             if traced:
                 p.error("--trace traces Spec-Bench runs only (bench.run), not bench.multicall's")
-            after = []
-            if args.after is not None:
-                with open(args.after) as f:
-                    after = items(json.load(f), set())
+            after = [] if after_run is None else items(after_run, set())
             return main_sequences(run, llm, costs, chunk, carry_over, args.answers, row_ms, not args.no_end,
                                   boundary_of, cut, after, policy_costs)
         flat.extend(items(run, seen))
+    if not flat:
+        fail(f"no {args.answers} answers to replay in {', '.join(args.results)} (every one empty)")
     if args.orders > 0:
         print_order_spread(order_spread(flat, costs, chunk, carry_over, args.orders, not args.no_doubt, 1, row_ms,
                                         boundary_of, cut),

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from pathlib import Path
+
+from bench import checks, tasks
+from bench.checks import positive_int
 
 
 def record(llm, template, prompts, max_tokens: int) -> dict:
@@ -84,10 +87,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spread", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="run the default over a prompt set in this process and keep every step")
-    rec.add_argument("--prompts", default="holdout", help="prompt set (bench.tasks.PROMPT_SETS)")
-    rec.add_argument("--limit", type=int, default=2, help="prompts per task")
-    rec.add_argument("--max-tokens", type=int, default=96)
-    rec.add_argument("--threads", type=int, default=2)
+    rec.add_argument("--prompts", choices=tasks.PROMPT_SETS, default="holdout", help="prompt set")
+    rec.add_argument("--limit", type=positive_int, default=2, help="prompts per task")
+    rec.add_argument("--max-tokens", type=positive_int, default=96)
+    rec.add_argument("--threads", type=positive_int, default=2)
     rec.add_argument("--target", default="qwen2.5-coder-1.5b", help="GGUF path or registry name")
     rec.add_argument("--draft", default="qwen2.5-coder-0.5b", help="GGUF path, registry name or ngram")
     rec.add_argument("--out", required=True)
@@ -95,28 +98,31 @@ def main(argv=None) -> int:
     cmp_.add_argument("runs", nargs="+")
     args = p.parse_args(argv)
     if args.cmd == "compare":
-        runs = []
-        for path in args.runs:
-            with open(path) as f:
-                runs.append(json.load(f))
+        from bench.results_file import load_or_fail
+
+        runs = [load_or_fail(path, "spread") for path in args.runs]
         print_compare(compare(runs), len(runs))
         return 0
-    from bench import run as bench_run, tasks
+    from bench import run as bench_run
     from bench.systems import Config, SpecllmSystem
 
+    if Path(args.out).is_dir():
+        checks.fail(f"--out {args.out} is a folder: give the path of the .json file to write")
+    checks.out_dir(Path(args.out).parent)
+    try:
+        prompts = tasks.load_tasks(list(tasks.ALL_TASKS), limit=args.limit, prompt_set=args.prompts)
+    except tasks.PromptError as e:
+        checks.fail(str(e))
     cfg = Config(target=bench_run.resolve_model(args.target),
-                 draft=args.draft if args.draft == "ngram" else bench_run.resolve_model(args.draft),
+                 draft=args.draft if args.draft == "ngram" else bench_run.resolve_model(args.draft, "--draft"),
                  n_threads=args.threads)
     system = SpecllmSystem("hybrid", cfg)
     system.load()
     template = bench_run.make_templater([system], cfg.target)
     bench_run.warm_up([system], template, [])
-    prompts = tasks.load_tasks(list(tasks.ALL_TASKS), limit=args.limit, prompt_set=args.prompts)
     result = record(system.llm, template, prompts, args.max_tokens)
-    tmp = args.out + ".tmp"  # never a half-written file
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, args.out)
+    checks.made_out_dir(Path(args.out).parent)
+    checks.write_text(Path(args.out), json.dumps(result))  # never a half-written file
     return 0
 
 

@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 from bench.oracle import plain_answers, replay, verify_ms
+from bench.checks import fail
+from bench.results_file import load_or_fail
 
 P_BINS = (0.5, 0.9, 0.99)  # split points of the last token's probability (--probability)
 MIN_SAMPLES = 5            # a group with fewer falls back to the group without the split, then drafts nothing
@@ -162,6 +164,8 @@ def main(argv=None) -> int:
     p.add_argument("--probability", action="store_true",
                    help="also split the groups by the target's probability of the last emitted token")
     args = p.parse_args(argv)
+    loaded = {path: load_or_fail(path, "run", system="plain", model=path == args.results[0])
+              for path in args.results + args.train.split(",")}
 
     import specllm
     from specllm import _core
@@ -171,13 +175,13 @@ def main(argv=None) -> int:
 
     def answers(paths):
         for path in paths:
-            run = json.loads(Path(path).read_text())
+            run = loaded[path]
             for task, prompt, answer, end in plain_answers(llm, run, set(), ends=True):
                 if task in tasks:
                     probs = probabilities(run["meta"]["target"], prompt, answer) if args.probability else None
                     yield task, prompt, answer, end, probs, run["meta"].get("max_tokens")
 
-    first = json.loads(Path(args.results[0]).read_text())["meta"]
+    first = loaded[args.results[0]]["meta"]
     llm = specllm.LLM(first["target"], draft="ngram", n_threads=2, n_ctx=first.get("ctx", 4096), exact=False)
     costs, row_ms = list(llm._engine.verify_costs()), llm.profile["context_row_ms"]
     boundary_of, cut = llm._engine.target.sentence_boundary, llm._engine.target.cut_after_end
@@ -196,6 +200,8 @@ def main(argv=None) -> int:
         col[2].append(replay_static(runs, prompt, answer, end, probs, costs, row_ms, max_tokens, boundary_of, cut)
                       if probs is not None else float("nan"))
         col[3].append(oracle_plain / oracle_ms)
+    if not by_task:
+        fail(f"no plain answers of the tasks {args.tasks} in {', '.join(args.results)}: nothing to replay")
     print(f"T(1) = {costs[0]:.0f} ms, T(16) = {costs[15]:.0f} ms, a row adds {row_ms:.4f} ms per token of context; "
           f"static policy learned on {sum(map(len, runs.values()))} positions")
     print("| task | answers | auto | static | static + probability | oracle |  (median; geometric mean)")

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                   f"{statistics.median(plain) if plain else float('nan'):.0f} ms", flush=True)
             if n >= args.from_request:
                 counted += steps
-    print(f"\n| k | steps | accepted | tokens/step | ms (median) | gain |\n|---:|---:|---:|---:|---:|---:|")
+    print("\n| k | steps | accepted | tokens/step | ms (median) | gain |\n|---:|---:|---:|---:|---:|---:|")
     for k, g in by_k(counted).items():
         gain = f"{g['gain']:.2f}" if g["gain"] is not None else "–"
         print(f"| {k} | {g['steps']} | {g['accepted']:.2f} | {g['emitted']:.2f} | {g['ms']:.0f} | {gain} |")

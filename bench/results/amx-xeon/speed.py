@@ -1,4 +1,4 @@
-import sys, time, specllm
+import sys, specllm
 draft = sys.argv[1] if len(sys.argv) > 1 else "ngram"
 llm = specllm.LLM("qwen2.5-coder-1.5b", draft=None if draft == "none" else draft, n_threads=2)
 p = llm.profile

@@ -1,0 +1,217 @@
+"""The bench tools on bad input: bad arguments, damaged files, an unusable --out, Ctrl-C, a full disk. Each says what
+is wrong in one line (argparse's exit 2, or "error: ..." and exit 1), with no traceback, before loading a model, and
+leaves no half-written or empty result files."""
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import calibrate, compare, multicall, oracle, simulate, spread, static_policy, tasks  # noqa: E402
+
+MODELS = Path.home() / ".cache" / "specllm" / "test-models"
+TARGET, DRAFT = str(MODELS / "target.gguf"), str(MODELS / "draft.gguf")
+PAIR = ["--target", TARGET, "--draft", DRAFT, "--threads", "1"]
+
+
+def bench(tmp_path, *args, timeout=120, **kw):
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def one_line_error(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert "error:" in last, stderr
+    return last
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Damaged inputs: prompt files, a regular file in the way of --out."""
+    d = tmp_path_factory.mktemp("bad")
+    (d / "garbled.jsonl").write_text("not json\n")
+    (d / "nokeys.jsonl").write_text('{"question_id": 1, "category": "qa"}\n')
+    (d / "empty.jsonl").write_text("")
+    (d / "norequests.jsonl").write_text('{"id": "x", "kind": "tool_calls", "mode": "independent", "requests": [], '
+                                        '"source": "test"}\n')
+    (d / "afile").write_text("x")
+    return d
+
+
+# (tool and arguments, exit status): {d} is the damaged files' folder
+BAD = [
+    (["bench.run", *PAIR, "--tasks", "bogus"], 2),
+    (["bench.run", *PAIR, "--tasks", ""], 2),
+    (["bench.run", *PAIR, "--systems", "plainn"], 2),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--limit", "0"], 2),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--limit", "-1"], 2),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--max-tokens", "-5"], 2),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--skip", "1000"], 1),
+    (["bench.run", "--target", "qwen2.5-coder-1.5bb", "--draft", DRAFT, "--systems", "plain", "--tasks", "code_edit"],
+     1),
+    (["bench.run", "--target", "/nope/x.gguf", "--draft", DRAFT, "--systems", "plain", "--tasks", "code_edit"], 1),
+    (["bench.run", *PAIR, "--tasks", "qa", "--specbench", "/nope/dev.jsonl"], 1),
+    (["bench.run", *PAIR, "--tasks", "qa", "--specbench", "{d}/garbled.jsonl"], 1),
+    (["bench.run", *PAIR, "--tasks", "qa", "--specbench", "{d}/nokeys.jsonl"], 1),
+    (["bench.run", *PAIR, "--tasks", "qa", "--specbench", "{d}"], 1),
+    (["bench.run", *PAIR, "--tasks", "qa", "--specbench", "{d}/empty.jsonl"], 1),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--out", "{d}/afile"], 1),
+    (["bench.run", *PAIR, "--tasks", "code_edit", "--out", "{d}/afile/sub"], 1),
+    (["bench.multicall", *PAIR, "--sequences", "nope"], 1),
+    (["bench.multicall", *PAIR, "--prompts", "{d}/garbled.jsonl"], 1),
+    (["bench.multicall", *PAIR, "--prompts", "{d}/nokeys.jsonl"], 1),
+    (["bench.multicall", *PAIR, "--prompts", "{d}/empty.jsonl"], 1),
+    (["bench.multicall", *PAIR, "--prompts", "{d}/norequests.jsonl"], 1),
+    (["bench.multicall", *PAIR, "--limit", "0"], 2),
+    (["bench.multicall", *PAIR, "--systems", ""], 2),
+    (["bench.multicall", "--target", "qwen2.5-coder-1.5bb", "--draft", "ngram", "--systems", "plain", "--limit", "1"],
+     1),
+    (["bench.multicall", "--target", "/nope/x.gguf", "--draft", "ngram", "--systems", "plain", "--limit", "1"], 1),
+    (["bench.multicall", *PAIR, "--limit", "1", "--out", "{d}/afile"], 1),
+    *[([f"bench.{tool}", "--model", TARGET, "--threads", "1", "--rounds", rounds], 2)
+      for tool in ("fim", "logprobs", "grammar", "prompt_cache", "prompt_store", "editor") for rounds in ("0", "-1")],
+    (["bench.kv_cache", *PAIR, "--tasks", "bogus"], 2),
+    (["bench.spread", "record", *PAIR, "--prompts", "bogus", "--out", "{d}/spread.json"], 2),
+    (["bench.prompt_cache", "--model", TARGET, "--file", "/nope/file.py"], 2),
+    (["bench.draft_overhead", "--model", TARGET, "--prompts", "bogus"], 2),
+]
+
+
+@pytest.mark.parametrize("args, status", BAD, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BAD])
+def test_bad_arguments_and_files_end_in_one_error_line_and_write_nothing(tmp_path, files, args, status):
+    out = tmp_path / "out"
+    args = [a.format(d=files) for a in args]
+    if args[0] in ("bench.run", "bench.multicall") and "--out" not in args:
+        args += ["--out", str(out)]
+    r = bench(tmp_path, *args, timeout=60)
+    assert r.returncode == status, r.stderr
+    one_line_error(r.stderr)
+    assert not out.exists()
+    assert sorted(p.name for p in files.iterdir()) == ["afile", "empty.jsonl", "garbled.jsonl", "nokeys.jsonl",
+                                                      "norequests.jsonl"]
+
+
+def good_run(target: str = TARGET) -> dict:
+    rec = {"task": "code_edit", "id": "ce01", "turn": 0, "rep": 0, "text": "def f():\n    return 1\n", "n_gen": 8,
+           "gen_tps": 100.0, "prompt_ms": 1.0, "n_drafted": 0, "n_accepted": 0, "n_steps": 8, "load_ms": None}
+    meta = {"target": target, "draft": DRAFT, "tasks": "code_edit", "limit": 1, "skip": 0, "prompts": "dev",
+            "max_tokens": 8, "ctx": 4096, "systems": ["plain", "hybrid"], "chat_template": "jinja"}
+    return {"meta": meta, "summary": {}, "records": [dict(rec, system=s) for s in ("plain", "hybrid")]}
+
+
+def damaged(kind: str, d: Path) -> Path:
+    good = good_run()
+    path = d / f"{kind}.json"
+    if kind == "truncated":
+        path.write_text(json.dumps(good, indent=1)[:200])
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    elif kind == "empty":
+        path.write_text("")
+    elif kind == "records.jsonl":
+        path = d / "run.records.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in good["records"]))
+    elif kind != "missing":
+        change = {"list": lambda g: [], "object": lambda g: {}, "no_records": lambda g: {"meta": g["meta"]},
+                  "empty_records": lambda g: dict(g, records=[]),
+                  "no_plain": lambda g: dict(g, records=g["records"][1:]),
+                  "no_target": lambda g: dict(g, meta={k: v for k, v in g["meta"].items() if k != "target"}),
+                  "target_gone": lambda g: good_run("/nope/gone.gguf"),
+                  "no_text": lambda g: dict(g, records=[{k: v for k, v in r.items() if k != "text"}
+                                                        for r in g["records"]])}[kind]
+        path.write_text(json.dumps(change(good)))
+    return path
+
+
+REPORT_TOOLS = {
+    "compare": lambda path, good: compare.main([path, good]),
+    "oracle": lambda path, good: oracle.main([path]),
+    "simulate": lambda path, good: simulate.main([path]),
+    "calibrate": lambda path, good: calibrate.main([path]),
+    "static_policy": lambda path, good: static_policy.main(["--train", good, path]),
+    "static_policy --train": lambda path, good: static_policy.main(["--train", path, good]),
+    "spread compare": lambda path, good: spread.main(["compare", path]),
+}
+DAMAGE = ["missing", "truncated", "empty", "binary", "list", "object", "no_records", "empty_records", "no_plain",
+          "no_target", "target_gone", "no_text", "records.jsonl"]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_report_tools_say_what_is_wrong_with_a_results_file(tmp_path, capsys, kind):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(good_run()))
+    path = str(damaged(kind, tmp_path))
+    for name, tool in REPORT_TOOLS.items():
+        if (kind, name) in (("target_gone", "compare"), ("target_gone", "static_policy --train"),
+                            ("no_target", "compare")):
+            continue  # compare needs no model, and the --train runs' target is not loaded
+        try:
+            status = tool(path, str(good))
+        except SystemExit as stop:
+            status = stop.code
+        err = capsys.readouterr().err
+        assert status == (2 if name == "compare" else 1), (name, err)  # compare: 2 for a file it cannot read
+        assert one_line_error(err).startswith("error: ") and (Path(path).name in err or "spread" in name), (name, err)
+    # a bench.run file is not what spread compare reads, and says so
+    with pytest.raises(SystemExit):
+        spread.main(["compare", str(good)])
+    assert "bench.run" in capsys.readouterr().err
+
+
+def test_simulate_refuses_after_with_a_bench_run_input(tmp_path, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(good_run()))
+    with pytest.raises(SystemExit) as stop:
+        simulate.main([str(good), "--after", str(tmp_path / "missing.json")])
+    assert stop.value.code == 2 and "--after" in capsys.readouterr().err
+
+
+def test_a_negative_limit_is_refused_not_a_dropped_last_prompt():
+    with pytest.raises(ValueError):
+        tasks.load_tasks(["code_edit"], limit=-1)
+    with pytest.raises(ValueError):
+        multicall.load_sequences(multicall.MULTICALL_PATH, limit=-1)
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_where_the_records_are(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--target", str(MODELS / "slow.gguf"), "--draft", DRAFT,
+                             "--systems", "plain,ngram", "--max-tokens", "64", "--threads", "1", "--tasks", "code_edit",
+                             "--limit", "20", "--out", str(out)], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles")))
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("[1/"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(60) == 130
+    (log,) = out.glob("*.records.jsonl")
+    assert "Traceback" not in rest and rest.strip().splitlines()[-1] == \
+        f"interrupted; the records measured so far are in {log}"
+    assert log.read_text().endswith("\n") and not list(out.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_end_keeps_the_records_and_writes_no_results(tmp_path):
+    out = tmp_path / "out"
+    t0 = time.time()
+    r = bench(tmp_path, "bench.run", *PAIR, "--systems", "plain,hybrid", "--max-tokens", "16", "--tasks", "code_edit",
+              "--limit", "2", "--out", str(out),
+              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY)))
+    assert r.returncode == 1 and time.time() - t0 < 120
+    (log,) = out.glob("*.records.jsonl")
+    assert one_line_error(r.stderr).endswith(f"the records measured are kept in {log}")
+    assert sorted(p.name for p in out.iterdir()) == [log.name]  # no .json, .md, .png, nor a temporary file
