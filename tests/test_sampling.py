@@ -184,3 +184,11 @@ def test_bad_prompts_are_refused(tiny, make_llm, prompt, error, message):
 def test_invalid_option_error_is_a_value_error():
     assert issubclass(specllm.InvalidOptionError, ValueError)
     assert issubclass(specllm.InvalidOptionError, specllm.SpecLLMError)
+
+
+def test_a_top_p_below_float32s_least_keeps_the_top_token(tiny, make_llm):
+    """top_p=1e-300 is 0 as a float32: it was refused with "top_p must be in (0, 1], got 1e-300"."""
+    llm = make_llm(tiny["target"])
+    tiny_p = llm.generate(PROMPT, max_tokens=6, temperature=0.8, top_p=1e-300, seed=3)
+    greedy = llm.generate(PROMPT, max_tokens=6)
+    assert tiny_p.tokens == greedy.tokens  # only the most likely token is left to sample

@@ -44,6 +44,9 @@ def text(name: str, value) -> str:
     return value
 
 
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest float32 above 0
+
+
 def flag(name: str, value) -> bool:
     """value, which must be a bool: "no" or 0 would have been taken as True or False by bool()."""
     if not isinstance(value, bool):
@@ -127,9 +130,10 @@ def make_options(
     s.top_k = _int("top_k", top_k)
     if s.top_k < 0:
         raise InvalidOptionError(f"top_k must be >= 0 (0 = no limit), got {top_k}")
-    s.top_p = _float("top_p", top_p)
-    if not 0 < s.top_p <= 1:
+    value = _float("top_p", top_p)
+    if not 0 < value <= 1:
         raise InvalidOptionError(f"top_p must be in (0, 1] (1 = no limit), got {top_p}")
+    s.top_p = max(value, FLOAT32_TINY)  # 1e-300 is 0 as a float32, which the sampler refuses: the top token only
     s.min_p = _float("min_p", min_p)
     if not 0 <= s.min_p <= 1:
         raise InvalidOptionError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
