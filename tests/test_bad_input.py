@@ -320,3 +320,14 @@ def test_close_removes_the_llms_exit_hook(tiny):
     llm.close()
     gc.collect()
     assert hook() is None  # atexit let it go
+
+
+def test_the_generation_options_are_make_options_and_suffix(llm):
+    import inspect
+
+    from specllm import options
+
+    assert set(inspect.signature(options.make_options).parameters) | {"suffix"} == options.GENERATE_KEYS
+    llm.check_options(suffix="def f():", max_tokens=4)  # said "unknown generation option 'suffix'"
+    with pytest.raises(TypeError, match=r"unknown generation option 'sufix'; did you mean 'suffix'\?"):
+        llm.check_options(sufix="x")

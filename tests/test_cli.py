@@ -533,14 +533,20 @@ def test_models_lists_known_models_and_what_is_cached(env):
     name = sorted(known)[0]
     cache = pathlib.Path(env["SPECLLM_CACHE"])
     cache.mkdir()
-    (cache / known[name]["filename"]).write_bytes(b"x" * 1500)
+    (cache / known[name]["filename"]).write_bytes(b"x" * 1500)  # not the model's size: a cut copy
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.strip()}
     assert set(known) <= set(rows)
-    assert rows[name][2:4] == ["1.5", "kB"] and rows[name][4] == "yes"
+    assert rows[name][2:4] == ["1.5", "kB"] and rows[name][4:7] == ["damaged:", "pull", "again"]
     assert all(rows[other][4] == "no" for other in known if other != name)
+    with open(cache / known[name]["filename"], "r+b") as f:  # the model's size (sparse): cached
+        f.truncate(registry.known_size(known[name]))
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.strip()}
+    assert r.returncode == 0 and rows[name][4] == "yes", r.stdout + r.stderr
 
 
 def test_pull_of_an_unknown_name_fails_clearly(env):

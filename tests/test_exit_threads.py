@@ -25,7 +25,7 @@ import specllm
 
 class Seen(logging.Handler):
     def emit(self, record):
-        if "measuring" in record.getMessage():
+        if "measuring" in record.getMessage() and record.threadName == "worker":  # not the main thread's load
             begun.set()
 
 logging.getLogger("specllm.profile").addHandler(Seen())
@@ -47,7 +47,7 @@ def work():
 
 if what != "load":
     llm = specllm.LLM(model, "ngram", n_threads=1, n_ctx=4096)
-threading.Thread(target=work, daemon=True).start()
+threading.Thread(target=work, daemon=True, name="worker").start()
 assert begun.wait(60)
 time.sleep(0.3)
 began.append(time.monotonic())
@@ -72,3 +72,29 @@ def test_exiting_while_a_daemon_thread_works_in_llama_cpp_stops_it_first(tiny, t
         for profile in (tmp_path / "profiles").glob("*.json"):  # an interrupted measurement is not kept
             if what == "load":
                 pytest.fail(f"a profile was written: {profile.name}")
+
+
+HOOK = """
+import atexit, sys
+
+
+@atexit.register  # before specllm is imported: runs after its exit hooks (the gate shut, the exit's stops set)
+def last_words():
+    print("embedded", llm.embed("hello").shape, flush=True)
+    print("measured again:", llm.measure_costs(), flush=True)
+
+
+import specllm
+llm = specllm.LLM(sys.argv[1], "ngram", n_threads=1, n_ctx=512)
+"""
+
+
+def test_an_exit_hook_on_the_main_thread_may_still_embed_and_measure(tiny, tmp_path):
+    """The exit's stops are for other threads: the first version cancelled an embedding or a measurement that the
+    main thread's own exit hook ran."""
+    script = tmp_path / "hook.py"
+    script.write_text(HOOK)
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    p = subprocess.run([sys.executable, str(script), tiny["target"]], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert p.returncode == 0 and "embedded (" in p.stdout and "measured again: True" in p.stdout, p.stdout + p.stderr

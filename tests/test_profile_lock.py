@@ -69,7 +69,7 @@ def test_a_load_waits_for_another_process_measuring_and_takes_its_profile(tiny, 
         with caplog.at_level("INFO", logger="specllm.profile"):
             caplog.clear()  # the first load's notes (kept when an earlier test set the logger to INFO)
             thread, box = _load_in_thread(tiny)
-            assert _said(caplog, "another process is measuring these costs: waiting for it")
+            assert _said(caplog, "another process is measuring the costs of target.gguf: waiting for it")
             theirs = dict(measured, verify_ms=PLAUSIBLE, draft_token_ms=0.125)
             theirs.pop("noisy", None)
             assert profile.plausible(theirs["verify_ms"])
@@ -131,3 +131,57 @@ def test_a_lock_held_too_long_is_given_up(tmp_path, wait_s):
         child.wait(timeout=30)
     with files.exclusive(lock, wait_s) as held:
         assert held is False
+
+
+FORK = """
+import os, sys, threading, time
+from specllm import costs, files
+lock = sys.argv[1]
+inside, leave = threading.Event(), threading.Event()
+
+def loading():  # a load on another thread (a server's worker): the exit waits for it
+    with costs.exit_waits():
+        inside.set()
+        leave.wait()
+
+threading.Thread(target=loading, daemon=True).start()
+inside.wait()
+with files.exclusive(lock, 1):  # measuring: the lock held
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3)  # a pool's worker living on
+        began = time.monotonic()
+        sys.exit(0)  # was 10 s: the exit waited for the parent's load, whose thread is not here
+if pid:
+    with files.exclusive(lock, 1.0) as held:  # another open file taking it while the child lives (as soon as
+        print("held by the child" if held is None else "taken", flush=True)  # the child has run: it may wait)
+    leave.set()
+    began = time.monotonic()
+    os.waitpid(pid, 0)
+    print("child exited after %.1f s" % (time.monotonic() - began), flush=True)
+"""
+
+
+def test_a_forked_child_holds_no_lock_of_its_parent_and_waits_for_none_of_its_loads(tmp_path):
+    r = subprocess.run([sys.executable, "-c", FORK, str(tmp_path / "x.lock")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "taken"
+    assert float(lines[1].split()[3]) < 5.0, lines
+
+
+def test_the_target_costs_a_draft_model_pair_measured_serve_the_n_gram_drafter(tiny, tmp_path, monkeypatch, caplog):
+    """A load that waited for a process measuring another drafter (a draft model) found no profile of its own and
+    measured a minute again: the pair's measurement now also keeps the target's verify costs for n-gram drafting."""
+    from specllm import _core
+
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))  # a quiet machine's costs (the tiny models' read busy)
+    monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps, n_prefix=32: PLAUSIBLE[:max(sizes)])
+    pair = specllm.LLM(tiny["target"], tiny["draft"], ngram=False, n_threads=1, n_ctx=256)
+    assert len(list(tmp_path.glob("*.json"))) == 2
+    with caplog.at_level("INFO", logger="specllm.profile"):
+        caplog.clear()
+        lookup = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert not any("measuring this machine" in r.getMessage() for r in caplog.records)
+    assert lookup.profile["verify_ms"] == pair.profile["verify_ms"] and lookup.profile["draft_token_ms"] == 0.0

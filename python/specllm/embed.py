@@ -81,10 +81,12 @@ def vectors(embedder, token_lists: List[List[int]], normalize: bool,
     """(len(token_lists), n_embd) float32; a stop set from another thread raises Cancelled before the next decode
     batch (64 rows of one input, or several short inputs together), as does the interpreter's exit (gate.exiting:
     a daemon thread inside llama.cpp as Python finalized died with SIGSEGV)."""
+    other_thread = threading.current_thread() is not threading.main_thread()  # (an exit hook may still embed)
+
     def poll():
         if stop is not None and stop.is_set():
             raise Cancelled("the embedding was cancelled")
-        if gate is not None and gate.exiting:
+        if other_thread and gate is not None and gate.exiting:
             raise Cancelled("the interpreter is exiting: the embedding was stopped")
 
     try:

@@ -48,6 +48,22 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
         raise
 
 
+_held = set()  # the lock files' descriptors this process holds (exclusive)
+
+
+def _forked() -> None:
+    """A forked child shares its parent's locks (one open file description): it closes its copies, so that a child
+    living on (a pool's worker) does not hold the parent's lock after the parent let it go."""
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 @contextlib.contextmanager
 def exclusive(lock_path, wait_s: float, on_wait=lambda: None, stopped=lambda: False):
     """Holds an exclusive lock on lock_path (made if missing, 0600; the kernel frees it when the process dies) within
@@ -77,7 +93,10 @@ def exclusive(lock_path, wait_s: float, on_wait=lambda: None, stopped=lambda: Fa
                 time.sleep(0.05)
             except OSError:  # no locks on this file system
                 break
+        if fd is not None:
+            _held.add(fd)
         yield held
     finally:
-        if fd is not None:
+        if fd is not None and fd in _held:  # (not closed by a fork's _forked: this is the child)
+            _held.discard(fd)
             os.close(fd)  # and the lock with it

@@ -394,6 +394,10 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
 
     def check_options(self, **options) -> None:
         """Raise what generate(**options) would raise for these options (InvalidOptionError, TypeError)."""
+        options = dict(options)
+        suffix = options.pop("suffix", None)
+        if suffix is not None:
+            _text("suffix", suffix)
         self._options(options)
 
     def _options(self, options: dict):
@@ -444,7 +448,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
         generation; later calls raise SpecLLMError. Closing twice is harmless. `with LLM(...) as llm:` closes."""
         if isinstance(self._engine, _Closed):
             return
-        with Call(self._gate):
+        with Call(self._gate, closing=True):
             self._free()
             logs.drain()
 

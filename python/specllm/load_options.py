@@ -85,6 +85,7 @@ def drafter_options(draft, ngram, n_gpu_layers, target):
     o.cache_type_k, o.cache_type_v, o.flash_attn = target.cache_type_k, target.cache_type_v, target.flash_attn
     return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
 
+
 def model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
     gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
     o = _core.ModelOptions()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import numbers
 import os
@@ -203,11 +202,12 @@ def make_options(
     return o
 
 
-GENERATE_KEYS = frozenset(
-    ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
-     "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
-     "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers",
-     "grammar_trigger_patterns", "cache_reuse", "suffix"])  # LLM.generate's: make_options's and suffix (test_infill)
+GENERATE_NAMES = (  # LLM.generate's options: make_options's and suffix (test_infill)
+    "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+    "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
+    "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers",
+    "grammar_trigger_patterns", "cache_reuse", "suffix")
+GENERATE_KEYS = frozenset(GENERATE_NAMES)
 
 
 # other libraries' names for generate()'s options: said in the error for an unknown one
@@ -219,12 +219,11 @@ OTHER_NAMES = {"n_predict": "max_tokens", "max_new_tokens": "max_tokens", "num_p
 def check_names(options: dict) -> None:
     """TypeError for a generate() option that does not exist, with the name it has here (make_options' own error
     named make_options, which no caller calls)."""
-    known = inspect.signature(make_options).parameters
     for name in options:
-        if name not in known:
-            hint = OTHER_NAMES.get(name) or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+        if name not in GENERATE_KEYS:
+            hint = OTHER_NAMES.get(name) or next(iter(difflib.get_close_matches(name, GENERATE_NAMES, n=1)), None)
             raise TypeError(f"unknown generation option {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
-                            + f" (the options: {', '.join(known)})")
+                            + f" (the options: {', '.join(GENERATE_NAMES)})")
 
 
 def split_kwargs(kwargs: dict, keys: Iterable[str]):

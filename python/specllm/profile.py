@@ -293,14 +293,14 @@ LOCK_WAIT_S = 300  # the longest a load waits for another process measuring the 
 
 
 @contextlib.contextmanager
-def _measuring(path: Path, engine):
+def _measuring(path: Path, engine, target: str):
     """One process at a time measures a target's costs: two measuring at once (two servers started together, a chat
-    beside a server's first load) each time the other's work and both keep a busy profile. Yields whether it waited
-    for another process (whose profile is then on file); Cancelled when the engine is interrupted meanwhile (a
-    stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
+    beside a server's first load) each time the other's work and both keep a busy profile. Within it this process
+    holds the target's lock (path: its target-only profile's); Cancelled when the engine is interrupted while it
+    waits (a stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
     def waiting() -> None:
-        log.info("another process is measuring these costs: waiting for it (up to %d s) to use its profile (%s)",
-                 LOCK_WAIT_S, path)
+        log.info("another process is measuring the costs of %s: waiting for it (up to %d s) to use its profile",
+                 os.path.basename(target), LOCK_WAIT_S)
 
     def stopped() -> bool:
         if engine.interrupted:
@@ -312,7 +312,7 @@ def _measuring(path: Path, engine):
     with files.exclusive(path.with_name(path.name + ".lock"), LOCK_WAIT_S, waiting, stopped) as held:
         if held is None:
             log.warning("another process has measured these costs for %d s; measuring here too", LOCK_WAIT_S)
-        yield held is not None and held
+        yield
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
@@ -333,14 +333,21 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
             prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
     if prof is None and (known is None or known.get("sizes") != sizes):  # measured here: one process at a time
         # per target and settings (the verify costs are the target's, whichever drafter's file they go to)
-        with _measuring(_path(target, "", n_threads, n_gpu_layers, kernels, verify_rows), engine) as waited:
-            if waited and not measure:  # what the other process measured, if this load would take it
+        target_only = _path(target, "", n_threads, n_gpu_layers, kernels, verify_rows)
+        with _measuring(target_only, engine, target):
+            if not measure:  # what another process measured meanwhile (waited for, or ended just before the lock)
                 prof = cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
-                if prof is None and known is None:  # it measured another drafter: its verify costs are the target's
+                if prof is None and known is None:  # another drafter's: its verify costs are the target's
                     known = cached(target, "", n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
             if prof is None:
                 prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows,
                                 known)
+                if draft and "noisy" not in prof and _read(target_only, verify_rows) is None:
+                    # the target's verify costs for the n-gram drafter (and, through it, for any other): a load of
+                    # another drafter takes them instead of measuring a minute again
+                    with contextlib.suppress(OSError):
+                        _write(target_only, {k: prof[k] for k in ("sizes", "verify_ms", "context_row_ms")}
+                               | {"draft_token_ms": 0.0})
     elif prof is None:
         prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows, known)
     engine.set_verify_costs(prof["verify_ms"])

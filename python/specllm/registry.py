@@ -269,13 +269,16 @@ NO_SPACE = ("No space left on device", "[Errno 28]", "File too large", "[Errno 2
 def pip_download(requirements, dest_dir, progress: bool = False) -> None:
     """`pip download` the wheels into dest_dir (no dependencies, binary only). progress: pip's progress bars (its
     stdout) go to our stderr, the terminal; its errors (its stderr) are kept for the message."""
-    cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "-d", os.fspath(dest_dir),
-                         *requirements]
+    cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "--no-cache-dir", "-d",
+                         os.fspath(dest_dir), *requirements]
+    # pip downloads into a folder of TMPDIR first: there too, on the cache's disk, removed with dest_dir (a small
+    # /tmp filled up and was blamed on the cache; a killed pip left its part in /tmp); no copy in pip's own cache
+    env = dict(os.environ, TMPDIR=os.fspath(dest_dir))
     out = subprocess.PIPE
     if progress:
         with contextlib.suppress(AttributeError, OSError, ValueError):  # a stream with no file (a notebook's)
             out = sys.stderr.fileno()
-    r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
+    r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env)
     if r.returncode != 0:
         said = (r.stdout or "") + r.stderr
         tail = "\n".join(said.strip().splitlines()[-5:])

@@ -9,6 +9,7 @@ LLM for longer than that; the abandoned stream then ends with finish_reason "can
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -24,12 +25,17 @@ log = logging.getLogger("specllm")
 class Gate:
     def __init__(self, idle_timeout: float):
         self.idle_timeout = idle_timeout
+        self._pid = os.getpid()  # of the process that loaded the LLM
         self._cond = threading.Condition()
         self._holder = None  # a stream's _Ticket, or a Call
         self._shut = False   # the interpreter is exiting (shut())
 
     def enter(self, holder) -> None:
         """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
+        if os.getpid() != self._pid and not getattr(holder, "closing", False):
+            raise SpecLLMError("this LLM was loaded in another process (this one was forked from it: os.fork, "
+                               "multiprocessing's 'fork' start method), where llama.cpp's threads are not; it hung "
+                               "here. Load the LLM in this process, or use multiprocessing's 'spawn' start method")
         with self._cond:
             self._check_shut()
             while self._holder is not None:
@@ -124,8 +130,9 @@ class Call:
     """A gate holder for a call that does not stream (reset, set_draft): never idle while it holds the gate."""
     _idle_since = None
 
-    def __init__(self, gate: Gate):
+    def __init__(self, gate: Gate, closing: bool = False):
         self._gate = gate
+        self.closing = closing  # close(): let in a forked process too (it frees what the process inherited)
 
     def __enter__(self):
         self._gate.enter(self)
