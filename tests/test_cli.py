@@ -857,3 +857,14 @@ def test_chat_forget_empties_the_drafting_memory_and_keeps_the_conversation(tiny
     assert "drafting memory forgotten (0 tokens;" in ask(child, "/forget").replace("\r\n", "")
     child.sendeof()
     exits_cleanly(child)
+
+
+def test_serve_says_a_model_it_cannot_find_before_it_binds(env, tmp_path):
+    """A model path that does not exist, or a registry name with a typo, was said after uvicorn had started."""
+    for flags, words in ((["--model", str(tmp_path / "nowhere.gguf")], "model file not found: '"),
+                         (["--model", "qwen2.5-coder-15b"], "unknown model 'qwen2.5-coder-15b'"),
+                         (["--draft", str(tmp_path / "small.gguf")], "model file not found: '")):
+        r = subprocess.run([sys.executable, "-m", "specllm.cli", "serve", "--port", "0", *flags], env=env,
+                           capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr

@@ -8,6 +8,7 @@ import types
 from typing import Optional
 
 from . import _core, gguf_check, memory
+from .errors import ModelLoadError
 from . import chat_template as chat_templates
 from .options import check_load, flag, kv_cache
 from .options import text as _text
@@ -63,9 +64,24 @@ def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
     bound = inspect.signature(LLM.__init__).bind(None, model, draft, **kwargs)
     bound.apply_defaults()
     load = {k: v for k, v in bound.arguments.items() if k not in ("self", "draft", "ngram", "embedding_model")}
-    checked(**load)
-    draft, ngram = draft_arg(load["model"], draft, bound.arguments["ngram"])
+    model = checked(**load)[0]
+    draft, ngram = draft_arg(model, draft, bound.arguments["ngram"])
     check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))
+    for name in (model, draft):
+        if name not in (None, "ngram"):
+            _check_found(name)
+
+
+def _check_found(name: str) -> None:
+    """A model path that does not exist (ModelLoadError, as the load says it) or a name the registry does not know
+    (RegistryError, with the nearest names): a registry model not downloaded yet passes (the load pulls it)."""
+    from . import registry
+
+    if os.path.exists(name) or name in registry.known_models():
+        return
+    if name.endswith(".gguf") or os.sep in name or "/" in name:
+        raise ModelLoadError(f"model file not found: {name!r}; check the path, or use a registry name")
+    registry.cached_path(name)  # unknown: raises
 
 
 def check_ngram_sizes(draft, ngram: bool, sizes) -> None:
