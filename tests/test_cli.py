@@ -837,7 +837,8 @@ def test_serve_says_a_flag_the_load_would_refuse_before_it_binds(tiny, env, tmp_
     (tmp_path / "a-file").write_text("x")
     for flags, words in ((["--ctx", "8"], "--ctx must be between 16 and"),
                          (["--prompt-cache-dir", str(tmp_path / "a-file" / "states")], "is not a directory"),
-                         (["--memory-file", str(tmp_path)], "is a directory; give the path of a file")):
+                         (["--memory-file", str(tmp_path)], "is a directory; give the path of a file"),
+                         (["--chat-template", "bogus-name"], "is neither a Jinja template nor one of llama.cpp's")):
         r = run(tiny, env, "serve", "--port", "0", *flags)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr

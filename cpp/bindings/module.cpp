@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include "specllm/amx.h"
+#include "specllm/chat.h"
 #include "specllm/grammar.h"
 #include "specllm/model.h"
 #include "specllm/prompt_store.h"
@@ -25,6 +26,8 @@ PYBIND11_MODULE(_core, m) {
           "whether a CPU backend built by these compilers (.comment lines) loads its AMX tile configuration intact");
     m.def("prompt_store_identity", &specllm::prompt_store_identity, py::arg("model_path"), py::arg("options"),
           "the identity a model's prompt states are stored under (its size, its first MiB, the options given)");
+    m.def("chat_template_known", &specllm::chat_template_known, py::arg("tmpl"),
+          "whether llama.cpp's template matcher knows tmpl (a built-in name, or a template it recognizes)");
     m.def("gbnf_error", &specllm::gbnf_error, py::arg("gbnf"),
           "why gbnf is not a grammar with a root rule, read without a model; '' if it is (or names tokens)");
     register_errors(m);

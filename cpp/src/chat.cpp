@@ -33,4 +33,10 @@ std::string apply_chat_template(const Model & model, const std::vector<ChatMessa
     return buf;
 }
 
+bool chat_template_known(const std::string & tmpl) {
+    const llama_chat_message msg{"user", "hi"};
+    char buf[256];
+    return llama_chat_apply_template(tmpl.c_str(), &msg, 1, true, buf, (int32_t) sizeof(buf)) >= 0;
+}
+
 } // namespace specllm

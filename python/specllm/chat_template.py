@@ -13,6 +13,7 @@ import json
 from datetime import datetime
 from typing import List, Optional, Sequence
 
+from . import _core
 from .errors import InvalidOptionError
 from .options import flag
 from .options import text as _text
@@ -170,7 +171,14 @@ def check_load_args(chat_template, kwargs) -> tuple:
     kwargs = check_kwargs(kwargs)
     if is_jinja(template):
         _compiled(template, "chat_template=")
+    elif template and template != LLAMA_CPP and not _core.chat_template_known(template):
+        raise unknown_template(template)  # said before the load (specllm-cli serve: before its port is bound)
     return template, kwargs
+
+
+def unknown_template(template: str) -> InvalidOptionError:
+    return InvalidOptionError(f"chat_template={template[:200]!r} is neither a Jinja template nor one of llama.cpp's "
+                              "built-in format names (e.g. \"chatml\", \"llama3\", \"gemma\")")
 
 
 class ChatMethods:
@@ -185,9 +193,7 @@ class ChatMethods:
             try:
                 self._engine.target.apply_chat_template([("user", "hi")], True, template)
             except InvalidOptionError:  # llama.cpp's message blames "this model's chat template": it is the caller's
-                raise InvalidOptionError(
-                    f"chat_template={template[:200]!r} is neither a Jinja template nor one of llama.cpp's built-in "
-                    f"format names (e.g. \"chatml\", \"llama3\", \"gemma\")") from None
+                raise unknown_template(template) from None
         self._chat_template = template
 
     @property

@@ -16,4 +16,8 @@ using ChatMessage = std::pair<std::string, std::string>; // role, content
 std::string apply_chat_template(const Model & model, const std::vector<ChatMessage> & messages, bool add_assistant,
                                 const std::string & tmpl = "");
 
+// whether llama.cpp's template matcher knows tmpl (a built-in name such as "chatml", or a template it recognizes),
+// asked without a model: a chat_template= that is neither is refused before the load
+bool chat_template_known(const std::string & tmpl);
+
 } // namespace specllm
