@@ -159,8 +159,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
             memory_file=memory_file, prompt_cache_mb=prompt_cache_mb, prompt_cache_dir=prompt_cache_dir,
             prompt_cache_disk_mb=prompt_cache_disk_mb, learn_batch_costs=learn_batch_costs,
             stream_idle_timeout=stream_idle_timeout, seed=seed, exact=exact, profile_costs=profile_costs,
-            cache_type_k=cache_type_k,
-            cache_type_v=cache_type_v, flash_attn=flash_attn, chat_template=chat_template,
+            cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn, chat_template=chat_template,
             chat_template_kwargs=chat_template_kwargs)
         if kv[0] not in FLOAT_CACHE_TYPES + ("q8_0",):
             logs.logger.warning("a K cache of %s (below 8 bits) breaks some models' answers (Qwen2.5-Coder's were "
@@ -198,7 +197,7 @@ class LLM(memory.MemoryMethods, embed.EmbedMethods, chat_templates.ChatMethods):
                 self._engine.set_learn_batch_costs(learn_batch_costs)
                 self._engine.set_prompt_cache_bytes(int(prompt_cache_mb) << 20)
                 if prompt_cache_dir is not None:
-                    # the states' numbers depend on the model file, the kernels (exact mode, GPU) and llama.cpp's version
+                    # the states' numbers depend on the model file, the kernels (exact mode, GPU), llama.cpp's version
                     numerics = f"{_core.llama_cpp_version}|verify_rows={opts.verify_rows}|gpu={not on_cpu}"
                     if kv != ("f16", "f16", -1):  # another cache's states (and their layout without flash attention)
                         numerics += "|kv={}/{}|fa={}".format(*kv)
