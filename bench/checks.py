@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import tempfile
 from pathlib import Path
 from typing import NoReturn
@@ -112,6 +114,13 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def sigterm_exits() -> None:
+    """SIGTERM ends the tool as SystemExit(143), so that its cleanup runs (bench.serve's server is stopped, a llama.cpp
+    anchor killed by subprocess.run): killed by the signal's default action, it left them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def interrupted(partial: Path | None = None) -> int:

@@ -371,4 +371,5 @@ def measure(args, sequences: list, started) -> int:
 
 
 if __name__ == "__main__":
+    checks.sigterm_exits()
     sys.exit(main())

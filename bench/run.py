@@ -333,4 +333,5 @@ def measure(args, prompts: list, started) -> int:
 
 
 if __name__ == "__main__":
+    checks.sigterm_exits()
     sys.exit(main())

@@ -179,10 +179,13 @@ def soak(args, url, pid) -> dict:
             return "other", None
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(4) as pool:
+    pool = ThreadPoolExecutor(4)
+    try:
         for outcome, status in pool.map(one, range(args.soak)):
             outcomes[outcome] += 1
             statuses.append(status)
+    finally:  # Ctrl-C or SIGTERM: the requests not begun are dropped (the with block waited for all of them)
+        pool.shutdown(wait=True, cancel_futures=True)
     return {"requests": args.soak, "outcomes": outcomes, "wall_s": time.monotonic() - t0,
             "rss_mb_before": rss_before, "rss_mb_after": rss_mb(pid),
             "health_after": httpx.get(f"{url}/health", timeout=10).status_code}
@@ -285,4 +288,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    checks.sigterm_exits()
     sys.exit(main())

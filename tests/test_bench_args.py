@@ -215,3 +215,38 @@ def test_a_full_disk_at_the_end_keeps_the_records_and_writes_no_results(tmp_path
     (log,) = out.glob("*.records.jsonl")
     assert one_line_error(r.stderr).endswith(f"the records measured are kept in {log}")
     assert sorted(p.name for p in out.iterdir()) == [log.name]  # no .json, .md, .png, nor a temporary file
+
+
+@pytest.mark.slow
+def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path):
+    """SIGTERM killed bench.serve at once and left its specllm-cli server running (and its port taken)."""
+    import signal
+    import time
+
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    bench = subprocess.Popen([sys.executable, "-m", "bench.serve", "--target", tiny["target"], "--draft", "ngram",
+                              "--parts", "soak", "--soak", "100000", "--threads", "1", "--ctx", "512",
+                              "--out", str(tmp_path / "out")], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    server = None
+    try:
+        deadline = time.monotonic() + 60
+        while server is None and time.monotonic() < deadline:  # the server answers soak requests
+            out = subprocess.run(["pgrep", "-P", str(bench.pid), "-f", "specllm.cli serve"], capture_output=True,
+                                 text=True).stdout.split()
+            server = int(out[0]) if out and (tmp_path / "out").exists() else None
+            time.sleep(0.2)
+        assert server is not None, "the server never started"
+        time.sleep(2)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{server}"):
+            time.sleep(0.1)
+        state = open(f"/proc/{server}/stat").read().split()[2] if os.path.exists(f"/proc/{server}") else "gone"
+        assert state in ("gone", "Z"), f"the server {server} still runs ({state})"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        if server is not None and os.path.exists(f"/proc/{server}"):  # not left behind when this test fails
+            os.kill(server, signal.SIGKILL)
