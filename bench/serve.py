@@ -49,18 +49,23 @@ def start_server(args, port: int, log) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "specllm.cli", "serve", "--port", str(port), "--model", args.target,
            "--draft", args.draft, "--threads", str(args.threads), "--ctx", str(args.ctx), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}; see {log.name}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not become healthy in 600 s")
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("the server did not become healthy in 600 s")
+    except BaseException:  # and Ctrl-C or SIGTERM while it loads: not left running
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def rss_mb(pid: int) -> float:

@@ -218,28 +218,41 @@ def test_a_full_disk_at_the_end_keeps_the_records_and_writes_no_results(tmp_path
 
 
 @pytest.mark.slow
-def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path):
+@pytest.mark.parametrize("when", ["loading", "serving"])
+def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path, when):
     """SIGTERM killed bench.serve at once and left its specllm-cli server running (and its port taken)."""
     import signal
     import time
 
+    import httpx
+
     env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    log = open(tmp_path / "bench.log", "w")
     bench = subprocess.Popen([sys.executable, "-m", "bench.serve", "--target", tiny["target"], "--draft", "ngram",
                               "--parts", "soak", "--soak", "100000", "--threads", "1", "--ctx", "512",
-                              "--out", str(tmp_path / "out")], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                              "--out", str(tmp_path / "out")], cwd=REPO, env=env, stdout=log, stderr=log)
     server = None
     try:
         deadline = time.monotonic() + 60
-        while server is None and time.monotonic() < deadline:  # the server answers soak requests
-            out = subprocess.run(["pgrep", "-P", str(bench.pid), "-f", "specllm.cli serve"], capture_output=True,
-                                 text=True).stdout.split()
-            server = int(out[0]) if out and (tmp_path / "out").exists() else None
-            time.sleep(0.2)
-        assert server is not None, "the server never started"
-        time.sleep(2)
+        while server is None and time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(bench.pid), "-f", "specllm.cli serve"], capture_output=True,
+                                   text=True).stdout.split()
+            server = int(found[0]) if found else None
+            time.sleep(0.05)
+        assert server is not None, "the server never started: " + (tmp_path / "bench.log").read_text()
+        if when == "serving":  # healthy, and answering the soak's requests
+            port = open(f"/proc/{server}/cmdline").read().split("\0")
+            port = port[port.index("--port") + 1]
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            time.sleep(1)
         bench.send_signal(signal.SIGTERM)
-        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "bench.log").read_text()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and os.path.exists(f"/proc/{server}"):
             time.sleep(0.1)
@@ -250,3 +263,4 @@ def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path):
             bench.kill()
         if server is not None and os.path.exists(f"/proc/{server}"):  # not left behind when this test fails
             os.kill(server, signal.SIGKILL)
+        log.close()
