@@ -277,6 +277,8 @@ def main(argv=None) -> int:
             if "soak" in parts:
                 print(f"soak: {args.soak} requests", flush=True)
                 res["soak"] = soak(args, url, proc.pid)
+        except tasks.PromptError as e:  # a prompt file missing or damaged: one line (the server stopped first)
+            res["error"] = str(e)
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -284,6 +286,8 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 res_rc = "killed"
+    if "error" in res:
+        checks.fail(res["error"])
     res["server_exit"] = res_rc
     checks.write_text(args.out / f"{stem}.json", json.dumps(res, indent=1))
     md = report(res) + f"\nServer exit status after SIGINT: {res_rc}.\n"

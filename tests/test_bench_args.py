@@ -226,10 +226,14 @@ def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path, when):
 
     import httpx
 
-    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+    questions = tmp_path / "specbench.jsonl"  # the soak's questions (Spec-Bench is not beside a fresh clone)
+    questions.write_text("".join(json.dumps({"question_id": i, "task": task, "turns": [f"Say {task} {i}."]}) + "\n"
+                                 for i, task in enumerate(["qa", "translation"] * 3)))
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), SPECLLM_SPECBENCH=str(questions))
     log = open(tmp_path / "bench.log", "w")
     bench = subprocess.Popen([sys.executable, "-m", "bench.serve", "--target", tiny["target"], "--draft", "ngram",
-                              "--parts", "soak", "--soak", "100000", "--threads", "1", "--ctx", "512",
+                              "--parts", "soak", "--soak", "3000", "--threads", "1", "--ctx", "512",  # (100000: pool.map
+                              # submits all first, and the signal landed inside ThreadPoolExecutor.submit)
                               "--out", str(tmp_path / "out")], cwd=REPO, env=env, stdout=log, stderr=log)
     server = None
     try:
