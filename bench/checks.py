@@ -123,6 +123,15 @@ def sigterm_exits() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
+def measured(run) -> int:
+    """run(started) (started(path) is told the records log's path once there is one), Ctrl-C said by interrupted()."""
+    log_path = []
+    try:
+        return run(log_path.append)
+    except KeyboardInterrupt:
+        return interrupted(log_path[-1] if log_path else None)
+
+
 def interrupted(partial: Path | None = None) -> int:
     """Ctrl-C: one line instead of a traceback; the exit status of a SIGINT (130)."""
     kept = f"; the records measured so far are in {partial}" if partial is not None and Path(partial).exists() else ""

@@ -260,11 +260,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sequences = read_sequences(args)
     checks.out_dir(args.out)
-    log_path = []  # the records log, once the run has one
-    try:
-        return measure(args, sequences, log_path.append)
-    except KeyboardInterrupt:
-        return checks.interrupted(log_path[-1] if log_path else None)
+    return checks.measured(lambda started: measure(args, sequences, started))
 
 
 def load(system: System, target: str, args) -> None:

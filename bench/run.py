@@ -241,11 +241,7 @@ def main(argv=None) -> int:
         return 2
     prompts = load_prompts(args)
     checks.out_dir(args.out)
-    log_path = []  # the records log, once the run has one
-    try:
-        return measure(args, prompts, log_path.append)
-    except KeyboardInterrupt:
-        return checks.interrupted(log_path[-1] if log_path else None)
+    return checks.measured(lambda started: measure(args, prompts, started))
 
 
 def measure(args, prompts: list, started) -> int:
