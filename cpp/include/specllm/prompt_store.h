@@ -11,6 +11,7 @@
 #pragma once
 
 #include "llama.h"
+#include "specllm/prompt_file.h"
 
 #include <unistd.h>
 
@@ -90,9 +91,5 @@ class PromptStore {
 
 // how many tokens a and b share from their start (both prompt caches compare token lists by it)
 size_t common_prefix(const std::vector<llama_token> & a, const std::vector<llama_token> & b);
-
-// the identity of a model file's states: its size and its first MiB (the GGUF header: metadata, tensor types and
-// shapes) with the options that change the numbers a state holds
-uint64_t prompt_store_identity(const std::string & model_path, const std::string & options);
 
 } // namespace specllm
