@@ -222,6 +222,34 @@ def test_a_chat_killed_at_the_prompt_leaves_the_terminal_as_it_was(tiny, env, si
     assert "echo" in settings and "icanon" in settings and "icrnl" in settings, child.before
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_generate_stopped_by_a_signal_keeps_its_reply_as_ctrl_c_does(tiny, env, tmp_path, sig):
+    """kill (SIGTERM) or a closed terminal (SIGHUP) in the middle of `generate` ended the process at once: the reply
+    so far never reached the prompt states (written at the end) nor the memory file; as on Ctrl-C, both now, and the
+    exit status says the signal."""
+    states, memory = tmp_path / "states", tmp_path / "memory.bin"
+    out_path = tmp_path / "out.txt"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specllm.cli", "generate", "hello there", "--raw",
+                                 "--model", tiny["slow"], "--draft", "ngram", "--threads", "1", "--max-tokens", "4000",
+                                 "--prompt-cache-dir", str(states), "--memory-file", str(memory)],
+                                env=env, stdout=out, stderr=subprocess.PIPE, preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 90  # the cost profile is measured first (a few seconds)
+        while out_path.stat().st_size < 200 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and out_path.stat().st_size >= 200, proc.poll() and proc.communicate()[1]
+        empty_memory = memory.stat().st_size
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
+    assert "Traceback" not in err.decode(), err
+    assert len(list(states.glob("*.kv"))) == 1, list(states.iterdir())
+    assert memory.stat().st_size > empty_memory + 100
+
+
 def test_a_full_context_is_reported_and_reset_recovers(tiny, env):
     child = chat(tiny, env, "--ctx", "160", "--max-tokens", "20")  # llama.cpp rounds n_ctx up to 256
     out = ask(child, "word " * 150)

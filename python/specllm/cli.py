@@ -153,6 +153,11 @@ def _run_chat(args) -> int:
 
 
 def run_generate(args) -> int:
+    with ended_by_signals():  # SIGTERM, SIGHUP: the reply so far kept as on Ctrl-C (its prompt state, the memory file)
+        return _generate(args)
+
+
+def _generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not (prompt if args.raw else prompt.strip()):
         raise SpecLLMError("the prompt is empty")
