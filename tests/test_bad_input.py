@@ -177,7 +177,7 @@ def test_a_failed_profile_write_leaves_no_temporary_file(tiny, tmp_path, monkeyp
     monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: FullDisk(fd, "wb"))  # files.write_atomic's file
     with caplog_at(monkeypatch) as records:
         llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=512)  # measures, fails to save, goes on
-    left = [p.name for p in (tmp_path / "profiles").iterdir() if not p.name.endswith(".json.lock")]  # the lock stays
+    left = [p.name for p in (tmp_path / "profiles").iterdir() if not p.name.endswith(".lock")]  # the lock stays
     assert llm.profile["verify_ms"] and left == []
     # said (it was silent, and every load measured again): where, why, and what to do
     assert any("could not be saved" in m and "No space left" in m and "SPECLLM_PROFILES" in m for m in records)

@@ -1,6 +1,7 @@
-"""One process at a time measures a target's cost profile: two measuring at once (two servers started together, a chat
-beside a server's first load) each timed the other's work, and both kept a busy profile. A load that finds another
-process measuring waits for it and takes its profile; stopped meanwhile, it ends at once."""
+"""One process at a time measures costs on a machine: two measuring at once (two servers started together, a chat
+beside a server's first load, of one model or two) each timed the other's work, and both kept a busy profile. A load
+that finds another process measuring waits for it and takes its profile (or measures its own after it); stopped
+meanwhile, it ends at once."""
 
 import json
 import subprocess
@@ -39,13 +40,13 @@ def _held(lock):
     return child
 
 
-def _load_in_thread(tiny, stop=None):
+def _load_in_thread(tiny, stop=None, model="target", n_threads=1):
     box = {}
 
     def load():
         try:
             with costs.stoppable_load(stop or threading.Event()):
-                box["llm"] = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+                box["llm"] = specllm.LLM(tiny[model], "ngram", n_threads=n_threads, n_ctx=256)
         except BaseException as e:
             box["error"] = e
     thread = threading.Thread(target=load)
@@ -69,7 +70,7 @@ def test_a_load_waits_for_another_process_measuring_and_takes_its_profile(tiny, 
         with caplog.at_level("INFO", logger="specllm.profile"):
             caplog.clear()  # the first load's notes (kept when an earlier test set the logger to INFO)
             thread, box = _load_in_thread(tiny)
-            assert _said(caplog, "another process is measuring the costs of target.gguf: waiting for it")
+            assert _said(caplog, "another process is measuring verify costs on this machine: waiting for it")
             theirs = dict(measured, verify_ms=PLAUSIBLE, draft_token_ms=0.125)
             theirs.pop("noisy", None)
             assert profile.plausible(theirs["verify_ms"])
@@ -84,6 +85,30 @@ def test_a_load_waits_for_another_process_measuring_and_takes_its_profile(tiny, 
     assert json.loads(path.read_text()) == theirs
     assert not any("measuring this machine" in r.getMessage() for r in caplog.records)
     llm.close()
+
+
+@pytest.mark.parametrize("model, n_threads", [("draft", 1), ("target", 2)])
+def test_a_load_of_another_model_or_thread_count_waits_too_then_measures(tiny, tmp_path, monkeypatch, caplog, model,
+                                                                       n_threads):
+    """The lock was per target and settings: a second model (or the same one with other threads) measured beside the
+    first, each timing the other's work. It waits now, then measures its own costs."""
+    path, lock, _ = _first_profile(tiny, tmp_path, monkeypatch)
+    child = _held(lock)
+    with caplog.at_level("INFO", logger="specllm.profile"):
+        try:
+            caplog.clear()
+            thread, box = _load_in_thread(tiny, model=model, n_threads=n_threads)
+            assert _said(caplog, "waiting for it")
+            time.sleep(0.3)
+            assert thread.is_alive() and not any("measuring this machine" in r.getMessage() for r in caplog.records)
+        finally:
+            child.stdin.close()
+            child.wait(timeout=30)
+        thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in box, box
+    assert any("measuring this machine" in r.getMessage() for r in caplog.records)  # its own, after the wait
+    assert box["llm"].profile is not None and len(list(tmp_path.glob("*.json"))) == 1 and not path.exists()
+    box["llm"].close()
 
 
 def test_a_load_stopped_while_it_waits_ends_at_once(tiny, tmp_path, monkeypatch, caplog):

@@ -289,29 +289,33 @@ def _write(path: Path, prof: dict) -> None:
     files.write_atomic(path, json.dumps(prof).encode())
 
 
-LOCK_WAIT_S = 300  # the longest a load waits for another process measuring the same profile, then measures too
+LOCK_WAIT_S = 300  # the longest a load waits for another process measuring costs, then measures too
+MEASURING_LOCK = "measuring.lock"  # in the profile directory: held while a process measures
 
 
 @contextlib.contextmanager
-def _measuring(path: Path, engine, target: str):
-    """One process at a time measures a target's costs: two measuring at once (two servers started together, a chat
-    beside a server's first load) each time the other's work and both keep a busy profile. Within it this process
-    holds the target's lock (path: its target-only profile's); Cancelled when the engine is interrupted while it
-    waits (a stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
+def _measuring(engine, target: str):
+    """One process at a time measures costs on this machine: two measuring at once (two servers started together, a
+    chat beside a server's first load, whatever their models or thread counts) each time the other's work and both
+    keep a busy profile. Within it this process holds the profile directory's lock; Cancelled when the engine is
+    interrupted while it waits (a stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
     def waiting() -> None:
-        log.info("another process is measuring the costs of %s: waiting for it (up to %d s) to use its profile",
-                 os.path.basename(target), LOCK_WAIT_S)
+        log.info("another process is measuring verify costs on this machine: waiting for it (up to %d s) before "
+                 "measuring those of %s (or taking its profile, if it measures the same)", LOCK_WAIT_S,
+                 os.path.basename(target))
 
     def stopped() -> bool:
         if engine.interrupted:
             raise Cancelled("the load was stopped while it waited for another process's cost measurement")
         return False
 
+    directory = _cache_dir()
     with contextlib.suppress(OSError):  # a directory that cannot be made: no lock (the write says what to do)
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with files.exclusive(path.with_name(path.name + ".lock"), LOCK_WAIT_S, waiting, stopped) as held:
+        directory.mkdir(parents=True, exist_ok=True)
+    with files.exclusive(directory / MEASURING_LOCK, LOCK_WAIT_S, waiting, stopped) as held:
         if held is None:
-            log.warning("another process has measured these costs for %d s; measuring here too", LOCK_WAIT_S)
+            log.warning("another process has measured costs on this machine for %d s; measuring here too",
+                        LOCK_WAIT_S)
         yield
 
 
@@ -332,9 +336,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                       **shape_mark):
             prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
     if prof is None and (known is None or known.get("sizes") != sizes):  # measured here: one process at a time
-        # per target and settings (the verify costs are the target's, whichever drafter's file they go to)
         target_only = _path(target, "", n_threads, n_gpu_layers, kernels, verify_rows)
-        with _measuring(target_only, engine, target):
+        with _measuring(engine, target):
             if not measure:  # what another process measured meanwhile (waited for, or ended just before the lock)
                 prof = cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
                 if prof is None and known is None:  # another drafter's: its verify costs are the target's
