@@ -9,6 +9,7 @@ not repeat one token forever.
 
 import json
 import os
+import shutil
 import sys
 
 import gguf
@@ -74,9 +75,11 @@ def _params(**kw):
 
 def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128, n_ctx_train=2048,
                      vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True, arch="llama",
-                     chat_template=None):
+                     chat_template=None, split_max_tensors=0):
     """Write a tiny GGUF model to `path` atomically (tmp file + os.replace) and return the path.
     chat_template: None for CHAT_TEMPLATE, "tools" for TOOLS_TEMPLATE, or a template's text.
+    split_max_tensors: > 0 writes a split GGUF of at most this many tensors a file, named as llama.cpp names them
+    (path "x.gguf": x-00001-of-0000N.gguf, ...; the first returned).
 
     arch "llama" is a transformer (a KV cache that can be cut anywhere); "mamba" is a recurrent state-space model
     (one state per sequence that llama.cpp cannot roll back), for the engine's no-rollback path."""
@@ -102,7 +105,10 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, arch=arch)
+    if split_max_tensors:  # the writer names the files from its path: written in a directory of their own
+        tmp = os.path.join(f"{path}.tmp{os.getpid()}", os.path.basename(path))
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    w = gguf.GGUFWriter(tmp, arch=arch, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_string("specllm.tiny_params", json.dumps(params, sort_keys=True))
@@ -189,13 +195,21 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, path)
+        if not split_max_tensors:
+            os.replace(tmp, path)
+            return path
+        parts = sorted(os.listdir(os.path.dirname(tmp)))
+        for part in parts:
+            os.replace(os.path.join(os.path.dirname(tmp), part), os.path.join(os.path.dirname(path), part))
+        os.rmdir(os.path.dirname(tmp))
+        return os.path.join(os.path.dirname(path), parts[0])
     except BaseException:
         w.close()
-        if os.path.exists(tmp):
+        if split_max_tensors:
+            shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
+        elif os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return path
 
 
 def read_params(path):

@@ -171,6 +171,29 @@ def test_the_identity_reads_the_weights_not_only_the_first_mib(tmp_path):
     assert _core.prompt_store_identity(str(small), "opts") != before
 
 
+def test_a_split_model_is_known_by_all_its_files(make_llm, tmp_path):
+    """A split GGUF (x-00001-of-0000N.gguf, llama.cpp loads the rest from the first) was known by its first file
+    alone: the same first file with other weights in a later one read the old weights' states (wrong text)."""
+    from models.tiny import STANDARD_SET, write_tiny_model
+
+    first = write_tiny_model(tmp_path / "m" / "split.gguf", **STANDARD_SET["target"], split_max_tensors=8)
+    last = tmp_path / "m" / "split-00003-of-00003.gguf"
+    assert Path(first).name == "split-00001-of-00003.gguf" and last.exists()
+    other = write_tiny_model(tmp_path / "o" / "split.gguf", **dict(STANDARD_SET["target"], seed=7),
+                             split_max_tensors=8)
+    other_last = Path(other).with_name(last.name)
+    assert other_last.stat().st_size == last.stat().st_size and other_last.read_bytes() != last.read_bytes()
+    store = tmp_path / "states"
+    with make_llm(first, prompt_cache_dir=store) as one:
+        a = long_prompt(one, "Hello world ")
+        one.generate(a, max_tokens=N)
+    with make_llm(first, prompt_cache_dir=store) as same:
+        assert same.generate(a + [5], max_tokens=2).stats.restored_from_disk  # the same files: read back
+    last.write_bytes(other_last.read_bytes())  # other weights in the last file, the first file as it was
+    with make_llm(first, prompt_cache_dir=store) as changed:
+        assert not changed.generate(a + [5], max_tokens=2).stats.restored_from_disk
+
+
 @pytest.mark.parametrize("draft", ["ngram", "near_draft"])
 def test_chat_reset_forgets_the_conversation_not_the_states_on_disk_or_the_memory(tiny, tmp_path, draft):
     """/reset called LLM.reset(): it removed every state of the model in the directory (another process's too) and

@@ -122,14 +122,16 @@ int write_state_file(const std::string & path, uint64_t identity, const std::vec
     return err;
 }
 
-uint64_t prompt_store_identity(const std::string & model_path, const std::string & options) {
-    // the size, the first MiB (the metadata: a real GGUF's weights begin megabytes in) and 64 KiB at 64 places
-    // spread over the rest: the weights of a fine-tune or another quantization of the same size differ there
+namespace {
+
+// the size, the first MiB (the metadata: a real GGUF's weights begin megabytes in) and 64 KiB at 64 places spread over
+// the rest: the weights of a fine-tune or another quantization of the same size differ there
+uint64_t mix_file(const std::string & path, uint64_t h) {
     constexpr size_t head_bytes = 1 << 20, sample_bytes = 64 << 10, n_samples = 64;
     std::error_code ec;
-    const uint64_t size = (uint64_t) fs::file_size(model_path, ec);
-    uint64_t h = mix(&size, sizeof size, basis);
-    std::ifstream in(model_path, std::ios::binary);
+    const uint64_t size = (uint64_t) fs::file_size(path, ec);
+    h = mix(&size, sizeof size, h);
+    std::ifstream in(path, std::ios::binary);
     std::vector<char> buf(head_bytes);
     in.read(buf.data(), (std::streamsize) buf.size());
     h = mix(buf.data(), (size_t) in.gcount(), h);
@@ -142,6 +144,45 @@ uint64_t prompt_store_identity(const std::string & model_path, const std::string
             in.read(buf.data(), (std::streamsize) buf.size());
             h = mix(buf.data(), (size_t) in.gcount(), h);
         }
+    }
+    return h;
+}
+
+} // namespace
+
+std::vector<std::string> split_model_files(const std::string & path) {
+    // llama.cpp's split naming (llama_split_path): <prefix>-00001-of-<count>.gguf, 5 digits each
+    constexpr size_t tail = 20; // "-00001-of-00003.gguf"
+    const auto digits = [&](size_t at) {
+        for (size_t i = at; i < at + 5; ++i) {
+            if (!std::isdigit((unsigned char) path[i])) {
+                return false;
+            }
+        }
+        return true;
+    };
+    if (path.size() <= tail) {
+        return {path};
+    }
+    const size_t at = path.size() - tail;
+    if (path.compare(at, 6, "-00001") != 0 || path.compare(at + 6, 4, "-of-") != 0 || !digits(at + 10) ||
+        path.compare(at + 15, 5, ".gguf") != 0) {
+        return {path};
+    }
+    const int count = std::stoi(path.substr(at + 10, 5));
+    std::vector<std::string> files{path};
+    for (int i = 2; i <= count; ++i) {
+        char name[tail + 1];
+        std::snprintf(name, sizeof name, "-%05d-of-%05d.gguf", i, count);
+        files.push_back(path.substr(0, at) + name);
+    }
+    return files;
+}
+
+uint64_t prompt_store_identity(const std::string & model_path, const std::string & options) {
+    uint64_t h = basis;
+    for (const auto & file : split_model_files(model_path)) { // a split model's other files hold weights too
+        h = mix_file(file, h);
     }
     return mix(options.data(), options.size(), h);
 }

@@ -37,7 +37,11 @@ uint64_t state_checksum(const std::vector<llama_token> & tokens, const uint8_t *
 int write_state_file(const std::string & path, uint64_t identity, const std::vector<llama_token> & tokens,
                      const std::vector<uint8_t> & state);
 
-// the identity of a model file's states: its size, its first MiB (the GGUF header: metadata, tensor types and
+// the files of a model: a split GGUF's first file (<prefix>-00001-of-<count>.gguf) gives all <count>, in order; any
+// other path gives itself
+std::vector<std::string> split_model_files(const std::string & path);
+
+// the identity of a model's states: each of its files' size, first MiB (the GGUF header: metadata, tensor types and
 // shapes) and 64 KiB at 64 places over the rest, with the options that change the numbers a state holds
 uint64_t prompt_store_identity(const std::string & model_path, const std::string & options);
 
