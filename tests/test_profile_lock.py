@@ -4,6 +4,7 @@ that finds another process measuring waits for it and takes its profile (or meas
 meanwhile, it ends at once."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -156,6 +157,69 @@ def test_a_lock_held_too_long_is_given_up(tmp_path, wait_s):
         child.wait(timeout=30)
     with files.exclusive(lock, wait_s) as held:
         assert held is False
+
+
+def test_a_wait_ended_by_an_error_closes_its_descriptor(tmp_path):
+    """A wait that stopped() ends by raising (a stopped load, Ctrl-C, the exit) left the lock file open: one descriptor
+    more at every server stop during a wait."""
+    from specllm import files
+
+    lock = tmp_path / "x.lock"
+    lock.touch()
+    child = _held(lock)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+
+        def stopped():
+            raise Cancelled("stopped")
+        for _ in range(5):
+            with pytest.raises(Cancelled):
+                with files.exclusive(lock, 30, stopped=stopped):
+                    pass
+        assert len(os.listdir("/proc/self/fd")) == before and not files._held
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+FORK_WHILE_WAITING = """
+import os, subprocess, sys, threading, time
+from specllm import files
+lock = sys.argv[1]
+holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+                           "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", lock],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline() == "held\\n"
+waiting, done = threading.Event(), threading.Event()
+
+def measure():  # a load waiting for another process's measurement, on a server's worker thread
+    with files.exclusive(lock, 30, waiting.set):
+        pass
+    done.set()
+
+threading.Thread(target=measure).start()
+waiting.wait(10)
+pid = os.fork()
+if pid == 0:
+    time.sleep(3)  # a pool's worker living on
+    os._exit(0)
+holder.kill()  # (its stdin's write end is in the child too: closing it here would not end it)
+holder.wait()
+done.wait(10)  # the thread took the lock and let it go
+with files.exclusive(lock, 1.0) as held:
+    print("held by the child" if held is None else "taken", flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_while_a_thread_waits_for_the_lock_does_not_keep_it(tmp_path):
+    """The descriptor joined the fork hook's set only once the lock was taken: a child forked during the wait kept a
+    copy, and the lock the parent then took and let go stayed held for as long as the child lived."""
+    (tmp_path / "x.lock").touch()
+    r = subprocess.run([sys.executable, "-c", FORK_WHILE_WAITING, str(tmp_path / "x.lock")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["taken"], r.stdout
 
 
 FORK = """

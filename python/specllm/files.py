@@ -75,6 +75,7 @@ def exclusive(lock_path, wait_s: float, on_wait=lambda: None, stopped=lambda: Fa
     if fcntl is not None:
         try:
             fd = os.open(os.fspath(lock_path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            _held.add(fd)  # from now: a child forked while this waits closes its copy, and the end closes it
         except OSError:
             fd = None
     try:
@@ -93,10 +94,8 @@ def exclusive(lock_path, wait_s: float, on_wait=lambda: None, stopped=lambda: Fa
                 time.sleep(0.05)
             except OSError:  # no locks on this file system
                 break
-        if fd is not None:
-            _held.add(fd)
         yield held
-    finally:
+    finally:  # also when the wait ends by an error (stopped() raising, Ctrl-C): the descriptor is not left open
         if fd is not None and fd in _held:  # (not closed by a fork's _forked: this is the child)
             _held.discard(fd)
             os.close(fd)  # and the lock with it
