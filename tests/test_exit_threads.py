@@ -4,6 +4,7 @@ died with SIGSEGV (a load: 8 runs in 10), or the exit waited 10 s for it first (
 stops each within one step and waits for it: exit status 0, in about a second."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -98,3 +99,49 @@ def test_an_exit_hook_on_the_main_thread_may_still_embed_and_measure(tiny, tmp_p
     p = subprocess.run([sys.executable, str(script), tiny["target"]], capture_output=True, text=True, timeout=120,
                        env=env)
     assert p.returncode == 0 and "embedded (" in p.stdout and "measured again: True" in p.stdout, p.stdout + p.stderr
+
+
+FORK_WHILE_BUSY = """
+import os, signal, sys, threading, time
+import specllm
+llm = specllm.LLM(sys.argv[1], None, n_threads=1, n_ctx=512, profile_costs=False)
+inside = threading.Event()
+
+def work():  # a parent's thread inside llama.cpp for the LLM (holding its gate) at the fork
+    inside.set()
+    llm.embed([("lorem ipsum dolor sit amet %d " % i) * 20 for i in range(200)])
+
+threading.Thread(target=work, daemon=True).start()
+inside.wait()
+time.sleep(0.5)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)  # a child that hangs ends with SIGALRM
+    began = time.monotonic()
+    if sys.argv[2] == "close":
+        llm.close()  # waited for ever for the parent's thread, which is not here
+    print("closed after %.1f s" % (time.monotonic() - began), flush=True)
+    if "detect_leaks=1" in os.environ.get("ASAN_OPTIONS", ""):  # .ci/sanitize: LeakSanitizer's exit check in a
+        import atexit                                          # forked child can wait for ever on an allocator
+        atexit._run_exitfuncs()                                # lock another thread held at the fork
+        os._exit(0)
+    sys.exit(0)  # the exit hook waited 10 s for that thread
+began = time.monotonic()
+_, status = os.waitpid(pid, 0)
+print("status %d after %.1f s" % (os.waitstatus_to_exitcode(status), time.monotonic() - began), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "close"])
+def test_a_child_forked_while_a_thread_uses_the_llm_closes_and_exits_at_once(tiny, end):
+    """The child inherited the gate as the parent's thread held it: close() in the child waited for a holder that
+    is not in its process for ever, and its exit 10 s. The gate starts free in a forked child now."""
+    r = subprocess.run([sys.executable, "-c", FORK_WHILE_BUSY, tiny["target"], end], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ended = re.search(r"status (-?\d+) after ([\d.]+) s", r.stdout)
+    assert ended and ended.group(1) == "0", r.stdout  # -14: SIGALRM, the child hung
+    assert float(ended.group(2)) < 5.0, r.stdout
+    closed = re.search(r"closed after ([\d.]+) s", r.stdout)
+    assert closed and float(closed.group(1)) < 5.0, r.stdout

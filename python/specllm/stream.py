@@ -29,6 +29,14 @@ class Gate:
         self._cond = threading.Condition()
         self._holder = None  # a stream's _Ticket, or a Call
         self._shut = False   # the interpreter is exiting (shut())
+        self._here = self._pid  # the process _cond and _holder are of
+
+    def _forked(self) -> None:
+        """In a process forked from the one that used the gate: its holder (a parent's thread inside an embedding, a
+        stream's step) and whoever held the condition's lock at the fork are not here, and would never leave (the
+        child's close() waited for ever, its exit 10 s): the gate starts free."""
+        if os.getpid() != self._here:
+            self._cond, self._holder, self._here = threading.Condition(), None, os.getpid()
 
     def enter(self, holder) -> None:
         """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
@@ -36,6 +44,7 @@ class Gate:
             raise SpecLLMError("this LLM was loaded in another process (this one was forked from it: os.fork, "
                                "multiprocessing's 'fork' start method), where llama.cpp's threads are not; it hung "
                                "here. Load the LLM in this process, or use multiprocessing's 'spawn' start method")
+        self._forked()
         with self._cond:
             self._check_shut()
             while self._holder is not None:
@@ -67,6 +76,7 @@ class Gate:
         timeout seconds) until no thread is inside llama.cpp for this LLM. A daemon thread that comes back from C++
         while Python finalizes is ended by Python in a way C++ cannot unwind, which aborted the process. True when
         the holder left (or is an idle stream, which runs nothing)."""
+        self._forked()
         with self._cond:
             self._shut = True
             h = self._holder
