@@ -108,12 +108,13 @@ def test_bad_logit_bias_is_a_typed_error(plain, bias, error, match):
     assert llm.generate(PROMPT, max_tokens=40).tokens == free.tokens  # the LLM goes on as before
 
 
-def test_banning_every_token_is_refused(tiny, make_llm):
+@pytest.mark.parametrize("ban", [float("-inf"), -1e300])  # -1e300: -inf as the float the core adds
+def test_banning_every_token_is_refused(tiny, make_llm, ban):
     """-inf on every token of the vocabulary generated token 0 (itself banned) at every step, without a word."""
     llm = make_llm(tiny["target"])
     n_vocab = llm._engine.target.n_vocab
     with pytest.raises(InvalidOptionError, match=rf"logit_bias bans every token of the vocabulary \(-inf on "
                                                          rf"all {n_vocab}\)"):
-        llm.generate("hello", max_tokens=4, logit_bias={t: float("-inf") for t in range(n_vocab)})
+        llm.generate("hello", max_tokens=4, logit_bias={t: ban for t in range(n_vocab)})
     almost = {t: float("-inf") for t in range(1, n_vocab)}  # one left: it is the only token generated
     assert set(llm.generate("hello", max_tokens=4, logit_bias=almost, ignore_eos=True).tokens) == {0}

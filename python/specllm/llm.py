@@ -367,9 +367,8 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
     def _options(self, options: dict):
         check_names(options)
         opts = make_options(**self._with_seed(options))
-        bias, n_vocab = options.get("logit_bias"), self._engine.target.n_vocab
-        if bias is not None and len(bias) >= n_vocab and len(
-                {t for t, b in bias.items() if b == float("-inf") and 0 <= t < n_vocab}) == n_vocab:
+        n_vocab = self._engine.target.n_vocab
+        if len({t for t, b in opts.sampling.logit_bias if b == float("-inf") and t < n_vocab}) == n_vocab:
             raise InvalidOptionError(f"logit_bias bans every token of the vocabulary (-inf on all {n_vocab}): nothing "
                                      "could be generated (token 0 was, every step); lift the ban on some")
         if opts.grammar:

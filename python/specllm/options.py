@@ -88,7 +88,7 @@ def _logit_bias(value) -> list:
         if math.isnan(b) or b > FLT_MAX:  # 1e308 is inf as the float the core adds
             raise InvalidOptionError(f"logit_bias[{token}] must be a finite number (or -inf to ban the token), "
                                      f"got {bias}")
-        pairs.append((int(token), b))
+        pairs.append((int(token), b if b >= -FLT_MAX else float("-inf")))  # -1e300: -inf as the core's float
     return pairs
 
 
