@@ -864,8 +864,11 @@ def test_serve_says_a_flag_the_load_would_refuse_before_it_binds(tiny, env, tmp_
     port was bound and uvicorn had started: its lines, then the error. Now: one error line, nothing served."""
     (tmp_path / "a-file").write_text("x")
     for flags, words in ((["--ctx", "8"], "--ctx must be between 16 and"),
-                         (["--prompt-cache-dir", str(tmp_path / "a-file" / "states")], "is not a directory"),
+                         (["--prompt-cache-dir", str(tmp_path / "a-file" / "states")],
+                          "--prompt-cache-dir '" + str(tmp_path / "a-file" / "states") + "' is not a directory"),
                          (["--memory-file", str(tmp_path)], "is a directory; give the path of a file"),
+                         (["--embedding-model", str(tmp_path / "nowhere.gguf")],
+                          "--embedding-model file not found: '"),
                          (["--chat-template", "bogus-name"], "is neither a Jinja template nor one of llama.cpp's")):
         r = run(tiny, env, "serve", "--port", "0", *flags)
         lines = r.stderr.strip().splitlines()

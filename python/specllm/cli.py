@@ -333,7 +333,9 @@ FLAG_NAMES = {"port": "--port", "n_ctx": "--ctx", "n_threads": "--threads", "max
               "prompt_cache_mb": "--prompt-cache-mb", "prompt_cache_disk_mb": "--prompt-cache-disk-mb",
               "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v", "flash_attn": "--flash-attn",
               "chat_template": "--chat-template", "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
-              "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n"}
+              "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n",
+              "prompt_cache_dir": "--prompt-cache-dir", "memory_file": "--memory-file",
+              "embedding_model": "--embedding-model"}
 
 
 def in_flags(message: str) -> str:

@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core, gguf_check, logs
-from .errors import Cancelled, ContextOverflowError, InvalidOptionError
+from .errors import Cancelled, ContextOverflowError, InvalidOptionError, ModelLoadError
 from .options import flag
 from .options import text as _text
 from .stream import Call
@@ -98,12 +98,21 @@ def vectors(embedder, token_lists: List[List[int]], normalize: bool,
 MODEL_CTX = 8192  # an embedding model's longest input: this, or its training context if shorter
 
 
-def load(path: Union[str, os.PathLike], n_threads: int, n_gpu_layers: int):
-    """An Embedder over an embedding model's GGUF (ModelLoadError if it is not one llama.cpp loads)."""
+def check_path(path: Union[str, os.PathLike]) -> str:
+    """An embedding model's path as a str, checked without loading it: TypeError, or ModelLoadError for a file that
+    is not there or that llama.cpp would abort the process on."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"embedding_model must be a path or None, got {type(path).__name__}")
     path = _text("embedding_model", os.fspath(path))
-    gguf_check.check_gguf(path)  # a file llama.cpp would abort the process on is a ModelLoadError first
+    if not os.path.exists(path):
+        raise ModelLoadError(f"embedding_model file not found: {path!r}; check the path")
+    gguf_check.check_gguf(path)
+    return path
+
+
+def load(path: Union[str, os.PathLike], n_threads: int, n_gpu_layers: int):
+    """An Embedder over an embedding model's GGUF (ModelLoadError if it is not one llama.cpp loads)."""
+    path = check_path(path)
     opts = _core.ModelOptions()
     opts.path = path
     opts.n_ctx, opts.n_threads, opts.n_gpu_layers = MODEL_CTX, n_threads, n_gpu_layers

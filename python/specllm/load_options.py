@@ -70,6 +70,10 @@ def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
     for name in (model, draft):
         if name not in (None, "ngram"):
             _check_found(name)
+    if bound.arguments["embedding_model"] is not None:
+        from . import embed
+
+        embed.check_path(bound.arguments["embedding_model"])
 
 
 def _check_found(name: str) -> None:
