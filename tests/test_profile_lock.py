@@ -71,7 +71,8 @@ def test_a_load_waits_for_another_process_measuring_and_takes_its_profile(tiny, 
         with caplog.at_level("INFO", logger="specllm.profile"):
             caplog.clear()  # the first load's notes (kept when an earlier test set the logger to INFO)
             thread, box = _load_in_thread(tiny)
-            assert _said(caplog, "another process is measuring verify costs on this machine: waiting for it")
+            assert _said(caplog, "another load (in this process or another) is measuring verify costs on this machine: "
+                                  "waiting for it")
             theirs = dict(measured, verify_ms=PLAUSIBLE, draft_token_ms=0.125)
             theirs.pop("noisy", None)
             assert profile.plausible(theirs["verify_ms"])
@@ -109,6 +110,23 @@ def test_a_load_of_another_model_or_thread_count_waits_too_then_measures(tiny, t
     assert not thread.is_alive() and "error" not in box, box
     assert any("measuring this machine" in r.getMessage() for r in caplog.records)  # its own, after the wait
     assert box["llm"].profile is not None and len(list(tmp_path.glob("*.json"))) == 1 and not path.exists()
+    box["llm"].close()
+
+
+def test_a_load_waits_for_another_load_of_its_own_process_too(tiny, tmp_path, monkeypatch, caplog):
+    """Two LLMs loading in one process (a server's worker and a second model) time each other's work as two
+    processes do: the lock (an flock, one holder per open) is between them too."""
+    from specllm import files
+
+    _, lock, _ = _first_profile(tiny, tmp_path, monkeypatch)
+    with caplog.at_level("INFO", logger="specllm.profile"):
+        with files.exclusive(lock, 1) as held:  # this thread measuring
+            assert held is False
+            thread, box = _load_in_thread(tiny)
+            assert _said(caplog, "waiting for it")
+            assert thread.is_alive()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in box, box
     box["llm"].close()
 
 

@@ -295,14 +295,14 @@ MEASURING_LOCK = "measuring.lock"  # in the profile directory: held while a proc
 
 @contextlib.contextmanager
 def _measuring(engine, target: str):
-    """One process at a time measures costs on this machine: two measuring at once (two servers started together, a
-    chat beside a server's first load, whatever their models or thread counts) each time the other's work and both
-    keep a busy profile. Within it this process holds the profile directory's lock; Cancelled when the engine is
+    """One load at a time measures costs on this machine: two measuring at once (two servers started together, a chat
+    beside a server's first load, two LLMs of one process, whatever their models or thread counts) each time the
+    other's work and both keep a busy profile (an flock: each open of the lock file is its own holder, threads too). Within it this process holds the profile directory's lock; Cancelled when the engine is
     interrupted while it waits (a stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
     def waiting() -> None:
-        log.info("another process is measuring verify costs on this machine: waiting for it (up to %d s) before "
-                 "measuring those of %s (or taking its profile, if it measures the same)", LOCK_WAIT_S,
-                 os.path.basename(target))
+        log.info("another load (in this process or another) is measuring verify costs on this machine: waiting "
+                 "for it (up to %d s) before measuring those of %s (or taking its profile, if it measures the same)",
+                 LOCK_WAIT_S, os.path.basename(target))
 
     def stopped() -> bool:
         if engine.interrupted:
@@ -314,8 +314,7 @@ def _measuring(engine, target: str):
         directory.mkdir(parents=True, exist_ok=True)
     with files.exclusive(directory / MEASURING_LOCK, LOCK_WAIT_S, waiting, stopped) as held:
         if held is None:
-            log.warning("another process has measured costs on this machine for %d s; measuring here too",
-                        LOCK_WAIT_S)
+            log.warning("another load has measured costs on this machine for %d s; measuring here too", LOCK_WAIT_S)
         yield
 
 
