@@ -2,7 +2,8 @@
 
 Bad arguments: argparse types (positive_int, ...) and names_in(), which end in parser.error (exit 2). Bad files and
 an unusable output folder: fail(), one line "error: ..." on stderr, exit 1. Results are written whole or not at all
-(write_text, write_bytes: specllm.files.write_atomic). Ctrl-C: interrupted(), one line, exit 130.
+(write_text, write_bytes: specllm.files.write_atomic), a set of them all or none (write_all); a measuring run keeps
+its records in a log until they are (records_log, write_results). Ctrl-C: interrupted(), one line, exit 130.
 """
 from __future__ import annotations
 
@@ -114,6 +115,57 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+def write_all(out: Path, stem: str, outputs: dict) -> dict:
+    """Writes <stem>.<ext> into out for each {ext: text or bytes}, all or none: an error, Ctrl-C or SIGTERM midway
+    removes those already written (a reader never finds a .json without its .md). {ext: path}."""
+    paths = {ext: Path(out) / f"{stem}.{ext}" for ext in outputs}
+    try:
+        for ext, data in outputs.items():
+            write_bytes(paths[ext], data.encode("utf-8") if isinstance(data, str) else data)
+    except BaseException:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+        raise
+    return paths
+
+
+# --- a measuring tool's records log and results: <out>/<stem>.records.jsonl while it runs, then <stem>.json, ...
+
+LOG_SUFFIX = ".records.jsonl"
+
+
+def records_log(out: Path, name: str, started) -> Path:
+    """The records log of a new run in out (made now): <name>.records.jsonl, or <name>-2..., the first name with
+    neither results nor a run in progress; started(path) is told it (measured() says it on Ctrl-C)."""
+    stem, n = name, 1
+    while any((Path(out) / f"{stem}{ext}").exists() for ext in (".json", LOG_SUFFIX)):
+        n += 1
+        stem = f"{name}-{n}"
+    made_out_dir(out)
+    log_path = Path(out) / f"{stem}{LOG_SUFFIX}"
+    started(log_path)
+    return log_path
+
+
+def nothing_measured(log_path: Path, why: str) -> NoReturn:
+    """fail() for a run without a record: its empty log removed."""
+    log_path.unlink(missing_ok=True)
+    fail(f"nothing was measured: {why} (see above); no results written")
+
+
+def write_results(log_path: Path, outputs: dict) -> dict:
+    """write_all() beside the records log, with its stem, and then the log removed; when they cannot be written
+    (fail()), or on Ctrl-C or SIGTERM, none are left and the log is kept."""
+    out, stem = log_path.parent, log_path.name[:-len(LOG_SUFFIX)]
+    try:
+        paths = write_all(out, stem, outputs)
+    except OSError as e:
+        fail(f"cannot write the results to {out}: {e.strerror or e}; the records measured are kept in {log_path}")
+    log_path.unlink()
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return paths
 
 
 def sigterm_exits() -> None:

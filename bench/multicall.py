@@ -41,7 +41,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -293,14 +292,8 @@ def measure(args, sequences: list, started) -> int:
             "load_ms": {s.name: round(s.load_ms) for s in systems}, "versions": versions(), "notes": notes,
             "reload_rounds": args.reload_rounds, "load_order": [names], "reload_ms": [],
             "chat_template": "jinja"}  # bench.oracle.chat_template_of
-    stem = f"{meta['date']}-{meta['machine']}"
-    n = 1
-    while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):
-        n += 1
-        stem = f"{meta['date']}-{meta['machine']}-{n}"
-    checks.made_out_dir(args.out)
-    records, t_start, turn, log_path = [], time.perf_counter(), 0, args.out / f"{stem}.records.jsonl"
-    started(log_path)
+    log_path = checks.records_log(args.out, f"{meta['date']}-{meta['machine']}", started)
+    records, t_start, turn = [], time.perf_counter(), 0
     with open(log_path, "w", encoding="utf-8") as log:  # survives a crash mid-run
         def run_round(si: int, seq: Sequence, rep: int) -> None:
             nonlocal turn
@@ -347,22 +340,13 @@ def measure(args, sequences: list, started) -> int:
                 for rep in range(args.repeat):
                     run_round(si, seq, rep)
     if not records:
-        os.unlink(log_path)
-        checks.fail("nothing was measured: every request failed (see above); no results written")
+        checks.nothing_measured(log_path, "every request failed")
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     summary = summarize(records, names, sequences, args.max_tokens)
     md = markdown(summary, meta, sequences)
-    try:
-        checks.write_text(args.out / f"{stem}.json",
-                          json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
-        checks.write_text(args.out / f"{stem}.md", md)
-    except OSError as e:
-        (args.out / f"{stem}.json").unlink(missing_ok=True)
-        checks.fail(f"cannot write the results to {args.out}: {e.strerror or e}; the records measured are kept in "
-                    f"{log_path}")
-    os.unlink(log_path)
+    checks.write_results(log_path, {"json": json.dumps({"meta": meta, "summary": summary, "records": records},
+                                                        indent=1), "md": md})
     print(md)
-    print(f"wrote {args.out / stem}.json and .md", file=sys.stderr)
     return 0
 
 

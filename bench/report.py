@@ -11,9 +11,6 @@ import io
 import json
 import statistics
 import warnings
-from pathlib import Path
-
-from bench import checks
 
 OVERALL = "overall"
 
@@ -155,9 +152,9 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict, path: Path, reference: str = "plain") -> None:
-    """Grouped bars: speedup per task (and overall) for every system but the reference; with several rounds, the
-    error bars span the rounds' speedups (each the median over that round's prompts)."""
+def chart(summary: dict, reference: str = "plain") -> bytes:
+    """A PNG of grouped bars: speedup per task (and overall) for every system but the reference; with several rounds,
+    the error bars span the rounds' speedups (each the median over that round's prompts)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,33 +177,22 @@ def plot(summary: dict, path: Path, reference: str = "plain") -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(tasks)), tasks, rotation=20)
     ax.set_ylabel(f"speedup over specllm {reference}")
-    ax.legend(fontsize=8, ncol=2)
+    if systems:  # the reference alone has no bars (and an empty legend warns)
+        ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
-    checks.write_bytes(path, png.getvalue())
+    return png.getvalue()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """An interrupted write leaves the old file (or none), never a truncated one that oracle/simulate would read."""
-    checks.write_text(path, text)
-
-
-def write_outputs(out_dir: Path, stem: str, meta: dict, summary: dict, records: list) -> dict:
-    """Write <stem>.json, <stem>.md and <stem>.png into out_dir; return their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "md", "png")}
-    try:  # all three or none
-        _write_atomic(paths["json"], json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
-        _write_atomic(paths["md"], markdown(summary, meta))
-        try:
-            plot(summary, paths["png"], meta.get("reference", "plain"))
-        except ImportError:
-            warnings.warn("matplotlib is not installed: no PNG chart (pip install matplotlib, or specllm[bench])")
-            del paths["png"]
-    except BaseException:
-        for path in paths.values():
-            path.unlink(missing_ok=True)
-        raise
-    return paths
+def outputs(meta: dict, summary: dict, records: list) -> dict:
+    """{"json", "md", "png"}: the results of a run, for checks.write_all / write_results (the chart left out, with a
+    warning, without matplotlib)."""
+    out = {"json": json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1),
+           "md": markdown(summary, meta)}
+    try:
+        out["png"] = chart(summary, meta.get("reference", "plain"))
+    except ImportError:
+        warnings.warn("matplotlib is not installed: no PNG chart (pip install matplotlib, or specllm[bench])")
+    return out

@@ -267,14 +267,8 @@ def measure(args, prompts: list, started) -> int:
             "systems": [s.name for s in systems],
             "load_ms": load_ms, "reference": "plain", "versions": versions(), "notes": notes,
             "chat_template": "jinja"}  # prompts rendered by the model's Jinja template (bench.oracle.chat_template_of)
-    stem = f"{meta['date']}-{meta['machine']}"
-    n = 1
-    while any((args.out / f"{stem}{ext}").exists() for ext in (".json", ".records.jsonl")):  # a run in progress too
-        n += 1
-        stem = f"{meta['date']}-{meta['machine']}-{n}"
-    checks.made_out_dir(args.out)
-    records, t_start, log_path = [], time.perf_counter(), args.out / f"{stem}.records.jsonl"
-    started(log_path)
+    log_path = checks.records_log(args.out, f"{meta['date']}-{meta['machine']}", started)
+    records, t_start = [], time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:  # survives a crash mid-run
         def keep(name: str, new) -> None:
             if isinstance(new, Exception):
@@ -313,18 +307,11 @@ def measure(args, prompts: list, started) -> int:
                 print(f"[{i + 1}/{len(prompts)}] {prompt.task}/{prompt.id} "
                       f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
     if not records:
-        os.unlink(log_path)
-        checks.fail("nothing was measured: every generation failed (see above); no results written")
+        checks.nothing_measured(log_path, "every generation failed")
     summary = report.summarize(records, [s.name for s in systems], args.max_tokens)
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
-    try:
-        paths = report.write_outputs(args.out, stem, meta, summary, records)
-    except OSError as e:
-        checks.fail(f"cannot write the results to {args.out}: {e.strerror or e}; the records measured are kept in "
-                    f"{log_path}")
-    os.unlink(log_path)
+    checks.write_results(log_path, report.outputs(meta, summary, records))
     print(report.markdown(summary, meta))
-    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0
 
 

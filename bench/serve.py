@@ -33,6 +33,8 @@ from bench import checks, tasks
 from bench.checks import positive_int
 
 REPO = Path(__file__).resolve().parent.parent
+PARTS = ("overhead", "conversation", "soak")
+SOAK_TASKS = ["qa", "translation", "code_edit"]  # the soak asks the first 6 questions of each
 TURNS = ["Write a Python function that parses a date in ISO format.", "Add type hints to it.",
          "Now make it accept a timezone argument.", "Write two pytest tests for it.", "Summarize what the code does."]
 
@@ -149,11 +151,10 @@ def conversation(args, client) -> list:
     return out
 
 
-def soak(args, url, pid) -> dict:
+def soak(args, url, pid, questions: list[str]) -> dict:
     import httpx
 
     rng = random.Random(0)
-    questions = [p.turns[0] for p in tasks.load_tasks(["qa", "translation", "code_edit"], limit=6)]
     kinds = rng.choices(["stream", "plain", "leave", "invalid"], weights=[35, 35, 20, 10], k=args.soak)
     outcomes = {"ok": 0, "left_early": 0, "4xx": 0, "5xx": 0, "hang": 0, "other": 0}
     statuses = []
@@ -227,12 +228,26 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+def read_prompts(args, parts: list) -> tuple[list, list]:
+    """The overhead's prompts and the soak's questions, read before the server starts and a model loads (else
+    fail()): a missing Spec-Bench file is said at once, not after minutes of loading."""
+    try:
+        prompts = tasks.load_tasks(args.task_names, limit=args.limit) if "overhead" in parts else []
+        questions = [p.turns[0] for p in tasks.load_tasks(SOAK_TASKS, limit=6)] if "soak" in parts else []
+    except tasks.PromptError as e:
+        checks.fail(str(e))
+    if "overhead" in parts and not prompts:
+        checks.fail(f"no prompts to run: --tasks {args.tasks} leaves none (other tasks)")
+    return prompts, questions
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n")[0])
-    p.add_argument("--parts", default="overhead,conversation,soak")
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated, from: %(default)s")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    p.add_argument("--tasks", default="qa,code_edit,summarization,translation")
+    p.add_argument("--tasks", default="qa,code_edit,summarization,translation",
+                   help=f"the overhead's, comma-separated, from: {', '.join(tasks.ALL_TASKS)} (default: %(default)s)")
     p.add_argument("--limit", type=positive_int, default=2, help="prompts per task (overhead)")
     p.add_argument("--repeat", type=positive_int, default=3, help="rounds per prompt (overhead)")
     p.add_argument("--max-tokens", type=positive_int, default=128)
@@ -243,7 +258,9 @@ def main(argv=None) -> int:
     p.add_argument("--soak-timeout", type=float, default=120.0, help="seconds before a soak request is a hang")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serve")
     args = p.parse_args(argv)
-    parts = args.parts.split(",")
+    parts = checks.names_in(p, "--parts", args.parts, PARTS)
+    args.task_names = checks.names_in(p, "--tasks", args.tasks, tasks.ALL_TASKS)
+    prompts, questions = read_prompts(args, parts)
     checks.out_dir(args.out)
 
     import openai
@@ -267,7 +284,6 @@ def main(argv=None) -> int:
                 draft = None if args.draft.lower() == "none" else args.draft  # as the CLI reads --draft none
                 llm = specllm.LLM(args.target, draft, n_threads=args.threads, n_ctx=args.ctx)
                 assert model_id_of(llm) == args.model_id
-                prompts = tasks.load_tasks(args.tasks.split(","), limit=args.limit)
                 print(f"overhead: {len(prompts)} prompts x {args.repeat} rounds", flush=True)
                 res["overhead"] = overhead(args, client, llm, prompts)
                 del llm
@@ -276,9 +292,7 @@ def main(argv=None) -> int:
                 res["conversation"] = conversation(args, client)
             if "soak" in parts:
                 print(f"soak: {args.soak} requests", flush=True)
-                res["soak"] = soak(args, url, proc.pid)
-        except tasks.PromptError as e:  # a prompt file missing or damaged: one line (the server stopped first)
-            res["error"] = str(e)
+                res["soak"] = soak(args, url, proc.pid, questions)
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -286,12 +300,9 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 res_rc = "killed"
-    if "error" in res:
-        checks.fail(res["error"])
     res["server_exit"] = res_rc
-    checks.write_text(args.out / f"{stem}.json", json.dumps(res, indent=1))
     md = report(res) + f"\nServer exit status after SIGINT: {res_rc}.\n"
-    checks.write_text(args.out / f"{stem}.md", md)
+    checks.write_all(args.out, stem, {"json": json.dumps(res, indent=1), "md": md})
     print(md)
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import anchors, report, tasks  # noqa: E402
+from bench import anchors, checks, report, tasks  # noqa: E402
 
 QA_PROMPT = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
              "<|im_start|>user\nWho played anna in once upon a time?<|im_end|>\n<|im_start|>assistant\n")
@@ -214,7 +214,7 @@ def test_outputs_written(tmp_path):
     records = [_rec("plain", "qa", "1", 10.0), _rec("spec", "qa", "1", 15.0, drafted=3, accepted=2, steps=4)]
     summary = report.summarize(records, ["plain", "spec"], max_tokens=10)
     meta = {"date": "2025-01-01", "machine": "m", "target": "t.gguf", "max_tokens": 10, "notes": ["a note"]}
-    paths = report.write_outputs(tmp_path, "2025-01-01-m", meta, summary, records)
+    paths = checks.write_all(tmp_path, "2025-01-01-m", report.outputs(meta, summary, records))
     data = json.loads(paths["json"].read_text())
     assert data["summary"]["spec"]["qa"]["speedup"] == pytest.approx(1.5) and len(data["records"]) == 2
     md = paths["md"].read_text()

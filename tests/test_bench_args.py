@@ -15,15 +15,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import calibrate, compare, multicall, oracle, simulate, spread, static_policy, tasks  # noqa: E402
+from bench import (calibrate, checks, compare, multicall, oracle, run, simulate, spread, static_policy,  # noqa: E402
+                   tasks)
 
 MODELS = Path.home() / ".cache" / "specllm" / "test-models"
 TARGET, DRAFT = str(MODELS / "target.gguf"), str(MODELS / "draft.gguf")
 PAIR = ["--target", TARGET, "--draft", DRAFT, "--threads", "1"]
+SERVE = ["bench.serve", "--target", TARGET, "--draft", "ngram", "--threads", "1", "--ctx", "512"]
+MEASURING = ("bench.run", "bench.multicall", "bench.serve")  # they write into --out (the test's own folder)
 
 
-def bench(tmp_path, *args, timeout=120, **kw):
-    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"))
+def bench(tmp_path, *args, timeout=120, env=None, **kw):
+    env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), **(env or {}))
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, **kw)
 
@@ -78,6 +81,10 @@ BAD = [
      1),
     (["bench.multicall", "--target", "/nope/x.gguf", "--draft", "ngram", "--systems", "plain", "--limit", "1"], 1),
     (["bench.multicall", *PAIR, "--limit", "1", "--out", "{d}/afile"], 1),
+    ([*SERVE, "--parts", "bogus"], 2),
+    ([*SERVE, "--tasks", "bogus"], 2),
+    ([*SERVE, "--parts", "overhead", "--tasks", ""], 2),
+    ([*SERVE, "--parts", "soak", "--out", "{d}/afile"], 1),
     *[([f"bench.{tool}", "--model", TARGET, "--threads", "1", "--rounds", rounds], 2)
       for tool in ("fim", "logprobs", "grammar", "prompt_cache", "prompt_store", "editor") for rounds in ("0", "-1")],
     (["bench.kv_cache", *PAIR, "--tasks", "bogus"], 2),
@@ -91,14 +98,64 @@ BAD = [
 def test_bad_arguments_and_files_end_in_one_error_line_and_write_nothing(tmp_path, files, args, status):
     out = tmp_path / "out"
     args = [a.format(d=files) for a in args]
-    if args[0] in ("bench.run", "bench.multicall") and "--out" not in args:
+    own_out = "--out" in args  # a --out among the damaged files: the listing below is the check
+    if args[0] in MEASURING and not own_out:
         args += ["--out", str(out)]
     r = bench(tmp_path, *args, timeout=60)
     assert r.returncode == status, r.stderr
     one_line_error(r.stderr)
-    assert not out.exists()
+    if own_out:
+        assert (files / "afile").read_text() == "x"  # the file in the way of --out is left as it was
+    else:
+        assert not out.exists()
     assert sorted(p.name for p in files.iterdir()) == ["afile", "empty.jsonl", "garbled.jsonl", "nokeys.jsonl",
                                                       "norequests.jsonl"]
+
+
+@pytest.mark.parametrize("parts, task", [("overhead", "qa"), ("soak", "code_edit")])
+def test_bench_serve_says_a_missing_prompt_file_before_it_starts_the_server(tmp_path, parts, task):
+    """bench.serve read its prompts only once its server ran and, for the overhead, an LLM was loaded: minutes on a
+    real model before "not found". The server's log is made in --out just before the server starts: no --out, no
+    server."""
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = bench(tmp_path, *SERVE, "--parts", parts, "--tasks", task, "--out", str(out), timeout=60,
+              env={"SPECLLM_SPECBENCH": str(tmp_path / "nope" / "dev.jsonl")})
+    assert r.returncode == 1, r.stderr
+    assert one_line_error(r.stderr) == f"error: Spec-Bench questions not found at {tmp_path / 'nope' / 'dev.jsonl'}: " \
+        "pass --specbench PATH or set SPECLLM_SPECBENCH"
+    assert not out.exists() and time.monotonic() - t0 < 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [130, 143])  # Ctrl-C, SIGTERM (checks.sigterm_exits: SystemExit(143))
+@pytest.mark.parametrize("tool", [run, multicall], ids=["run", "multicall"])
+def test_a_stop_between_two_result_files_leaves_none_and_keeps_the_records(tmp_path, capsys, monkeypatch, tool,
+                                                                            status):
+    """A stop after the .json was written and before the .md: bench.multicall left the .json without its .md."""
+    write_bytes, written = checks.write_bytes, []
+
+    def second_write_stops(path, data):
+        if written:
+            raise KeyboardInterrupt if status == 130 else SystemExit(status)
+        write_bytes(path, data)
+        written.append(path)
+
+    monkeypatch.setattr(checks, "write_bytes", second_write_stops)
+    out = tmp_path / "out"
+    argv = [*PAIR, "--systems", "plain", "--max-tokens", "8", "--out", str(out),
+            *(["--tasks", "code_edit"] if tool is run else []), "--limit", "1"]
+    try:
+        got = tool.main(argv)
+    except SystemExit as stop:
+        got = stop.code
+    assert got == status and written and written[0].suffix == ".json"
+    (log,) = out.glob("*.records.jsonl")
+    assert sorted(p.name for p in out.iterdir()) == [log.name]  # no .json, .md, nor a temporary file
+    assert log.read_text().endswith("\n")
+    if status == 130:
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said == f"interrupted; the records measured so far are in {log}"
 
 
 def good_run(target: str = TARGET) -> dict:
