@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 from models.tiny import tiny_model_set  # noqa: E402
 
 import specllm  # noqa: E402
-from specllm import cli, profile, registry  # noqa: E402
+from specllm import cli, cli_messages, profile, registry  # noqa: E402
 from specllm.chat_session import ChatSession  # noqa: E402
 
 PROMPT = ">>> "
@@ -380,11 +380,11 @@ def test_errors_name_the_flags_not_the_librarys_arguments(tiny, env):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and words in lines[0], r.stderr
         assert not re.search(r"n_threads|n_ctx|None", r.stderr), r.stderr
-    assert cli.in_flags("cache_type_v='q4_0' needs flash attention: flash_attn='auto' or 'on'; lower max_tokens") == \
+    assert cli_messages.in_flags("cache_type_v='q4_0' needs flash attention: flash_attn='auto' or 'on'; lower max_tokens") == \
         "--cache-type-v 'q4_0' needs flash attention: --flash-attn 'auto' or 'on'; lower --max-tokens"
     for kept in ("n_ctx_train, max_tokens_left, LLM.n_ctx", "cannot read /data/max_tokens/notes.txt",
                  "unknown model 'flash_attn'", "'max_tokens' is undefined", "C:\\max_tokens\\x.json"):
-        assert cli.in_flags(kept) == kept  # paths, names and quoted words are not flags
+        assert cli_messages.in_flags(kept) == kept  # paths, names and quoted words are not flags
 
 
 def test_seed_minus_1_is_a_fresh_seed_and_draft_takes_ngram_in_any_case(tiny, env):

@@ -19,16 +19,15 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 
 from . import cli_args, grammar, registry
-from .chat_screen import HELP, MEASURING_THREAD, Style, ended_by_signals, run_chat  # noqa: F401  (cli.Style)
+from .chat_screen import HELP, Style, ended_by_signals, run_chat  # noqa: F401  (cli.Style)
+from .cli_messages import NOTE_LOGGERS, PROG, show_notes, stderr_handler, valid_text
+from .cli_messages import error as _error
 from .errors import InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM, default_draft
 from .load_options import check_arguments
-
-PROG = "specllm-cli"
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -254,7 +253,7 @@ def run_serve(args) -> int:
             raise SpecLLMError(f"the API key file {args.api_key_file} is empty")
     log = logging.getLogger("specllm.server")
     if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
-        log.addHandler(_stderr_handler())
+        log.addHandler(stderr_handler())
     for name in ("specllm.server",) + NOTE_LOGGERS:  # and uvicorn's (serve)
         logging.getLogger(name).setLevel(args.log_level.upper())
 
@@ -316,80 +315,6 @@ def _size(n: int) -> str:
 
 # --- entry point
 
-def _valid_text(s: str) -> str:
-    """An argument with bytes that are not UTF-8 (Python holds them as lone surrogates) with U+FFFD in their place."""
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-# the library's words for what the command line calls by its flags (an error from LLM(...) names its argument)
-FLAG_WORDS = [
-    ("create the LLM with a larger n_ctx", "give a larger --ctx"), ("pass the formatted prompt to generate() instead",
-                                                                   "--raw completes the prompt as given"),
-    ("None uses them all", "leaving --threads out uses them all"), ("between 0 (all cores) and", "between 1 and"),
-    ("give chat_template= one of", "give --chat-template one of"), ("save one with LLM.save_memory",
-                                                                   "--memory-file writes one at exit"),
-]
-FLAG_NAMES = {"port": "--port", "n_ctx": "--ctx", "n_threads": "--threads", "max_tokens": "--max-tokens", "memory_tokens": "--memory-tokens",
-              "prompt_cache_mb": "--prompt-cache-mb", "prompt_cache_disk_mb": "--prompt-cache-disk-mb",
-              "cache_type_k": "--cache-type-k", "cache_type_v": "--cache-type-v", "flash_attn": "--flash-attn",
-              "chat_template": "--chat-template", "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
-              "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n",
-              "prompt_cache_dir": "--prompt-cache-dir", "memory_file": "--memory-file",
-              "embedding_model": "--embedding-model"}
-
-
-def in_flags(message: str) -> str:
-    """An error's text with the library's argument names as the command line's flags (n_ctx: --ctx, ...)."""
-    for words, flags in FLAG_WORDS:
-        message = message.replace(words, flags)
-    # not inside a path, a dotted name or quotes (a file, a model or a template's own words stay as they are)
-    return re.sub(r"(?<![\w./\\'\"-])(" + "|".join(FLAG_NAMES) + r")(?:(=)(?=['\"])|(?![\w(/\\'\"]|\.\w))",
-                  lambda m: FLAG_NAMES[m.group(1)] + (" " if m.group(2) else ""), message)
-
-
-def _error(error) -> None:
-    # a registry error names no option of the library, and quotes other tools (pip's "port=9" is not --port)
-    message = str(error) if isinstance(error, registry.RegistryError) else in_flags(str(error))
-    first, *rest = message.strip().splitlines() or ["(no message)"]
-    print(f"{PROG}: error: {first}", file=sys.stderr)
-    for line in rest:
-        print(f"  {line}", file=sys.stderr)
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to sys.stderr as it is at each record (a test harness or a caller may swap it)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value):
-        pass
-
-
-def _stderr_handler() -> logging.Handler:
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    # chat's measurement while the user types (chat_screen.IdleMeasure) would write into the line being typed
-    handler.addFilter(lambda record: record.threadName != MEASURING_THREAD)
-    handler.specllm_cli = True
-    return handler
-
-
-NOTE_LOGGERS = ("specllm.profile", "specllm.memory", "specllm.core", "specllm.registry")  # what every command shows on stderr (INFO)
-
-
-def _show_profile_notes() -> None:
-    """The first load on a machine measures verify costs (10-20 s on a 2-core CPU): say so on stderr; and a
-    --memory-file that could not be saved."""
-    for name in NOTE_LOGGERS:
-        log = logging.getLogger(name)
-        if not any(getattr(h, "specllm_cli", False) for h in log.handlers):
-            log.addHandler(_stderr_handler())
-            log.setLevel(logging.INFO)
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -402,8 +327,8 @@ def main(argv=None) -> int:
             stream.reconfigure(errors="replace")  # odd bytes or a narrow locale must not kill a reply
     for name in ("prompt", "system"):
         if isinstance(getattr(args, name, None), str):
-            setattr(args, name, _valid_text(getattr(args, name)))
-    _show_profile_notes()
+            setattr(args, name, valid_text(getattr(args, name)))
+    show_notes()
     try:
         return args.func(args)
     except KeyboardInterrupt:
