@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     n_prompts = 0
     for run in runs:
         if "sequence" in run["records"][0]:  # a bench.multicall run: the memory's sources
-            from bench.simulate import sequence_answers
+            from bench.simulate_multicall import sequence_answers
 
             memory, current = [], None
             for sid, _, prompt, answer, end in sequence_answers(llm, run, ends=True):

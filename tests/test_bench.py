@@ -633,7 +633,7 @@ def test_simulate_and_the_oracle_charge_what_the_context_adds_to_a_batch():
 
 
 def test_simulated_sequences_draft_a_repeated_answer_from_the_memory_only_when_it_is_on():
-    from bench.simulate import simulate_sequences
+    from bench.simulate_multicall import simulate_sequences
     from specllm import _core
 
     costs = [50.0, 60, 70, 80] + [80 + 10.0 * n for n in range(1, 46)]  # GPU-like: long drafts are cheap
