@@ -56,3 +56,17 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monke
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["m.bin"]
     with pytest.raises(FileNotFoundError):
         files.write_atomic(tmp_path / "nowhere" / "m.bin", b"x")
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_not_replaced(tmp_path):
+    """A FIFO or a device (chat's `/save /dev/null` as root) was replaced by a regular file: the rename went over it."""
+    fifo, link, folder = tmp_path / "fifo", tmp_path / "link", tmp_path / "folder"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    folder.mkdir()
+    for path, words in ((fifo, "not a regular file"), (link, "not a regular file"), (folder, "is a directory")):
+        with pytest.raises(OSError, match=words) as e:
+            files.write_atomic(path, b"x")
+        assert e.value.filename == str(path)
+    assert fifo.is_fifo() and link.is_symlink() and folder.is_dir() and not any(folder.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link"]

@@ -3,6 +3,7 @@ processes."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -19,14 +20,20 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     threads saving to one path do not share it), flushed to the disk (a power cut leaves the old file or the new
     one, not an empty one), renamed over it. An interruption (an OSError, Ctrl-C) leaves the old file as it was and
     no temporary file behind. A symbolic link is followed (the file it names is replaced, the link stays); a replaced
-    file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask. An OSError names the
-    path given, not the temporary file."""
+    file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask; a path that is not a
+    regular file (a device, a FIFO, a directory) is an OSError, never replaced. An OSError names the path given, not
+    the temporary file."""
     given = os.fspath(path)
     path = os.path.realpath(given)
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode) & 0o777
+        st = os.stat(path)
     except OSError:
         mode = None
+    else:
+        if not stat.S_ISREG(st.st_mode):  # a device, a FIFO (/dev/null: root's write replaced it with a file)
+            raise OSError(errno.EEXIST if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                          "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file, not replaced", given)
+        mode = stat.S_IMODE(st.st_mode) & 0o777
     tmp = f"{path}.{secrets.token_hex(4)}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), new_mode)  # and umask
