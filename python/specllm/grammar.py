@@ -75,7 +75,11 @@ def _inline_root_ref(schema: Any) -> Any:
 
 def _converter_error(e: Exception, schema: Any) -> str:
     """What llama-cpp-python's schema converter's exception says, in the schema's terms where it can be told."""
+    from .json_schema import SchemaError
+
     text = str(e)
+    if isinstance(e, SchemaError):
+        return text
     m = _DANGLING_REF.match(text)
     ref = m.group(1) if m else e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) \
         and e.args[0].startswith("#") else None
@@ -91,6 +95,9 @@ def _converter_error(e: Exception, schema: Any) -> str:
     if text.startswith("Fetching remote schemas is not allowed"):
         return ("the JSON schema's $ref names another document, which is not supported: only references into the "
                 "schema itself are ('#/$defs/name'); put what it names under $defs")
+    if isinstance(e, AssertionError) and text.startswith("Pattern must start with"):
+        return ("a pattern in the JSON schema must match whole strings: start it with ^ and end it with $ (the "
+                "converter, as llama.cpp's, takes no other)")
     return f"the JSON schema cannot be turned into a grammar: {type(e).__name__}: {text[:500]}"
 
 
@@ -171,7 +178,12 @@ def from_cli(any_json: bool, schema_file: Optional[str], gbnf_file: Optional[str
             raise InvalidOptionError(f"--grammar: {gbnf_file}: {why}")
         return rules
     if schema_file:
-        return json(_read(schema_file, "--json-schema"))
+        try:
+            return json(_read(schema_file, "--json-schema"))
+        except InvalidOptionError as e:
+            if str(e).startswith("--json-schema: "):  # _read's, which names the file
+                raise
+            raise InvalidOptionError(f"--json-schema: {schema_file}: {e}") from None
     return json() if any_json else None
 
 

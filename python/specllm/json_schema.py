@@ -16,10 +16,15 @@ Imported on first use (it loads llama_cpp, and so the libllama this package alre
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from llama_cpp import llama_grammar
+
+class SchemaError(ValueError):
+    """What this module refuses in a schema, said in the schema's terms (grammar.json passes it on as it is)."""
+
 
 # keys that say nothing about which values match
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated",
@@ -44,17 +49,195 @@ class Converter(llama_grammar.SchemaConverter):
     def visit(self, schema, name):
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         if schema is False:
-            raise ValueError(f"the schema at {name or 'the root'} is false: no JSON value matches it")
+            raise SchemaError(f"the schema at {name or 'the root'} is false: no JSON value matches it")
         if isinstance(schema, dict):
             schema = _drop_forbidden(schema, name)
         if allows_anything(schema):
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
+        if isinstance(schema, dict):
+            _check_ranges(schema, name)
+            if schema.get("type") == "integer" and schema.keys() & _BOUNDS:
+                lo, hi = _int_bounds(schema, name)
+                return self._add_rule(rule_name, "(" + int_range(lo, hi) + ") space")
         if isinstance(schema, dict) and schema.get("type") in (None, "array") and "items" in schema \
                 and "prefixItems" not in schema and allows_anything(schema["items"]):
             item = self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])
             return self._add_rule(rule_name, '"[" space ' + llama_grammar._build_repetition(
                 item, schema.get("minItems", 0), schema.get("maxItems"), separator_rule='"," space') + ' "]" space')
         return super().visit(schema, name)
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _int_bounds(schema: dict, name: str) -> tuple:
+    """An integer schema's (least, greatest) integer, None where unbounded: minimum 2.5 is 3, exclusiveMinimum 2 is
+    3 (draft 6+: a number; draft 4's boolean beside minimum too)."""
+    def number(key):
+        v = schema.get(key)
+        if v is None or isinstance(v, bool):
+            return None
+        if not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            raise SchemaError(f"the schema at {name or 'the root'}: {key} must be a finite number, got {v!r}")
+        return v
+    lo, hi = number("minimum"), number("maximum")
+    lo = None if lo is None else math.ceil(lo) + (schema.get("exclusiveMinimum") is True and lo == math.ceil(lo))
+    hi = None if hi is None else math.floor(hi) - (schema.get("exclusiveMaximum") is True and hi == math.floor(hi))
+    xlo, xhi = number("exclusiveMinimum"), number("exclusiveMaximum")
+    if xlo is not None:
+        lo = max(lo, math.floor(xlo) + 1) if lo is not None else math.floor(xlo) + 1
+    if xhi is not None:
+        hi = min(hi, math.ceil(xhi) - 1) if hi is not None else math.ceil(xhi) - 1
+    if lo is not None and hi is not None and lo > hi:
+        raise SchemaError(f"the schema at {name or 'the root'} allows no integer (at least {lo}, at most {hi})")
+    if (lo is not None and not _INT64[0] <= lo <= _INT64[1]) or (hi is not None and not _INT64[0] <= hi <= _INT64[1]):
+        raise SchemaError(f"the schema at {name or 'the root'}: integer bounds beyond 64 bits are not supported")
+    return lo, hi
+
+
+def _check_ranges(schema: dict, name: str) -> None:
+    """A length or count range that nothing fits (minLength 5, maxLength 2): the converter wrote a grammar of the
+    minimum, which broke the maximum."""
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties")):
+        a, b = schema.get(low), schema.get(high)
+        if isinstance(a, int) and isinstance(b, int) and a > b:
+            raise SchemaError(f"the schema at {name or 'the root'} allows nothing: {low} {a} is more than {high} {b}")
+
+
+def int_range(lo, hi) -> str:
+    """GBNF for the integers from lo to hi in decimal (None: unbounded on that side, not both): llama.cpp's
+    build_min_max_int (json-schema-to-grammar.cpp), which llama-cpp-python's converter lacks (it ignored minimum
+    and maximum: {"type": "integer", "minimum": 5} wrote 3)."""
+    out: list = []
+    _min_max_int(lo, hi, out)
+    return "".join(out)
+
+
+def _min_max_int(lo, hi, out: list, decimals_left: int = 16, top_level: bool = True) -> None:
+    def digit_range(a: str, b: str) -> None:
+        out.append(f"[{a}]" if a == b else f"[{a}-{b}]")
+
+    def more_digits(lo_n: int, hi_n: int) -> None:
+        out.append("[0-9]")
+        if lo_n == hi_n == 1:
+            return
+        out.append("{" + str(lo_n) + ("" if hi_n == lo_n else "," + ("" if hi_n is None else str(hi_n))) + "}")
+
+    def uniform_range(a: str, b: str) -> None:
+        i = 0
+        while i < len(a) and i < len(b) and a[i] == b[i]:
+            i += 1
+        if i > 0:
+            out.append(f'"{a[:i]}"')
+        if i < len(a) and i < len(b):
+            if i > 0:
+                out.append(" ")
+            sub_len = len(a) - i - 1
+            if sub_len > 0:
+                a_sub, b_sub = a[i + 1:], b[i + 1:]
+                zeros, nines = "0" * sub_len, "9" * sub_len
+                to_reached = False
+                out.append("(")
+                if a_sub == zeros:
+                    digit_range(a[i], chr(ord(b[i]) - 1))
+                    out.append(" ")
+                    more_digits(sub_len, sub_len)
+                else:
+                    out.append(f"[{a[i]}] (")
+                    uniform_range(a_sub, nines)
+                    out.append(")")
+                    if ord(a[i]) < ord(b[i]) - 1:
+                        out.append(" | ")
+                        if b_sub == nines:
+                            digit_range(chr(ord(a[i]) + 1), b[i])
+                            to_reached = True
+                        else:
+                            digit_range(chr(ord(a[i]) + 1), chr(ord(b[i]) - 1))
+                        out.append(" ")
+                        more_digits(sub_len, sub_len)
+                if not to_reached:
+                    out.append(" | ")
+                    digit_range(b[i], b[i])
+                    out.append(" ")
+                    uniform_range(zeros, b_sub)
+                out.append(")")
+            else:
+                out.append(f"[{a[i]}-{b[i]}]")
+
+    if lo is not None and hi is not None:
+        if lo < 0 and hi < 0:
+            out.append('"-" (')
+            _min_max_int(-hi, -lo, out, decimals_left, True)
+            out.append(")")
+            return
+        if lo < 0:
+            out.append('"-" (')
+            _min_max_int(0, -lo, out, decimals_left, True)
+            out.append(") | ")
+            lo = 0
+        lo_s, hi_s = str(lo), str(hi)
+        for digits in range(len(lo_s), len(hi_s)):
+            uniform_range(lo_s, "9" * digits)
+            lo_s = "1" + "0" * digits
+            out.append(" | ")
+        uniform_range(lo_s, hi_s)
+        return
+    less_decimals = max(decimals_left - 1, 1)
+    if lo is not None:
+        if lo < 0:
+            out.append('"-" (')
+            _min_max_int(None, -lo, out, decimals_left, False)
+            out.append(") | [0] | [1-9] ")
+            more_digits(0, decimals_left - 1)
+        elif lo == 0:
+            if top_level:
+                out.append("[0] | [1-9] ")
+                more_digits(0, less_decimals)
+            else:
+                more_digits(1, decimals_left)
+        elif lo <= 9:
+            c = str(lo)
+            start = "1" if top_level else "0"
+            if c > start:
+                digit_range(start, chr(ord(c) - 1))
+                out.append(" ")
+                more_digits(1, less_decimals)
+                out.append(" | ")
+            digit_range(c, "9")
+            out.append(" ")
+            more_digits(0, less_decimals)
+        else:
+            lo_s = str(lo)
+            c = lo_s[0]
+            if c > "1":
+                digit_range("1" if top_level else "0", chr(ord(c) - 1))
+                out.append(" ")
+                more_digits(len(lo_s), less_decimals)
+                out.append(" | ")
+            digit_range(c, c)
+            out.append(" (")
+            _min_max_int(int(lo_s[1:]), None, out, less_decimals, False)
+            out.append(")")
+            if c < "9":
+                out.append(" | ")
+                digit_range(chr(ord(c) + 1), "9")
+                out.append(" ")
+                more_digits(len(lo_s) - 1, less_decimals)
+        return
+    if hi is not None:
+        if hi >= 0:
+            if top_level:
+                out.append('"-" [1-9] ')
+                more_digits(0, less_decimals)
+                out.append(" | ")
+            _min_max_int(0, hi, out, decimals_left, True)
+        else:
+            out.append('"-" (')
+            _min_max_int(-hi, None, out, decimals_left, False)
+            out.append(")")
+        return
+    raise SchemaError("an integer range needs a least or a greatest value")
 
 
 def _drop_forbidden(schema: dict, name: str) -> dict:
@@ -65,10 +248,10 @@ def _drop_forbidden(schema: dict, name: str) -> dict:
         banned = [k for k, v in props.items() if v is False]
         required = [k for k in banned if k in (schema.get("required") or [])]
         if required:
-            raise ValueError(f"the schema at {name or 'the root'} requires property {required[0]!r}, whose schema "
+            raise SchemaError(f"the schema at {name or 'the root'} requires property {required[0]!r}, whose schema "
                              f"is false: no JSON value matches it")
         if schema.get("additionalProperties") not in (None, False):  # the key could come back as an additional one
-            raise ValueError(f"the schema at {name or 'the root'}: a property of false ({banned[0]!r}) beside "
+            raise SchemaError(f"the schema at {name or 'the root'}: a property of false ({banned[0]!r}) beside "
                              f"additionalProperties is not supported; leave the property out")
         schema = dict(schema, properties={k: v for k, v in props.items() if v is not False})
     is_array = schema.get("type") == "array" or (schema.get("type") is None and not schema.keys() & {
@@ -76,7 +259,7 @@ def _drop_forbidden(schema: dict, name: str) -> dict:
     if schema.get("items") is False and is_array:
         prefix = schema.get("prefixItems") or []
         if schema.get("minItems", 0) > len(prefix):
-            raise ValueError(f"the schema at {name or 'the root'} wants at least {schema['minItems']} items but "
+            raise SchemaError(f"the schema at {name or 'the root'} wants at least {schema['minItems']} items but "
                              f"allows {len(prefix)} (items is false)")
         schema = {k: v for k, v in schema.items() if k != "items"}
         if not prefix:

@@ -1,0 +1,87 @@
+"""JSON Schema -> GBNF where llama-cpp-python's converter parts from llama.cpp's: an integer's minimum and maximum
+(it ignored them: {"type": "integer", "minimum": 5} wrote 3), and ranges nothing fits (refused, not written as their
+minimum)."""
+
+import json
+import re
+
+import pytest
+
+from specllm import InvalidOptionError, _core, grammar
+from specllm.json_schema import int_range
+
+
+def as_regex(gbnf: str) -> re.Pattern:
+    """int_range's GBNF (literals, [a-b] classes, {m,n} counts, groups, |) as a Python regular expression."""
+    return re.compile(re.sub(r'"([^"]*)"', lambda m: re.escape(m.group(1)), gbnf).replace(" ", ""))
+
+
+RANGES = [(0, 0), (5, 20), (-20, -5), (-7, 13), (0, 9), (1, 10), (10, 99), (7, 1234), (-1234, -7), (99, 101),
+          (100, 199), (123, 456), (5, None), (0, None), (-5, None), (37, None), (None, 5), (None, 0), (None, -37),
+          (None, 250), (-999, 999)]
+
+
+@pytest.mark.parametrize("lo, hi", RANGES)
+def test_an_integer_range_is_exactly_its_integers(lo, hi):
+    g = int_range(lo, hi)
+    assert _core.gbnf_error(f"root ::= {g}") == "", g
+    pattern = as_regex(g)
+    for n in range(-1500, 1501):
+        assert bool(pattern.fullmatch(str(n))) == ((lo is None or n >= lo) and (hi is None or n <= hi)), (n, g)
+    assert not pattern.fullmatch("007") and not pattern.fullmatch("--5")  # no leading zeros (-0, as llama.cpp's,
+    # where 0 is in range: valid JSON, and 0)
+
+
+@pytest.mark.parametrize("schema, lo, hi", [
+    ({"minimum": 5, "maximum": 20}, 5, 20),
+    ({"minimum": 2.5, "maximum": 7.9}, 3, 7),
+    ({"exclusiveMinimum": 5, "exclusiveMaximum": 9}, 6, 8),
+    ({"minimum": 5, "exclusiveMinimum": True, "maximum": 9, "exclusiveMaximum": True}, 6, 8),  # draft 4
+    ({"minimum": -3}, -3, None),
+    ({"maximum": 40}, None, 40),
+])
+def test_a_bounded_integer_schema_gives_the_grammar_of_its_range(schema, lo, hi):
+    rules = grammar.json({"type": "integer", **schema})
+    assert int_range(lo, hi) in rules
+
+
+def test_generated_integers_stay_in_their_range(tiny, make_llm):
+    llm = make_llm(tiny["target"], "ngram")
+    rules = grammar.json({"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 20}},
+                          "required": ["n"]})
+    seen = set()
+    for seed in range(12):
+        out = llm.generate("a number:", grammar=rules, max_tokens=40, temperature=1.0, seed=seed)
+        assert out.finish_reason == "stop", out.text
+        n = json.loads(out.text)["n"]
+        assert 5 <= n <= 20, out.text
+        seen.add(n)
+    assert len(seen) > 1  # sampled, not one forced value
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "integer", "minimum": 5, "maximum": 2}, "allows no integer (at least 5, at most 2)"),
+    ({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}, "allows no integer"),
+    ({"type": "integer", "minimum": "five"}, "minimum must be a finite number"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "allows nothing: minLength 5 is more than maxLength 2"),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems 3 is more than maxItems 1"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 1, "maximum": 0}}},
+     "the schema at a allows no integer"),
+])
+def test_a_range_nothing_fits_is_refused(schema, words):
+    with pytest.raises(InvalidOptionError, match=re.escape(words)):
+        grammar.json(schema)
+
+
+def test_an_unanchored_pattern_says_what_to_do():
+    with pytest.raises(InvalidOptionError, match=r"must match whole strings: start it with \^ and end it with \$"):
+        grammar.json({"type": "string", "pattern": "[a-z]+"})
+    assert grammar.json({"type": "string", "pattern": "^[a-z]+$"})
+
+
+def test_the_cli_names_the_schema_file_in_its_error(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('{"type": "integer", "minimum": 5, "maximum": 2}')
+    with pytest.raises(InvalidOptionError, match=rf"^--json-schema: {re.escape(str(path))}: the schema at the root "
+                                                 r"allows no integer"):
+        grammar.from_cli(False, str(path), None)
