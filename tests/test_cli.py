@@ -203,10 +203,10 @@ def _children(pid: int) -> list:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
 def test_a_chat_killed_at_the_prompt_leaves_the_terminal_as_it_was(tiny, env, sig):
-    """Killed at the prompt (a closed terminal window: SIGHUP; kill: SIGTERM), the chat left the terminal without
-    echo and line editing (readline restores it only on the way out of input())."""
+    """Killed at the prompt (a closed terminal window: SIGHUP; kill: SIGTERM; Ctrl-\\: SIGQUIT), the chat left the
+    terminal without echo and line editing (readline restores it only on the way out of input())."""
     import shlex
 
     line = shlex.join([sys.executable, *cli_args(tiny, "chat")])

@@ -10,19 +10,19 @@ import threading
 import time
 
 from .chat_session import ChatSession
+from .cli_messages import MEASURING_THREAD, in_flags
 from .errors import ContextOverflowError, SpecLLMError
 from .llm import DEFAULT, default_draft
 
 PROMPT = ">>> "
 MORE = "... "  # the prompt of a message's next line
 JUST_ASKED_S = 0.5  # a Ctrl-C this soon after the prompt appeared, on the last message's text: at an empty prompt
-MEASURING_THREAD = "specllm-measure"  # what it logs stays off the prompt (cli's stderr handler drops it)
 HELP = """\
 /help                           this help
 /reset                          forget the conversation (the system prompt and the drafting memory stay)
 /forget                         forget the drafting memory (earlier replies drafts are copied from; with
                                 --memory-file, the file is emptied too)
-/system [TEXT]                  show, or set, the system prompt
+/system [TEXT|off]              show, set, or remove the system prompt
 /stats                          statistics of the whole session
 /save FILE                      save the conversation (JSON)
 /load FILE                      take a saved conversation up again (with --prompt-cache-dir, its prefix is read
@@ -31,7 +31,19 @@ HELP = """\
 /exit                           quit (also Ctrl-D, or Ctrl-C at an empty prompt)
 Ctrl-C during a reply stops it; what was written so far stays in the conversation.
 A message goes on over several lines inside a ``` code fence (until the closing ```), or after a line that ends
-with a backslash; a paste with newlines in it is one message (bracketed paste)."""
+with a backslash; a paste with newlines in it is one message (bracketed paste). A message may start with a
+path or a comment (/usr/..., // ...): only the names above are commands."""
+COMMANDS = ("/help", "/?", "/reset", "/forget", "/system", "/stats", "/save", "/load", "/draft", "/exit", "/quit",
+            "/bye")
+
+
+def is_command(line: str) -> bool:
+    """A line for _command: it starts with /, and is one line whose first word is a command's name or no path
+    (a typo is said, not sent); a paste of several lines or a path (/usr/bin/x, // a comment) is a message."""
+    if not line.startswith("/"):
+        return False
+    name = line.split(None, 1)[0]
+    return name in COMMANDS or ("\n" not in line and "/" not in name[1:])
 
 
 class Style:
@@ -42,7 +54,8 @@ class Style:
 
     @classmethod
     def for_stream(cls, stream) -> "Style":
-        return cls(stream.isatty() and not os.environ.get("NO_COLOR"))  # no-color.org: set and non-empty
+        # no-color.org: NO_COLOR set and non-empty; a dumb terminal shows escape codes as they are
+        return cls(stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
 
     def _wrap(self, code: str, text: str, prompt: bool = False) -> str:
         if not self.enabled:
@@ -89,7 +102,7 @@ def _mean(x: float) -> str:
 
 def _command(session: ChatSession, line: str, style: Style) -> bool:
     """Run a slash command; False when it is /exit."""
-    name, _, arg = line.partition(" ")
+    name, arg = (line.split(None, 1) + [""])[:2]  # a tab after the name too
     arg = arg.strip()
     if name in ("/exit", "/quit", "/bye"):
         return False
@@ -103,11 +116,14 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         kept = session.llm_options.get("memory_file")
         print(style.dim(f"drafting memory forgotten ({n} tokens" + (f"; {kept} emptied)" if kept else ")")))
     elif name == "/system":
-        if arg:
+        if arg.lower() == "off":
+            session.set_system(None)
+            print(style.dim("system prompt removed"))
+        elif arg:
             try:
-                session.system = arg
+                session.set_system(arg)
             except SpecLLMError as e:
-                print(style.red(f"error: {e}"))
+                print(style.red(f"error: {in_flags(str(e))}"))
                 return True
             print(style.dim("system prompt set"))
         else:
@@ -121,14 +137,14 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         try:
             getattr(session, name[1:])(os.path.expanduser(arg))
         except SpecLLMError as e:
-            print(style.red(f"error: {e}"))
+            print(style.red(f"error: {in_flags(str(e))}"))
             return True
         n = len(session.turns)
         print(style.dim(f"{'saved' if name == '/save' else 'loaded'} {n} message{'' if n == 1 else 's'}" +
                         (" and the system prompt" if session.system else "") + (f" to {arg}" if name == "/save"
                                                                                 else f" from {arg}")))
     elif name == "/draft":
-        draft = {"on": session.draft_model, "off": None, "none": None}.get(arg.lower(), arg)
+        draft = {"on": session.draft_model, "off": None, "none": None, "ngram": "ngram"}.get(arg.lower(), arg)
         if not arg or (arg.lower() == "on" and draft is None):
             print(style.red("/draft on|off|ngram|NAME|PATH" + ("" if not arg else ": no draft model known for "
                                                                 "this target, give its NAME or PATH")))
@@ -137,7 +153,7 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
         try:
             session.set_draft(draft)
         except SpecLLMError as e:
-            print(style.red(f"error: {e}"), f"(kept drafter {session.draft_label})")
+            print(style.red(f"error: {in_flags(str(e))}"), f"(kept drafter {session.draft_label})")
             return True
         except KeyboardInterrupt:  # raised once the load ended: the label says which drafter is in place
             print(style.dim(f"interrupted; drafter: {session.draft_label}"))
@@ -173,7 +189,7 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
         return
     except SpecLLMError as e:
         full = isinstance(e, ContextOverflowError)
-        print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {e}"))
+        print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {in_flags(str(e))}"))
         if full and session.turns:
             print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
         elif full:  # the message alone does not fit: /reset cannot help
@@ -288,10 +304,11 @@ class Killed(BaseException):  # not an Exception: no handler of errors on the wa
 
 @contextlib.contextmanager
 def ended_by_signals():
-    """SIGTERM and SIGHUP end the block (a chat, a pull) as Ctrl-D or Ctrl-C would, with exit status 128 + the
-    signal's number (SystemExit), so that its cleanup runs: killed at the prompt by the signal's default action, a
-    chat left the terminal without echo (readline restores it only on the way out of input()), a pull left pip
-    running and its pieces in the cache; the chat's history is saved and the drafting memory written (atexit)."""
+    """SIGTERM, SIGHUP and SIGQUIT end the block (a chat, a pull, a generate) as Ctrl-D or Ctrl-C would, with exit
+    status 128 + the signal's number (SystemExit), so that its cleanup runs: killed at the prompt by the signal's
+    default action, a chat left the terminal without echo (readline restores it only on the way out of input()), a
+    pull left pip running and its pieces in the cache, a generate its prompt state unwritten; the chat's history is
+    saved and the drafting memory written (atexit)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -299,7 +316,8 @@ def ended_by_signals():
     def on_signal(signum, frame):
         raise Killed(signum)
 
-    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])  # no SIGHUP on Windows
+    # no SIGHUP or SIGQUIT (Ctrl-\, which left the terminal without echo under sh) on Windows
+    sigs = [signal.SIGTERM] + [getattr(signal, name) for name in ("SIGHUP", "SIGQUIT") if hasattr(signal, name)]
     old = {sig: signal.signal(sig, on_signal) for sig in sigs}
     try:
         yield
@@ -345,9 +363,12 @@ def _chat(session: ChatSession, style: Style) -> int:
             line = line.strip()
             if not line:
                 continue
-            if line.startswith("/"):
-                if not _command(session, line, style):
-                    return 0
+            if is_command(line):
+                try:
+                    if not _command(session, line, style):
+                        return 0
+                except KeyboardInterrupt:  # a /load or /save that waits on its file: the chat goes on
+                    print(style.dim("interrupted"))
             else:
                 _reply(session, line, style)
     finally:

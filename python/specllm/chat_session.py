@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -18,6 +19,8 @@ from .errors import ContextOverflowError, InvalidOptionError
 from .llm import DEFAULT, LLM, default_draft
 from .options import text as _text
 from .results import Stats
+
+MAX_LOAD_BYTES = 64 << 20  # a saved conversation is text a context holds: ~1 MB for 128k tokens
 
 _SUMMED = ("n_prompt", "n_cached", "n_generated", "n_steps", "n_drafted", "n_accepted", "n_ngram_steps",
            "prefill_ms", "draft_ms", "verify_ms", "sample_ms", "generate_ms", "n_plain_steps", "plain_steps_ms")
@@ -58,6 +61,8 @@ class ChatSession:
         self.n_stopped = 0  # replies stopped early whose stats were counted from chunks, without prompt or prefill
         self.n_from_disk = 0  # prompt tokens read back from LLM(prompt_cache_dir=...)
         self.llm = LLM(self.model, draft, ngram=self.ngram, **self.llm_options)
+        if self._system is not None:
+            self.set_system(self._system)  # --system that the template refuses: said now, not at every message
         # The draft model that "/draft on" brings back: the one asked for, else the registry's default.
         self.draft_model = self._draft_model(self.llm.draft) or self._draft_model(DEFAULT)
 
@@ -110,6 +115,19 @@ class ChatSession:
         """InvalidOptionError for text with no UTF-8 form (a lone surrogate), which no reply or save could take."""
         self._system = None if value is None else _text("the system prompt", value)
 
+    def set_system(self, value: Optional[str]) -> None:
+        """The system prompt (None: none), refused (InvalidOptionError, the old one kept) when the chat template
+        refuses it (Gemma's: "System role not supported"): taken, it failed every message after it."""
+        before = self._system
+        self.system = value
+        if value is not None:
+            try:
+                self.llm.apply_chat_template([{"role": "system", "content": value}, {"role": "user", "content": "x"}],
+                                             add_generation_prompt=True)
+            except InvalidOptionError as e:
+                self._system = before
+                raise InvalidOptionError(f"the model's chat template takes no such system prompt: {e}") from None
+
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays). The drafting memory and the prompt states on disk stay
         too (LLM.reset(), which this called, empties a --memory-file and removes every state of the model in
@@ -140,7 +158,12 @@ class ChatSession:
         unchanged) for a file that is not one."""
         path = os.fspath(path)
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO hung the chat, /dev/zero filled the memory
+                raise InvalidOptionError(f"cannot read {path}: not a regular file; give a file /save wrote")
             with open(path, encoding="utf-8-sig") as f:  # an editor's byte order mark was "not JSON"
+                if os.fstat(f.fileno()).st_size > MAX_LOAD_BYTES:
+                    raise InvalidOptionError(f"{path} is not a saved conversation: larger than "
+                                             f"{MAX_LOAD_BYTES >> 20} MiB, more than any context holds")
                 data = json.load(f)
         except OSError as e:
             raise InvalidOptionError(f"cannot read {path}: {e.strerror or e}") from None

@@ -16,6 +16,7 @@ Colors only when stdout is a terminal and NO_COLOR is unset.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -148,6 +149,9 @@ def _gen_options(args) -> dict:
 # --- commands
 
 def _run_chat(args) -> int:
+    if sys.stdin is None:  # started with stdin closed (<&-): input() raised "lost sys.stdin"
+        raise SpecLLMError("chat reads your messages from stdin, which is closed; run it in a terminal, or give "
+                           "generate the prompt")
     return run_chat(args, _llm_options(args), _gen_options(args))
 
 
@@ -157,6 +161,10 @@ def run_generate(args) -> int:
 
 
 def _generate(args) -> int:
+    if args.prompt == "-" and sys.stdin is None:
+        raise SpecLLMError("no prompt: stdin is closed; give the prompt as an argument")
+    if args.prompt == "-" and sys.stdin.isatty():  # it waited without a word
+        print("reading the prompt from stdin (Ctrl-D ends it)", file=sys.stderr, flush=True)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not (prompt if args.raw else prompt.strip()):
         raise SpecLLMError("the prompt is empty")
@@ -194,6 +202,10 @@ def _generate(args) -> int:
         start = "\n" if not ends_line and _beside_stdout(sys.stderr) else ""
         sys.stderr.write(start + "\n".join(lines) + "\n")
         sys.stderr.flush()
+    if rules and last.finish_reason == "length":  # a cut JSON reply went out with exit status 0 and no word
+        raise SpecLLMError(f"the reply was cut at --max-tokens {args.max_tokens} before its "
+                           f"{'JSON' if args.json or args.json_schema else 'grammar'} was complete; give a larger "
+                           f"--max-tokens")
     return 0
 
 
@@ -315,8 +327,16 @@ def _size(n: int) -> str:
 
 # --- entry point
 
+OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # stdout on a full disk, over a size limit
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if sys.stderr is None:  # started with 2>&-: errors go nowhere, but not as an AttributeError
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # >&-: a reply written to None was an AttributeError
+        _error(SpecLLMError("stdout is closed: nothing could be written; give it a file or a pipe"))
+        return 1
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["chat"] + argv  # no command: chat
     parser = make_parser()
@@ -336,6 +356,12 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:  # `specllm-cli generate ... | head`
         sys.stdout = open(os.devnull, "w")
+        return 1
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRORS or e.filename is not None:
+            raise
+        sys.stdout = open(os.devnull, "w")  # (its buffer is not flushed again at exit)
+        _error(SpecLLMError(f"cannot write the output: {e.strerror}"))  # > /dev/full was a traceback
         return 1
     except SpecLLMError as e:
         _error(e)

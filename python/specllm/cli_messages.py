@@ -7,9 +7,9 @@ import re
 import sys
 
 from . import registry
-from .chat_screen import MEASURING_THREAD
 
 PROG = "specllm-cli"
+MEASURING_THREAD = "specllm-measure"  # chat's measurement while the user types: its notes stay off the prompt
 
 
 def valid_text(s: str) -> str:
@@ -31,7 +31,8 @@ FLAG_NAMES = {"port": "--port", "n_ctx": "--ctx", "n_threads": "--threads", "max
               "chat_template": "--chat-template", "chat_template_kwargs": "--chat-template-kwargs", "draft_length": "--draft-length",
               "repeat_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n",
               "prompt_cache_dir": "--prompt-cache-dir", "memory_file": "--memory-file",
-              "embedding_model": "--embedding-model"}
+              "embedding_model": "--embedding-model", "temperature": "--temperature",
+              "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty"}
 
 
 def in_flags(message: str) -> str:

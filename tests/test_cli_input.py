@@ -1,0 +1,101 @@
+"""specllm-cli with odd input, found by a sweep of chat and generate in a terminal: files that are not files, a
+system prompt the template refuses, messages that start with a path, a dumb terminal, stdout on a full disk or
+closed, a JSON reply cut short. Tiny random models, as in test_cli.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_cli import ask, chat, cli_args, env, exits_cleanly, tiny  # noqa: F401 (env, tiny: fixtures)
+
+pexpect = pytest.importorskip("pexpect")
+
+NO_SYSTEM = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+             "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_load_refuses_what_is_not_a_regular_file_or_too_large(tiny, env, tmp_path):
+    """/load of a FIFO hung the chat (Ctrl-C then ended it, the conversation lost); /dev/zero filled the memory."""
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge.json", "wb") as f:
+        f.truncate(65 << 20)  # sparse: 65 MiB of nothing on disk
+    child = chat(tiny, env, "--max-tokens", "8")
+    assert "tok/s" in ask(child, "hello")
+    assert "not a regular file" in ask(child, f"/load {tmp_path / 'fifo'}")
+    assert "larger than 64 MiB" in ask(child, f"/load {tmp_path / 'huge.json'}")
+    assert "conversation: 2 messages" in ask(child, "/stats")  # as it was
+    assert "not a regular file" in ask(child, f"/save {tmp_path / 'fifo'}")  # and not replaced by a file
+    assert (tmp_path / "fifo").is_fifo()
+    child.sendeof()
+    exits_cleanly(child)
+
+
+def test_a_system_prompt_the_template_refuses_is_refused_and_one_can_be_removed(tiny, env, tmp_path):
+    """A template without a system role (Gemma's): /system took the text, then every message failed, and nothing
+    removed it (/system "" set the text '""')."""
+    (tmp_path / "nosys.jinja").write_text(NO_SYSTEM)
+    child = chat(tiny, env, "--max-tokens", "8", "--chat-template-file", str(tmp_path / "nosys.jinja"))
+    out = ask(child, "/system be nice")
+    assert "takes no such system prompt" in out and "System role not supported" in out
+    assert "no system prompt" in ask(child, "/system")
+    assert "tok/s" in ask(child, "hello")  # the chat goes on
+    child.sendeof()
+    exits_cleanly(child)
+    child = chat(tiny, env, "--max-tokens", "8")
+    assert "system prompt set" in ask(child, "/system be nice")
+    assert "system prompt removed" in ask(child, "/system off")
+    assert "no system prompt" in ask(child, "/system")
+    child.sendeof()
+    exits_cleanly(child)
+    r = subprocess.run([sys.executable, *cli_args(tiny, "chat", "--system", "be nice", "--chat-template-file",
+                                                  str(tmp_path / "nosys.jinja"))],
+                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "takes no such system prompt" in r.stderr, r.stderr
+
+
+def test_a_message_starting_with_a_path_is_a_message_and_commands_take_a_tab(tiny, env, tmp_path):
+    """'/usr/bin/python3 says ...' or a pasted '// comment' was an unknown command, the text dropped."""
+    child = chat(tiny, env, "--max-tokens", "8")
+    assert "tok/s" in ask(child, "/usr/bin/python3 says 'No module named foo' - why?")
+    assert "unknown command /sav" in ask(child, "/sav x.json")  # a typo is still said, not sent
+    assert "drafter: ngram" in ask(child, "/draft NGRAM")
+    assert "saved 2 messages" in ask(child, f"/save\t{tmp_path / 'c.json'}")
+    child.sendeof()
+    exits_cleanly(child)
+
+
+def test_a_dumb_terminal_gets_no_escape_codes(tiny, env):
+    child = chat(tiny, dict(env, TERM="dumb"), "--max-tokens", "8")
+    out = ask(child, "hello") + ask(child, "/nope")
+    assert "tok/s" in out and "\033[" not in out
+    child.sendeof()
+    exits_cleanly(child)
+
+
+def test_generate_on_a_full_disk_or_a_closed_stdout_says_so_in_one_line(tiny, env):
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hello there", "--max-tokens", "8")],
+                           env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "specllm-cli: error: cannot write the output: No space left on device"
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hello", "--max-tokens", "8")], env=env,
+                       stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 1 and "error: stdout is closed" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, *cli_args(tiny, "chat")], env=env, capture_output=True, text=True,
+                       timeout=120, preexec_fn=lambda: os.close(0))
+    assert r.returncode == 1 and "error: chat reads your messages from stdin, which is closed" in r.stderr, r.stderr
+
+
+def test_a_json_reply_cut_at_max_tokens_is_an_error(tiny, env):
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--json", "--max-tokens", "3")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "the reply was cut at --max-tokens 3 before its JSON was complete" in r.stderr
+
+
+def test_a_value_the_library_refuses_is_named_by_its_flag(tiny, env):
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--presence-penalty", "1e308")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--presence-penalty must be a finite number" in r.stderr, r.stderr
