@@ -298,7 +298,8 @@ def main(argv=None) -> int:
         if llm is None:
             meta = run["meta"]
             llm = specllm.LLM(meta["target"], draft="ngram", n_threads=args.threads, n_ctx=meta.get("ctx", 4096),
-                              exact=not args.fast)
+                              exact=not args.fast,  # the machine's profile measured only where it is used
+                              profile_costs=args.costs is None or args.context_ms is None)
             costs = list(llm._engine.verify_costs()) if args.costs is None else parse_costs(args.costs)
             chunk = _core.AutoPolicy.n_max + 1 if args.fast else _core.exact_verify_rows
             row_ms = (llm.profile or {}).get("context_row_ms", 0.0) if args.context_ms is None else args.context_ms
