@@ -60,8 +60,9 @@ def test_a_message_starting_with_a_path_is_a_message_and_commands_take_a_tab(tin
     child = chat(tiny, env, "--max-tokens", "8")
     assert "tok/s" in ask(child, "/usr/bin/python3 says 'No module named foo' - why?")
     assert "unknown command /sav" in ask(child, "/sav x.json")  # a typo is still said, not sent
+    assert "tok/s" in ask(child, " /etc is a folder?")  # a space before it: a message
     assert "drafter: ngram" in ask(child, "/draft NGRAM")
-    assert "saved 2 messages" in ask(child, f"/save\t{tmp_path / 'c.json'}")
+    assert "saved 4 messages" in ask(child, f"/save\t{tmp_path / 'c.json'}")
     child.sendeof()
     exits_cleanly(child)
 

@@ -32,7 +32,7 @@ HELP = """\
 Ctrl-C during a reply stops it; what was written so far stays in the conversation.
 A message goes on over several lines inside a ``` code fence (until the closing ```), or after a line that ends
 with a backslash; a paste with newlines in it is one message (bracketed paste). A message may start with a
-path or a comment (/usr/..., // ...): only the names above are commands."""
+path or a comment (/usr/..., // ...): only the names above are commands; a space before the / sends any line."""
 COMMANDS = ("/help", "/?", "/reset", "/forget", "/system", "/stats", "/save", "/load", "/draft", "/exit", "/quit",
             "/bye")
 
@@ -160,7 +160,8 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
             return True
         print(style.dim(f"drafter: {session.draft_label}"))
     else:
-        print(style.red(f"unknown command {name}; /help lists them"))
+        print(style.red(f"unknown command {name}; /help lists them (a message that starts with / is sent when it "
+                        f"begins with a space)"))
     return True
 
 
@@ -360,10 +361,10 @@ def _chat(session: ChatSession, style: Style) -> int:
                 if typed.strip() and (typed != line or time.monotonic() - asked > JUST_ASKED_S):
                     continue
                 return 0
-            line = line.strip()
+            spaced, line = line[:1].isspace(), line.strip()  # " /etc is ...": a message, as it was meant
             if not line:
                 continue
-            if is_command(line):
+            if is_command(line) and not spaced:
                 try:
                     if not _command(session, line, style):
                         return 0
