@@ -18,7 +18,8 @@ def as_regex(gbnf: str) -> re.Pattern:
 
 RANGES = [(0, 0), (5, 20), (-20, -5), (-7, 13), (0, 9), (1, 10), (10, 99), (7, 1234), (-1234, -7), (99, 101),
           (100, 199), (123, 456), (5, None), (0, None), (-5, None), (37, None), (None, 5), (None, 0), (None, -37),
-          (None, 250), (-999, 999)]
+          (None, 250), (-999, 999), (100, None), (105, None), (2000, None), (None, -902), (None, -100),
+          (-1001, None)]  # llama.cpp's own one-ended ranges were wrong here (minimum 100 took 10-19)
 
 
 @pytest.mark.parametrize("lo, hi", RANGES)
@@ -43,6 +44,23 @@ def test_an_integer_range_is_exactly_its_integers(lo, hi):
 def test_a_bounded_integer_schema_gives_the_grammar_of_its_range(schema, lo, hi):
     rules = grammar.json({"type": "integer", **schema})
     assert int_range(lo, hi) in rules
+
+
+@pytest.mark.parametrize("lo, hi", [(10 ** 17, None), (None, -10 ** 17), (2 ** 63 - 1, None), (-2 ** 63, None)])
+def test_a_bound_of_many_digits_gives_a_grammar_llama_cpp_reads(lo, hi):
+    """minimum 10**17 wrote a count of {17,15}: llama.cpp's parser met it with bad_alloc, or the process was killed."""
+    g = int_range(lo, hi)
+    assert _core.gbnf_error(f"root ::= {g}") == "", g
+    bound = lo if lo is not None else hi
+    assert as_regex(g).fullmatch(str(bound)) and not as_regex(g).fullmatch(str(bound - 1 if lo is not None else
+                                                                                    bound + 1))
+
+
+def test_an_enum_or_const_beside_bounds_still_decides(tiny):
+    """The range was written in place of the rest: {"type": "integer", "minimum": 0, "enum": [7, 8]} took any natural
+    number."""
+    assert '"7"' in grammar.json({"type": "integer", "minimum": 0, "enum": [7, 8]})
+    assert '"3"' in grammar.json({"type": "integer", "maximum": 5, "const": 3})
 
 
 def test_generated_integers_stay_in_their_range(tiny, make_llm):

@@ -56,7 +56,7 @@ class Converter(llama_grammar.SchemaConverter):
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
         if isinstance(schema, dict):
             _check_ranges(schema, name)
-            if schema.get("type") == "integer" and schema.keys() & _BOUNDS:
+            if schema.get("type") == "integer" and schema.keys() & _BOUNDS and not schema.keys() & _BEFORE_BOUNDS:
                 lo, hi = _int_bounds(schema, name)
                 return self._add_rule(rule_name, "(" + int_range(lo, hi) + ") space")
         if isinstance(schema, dict) and schema.get("type") in (None, "array") and "items" in schema \
@@ -68,6 +68,8 @@ class Converter(llama_grammar.SchemaConverter):
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# what the converter reads before an integer's range (llama.cpp's order): a schema with one keeps its own way
+_BEFORE_BOUNDS = ("enum", "const", "$ref", "anyOf", "oneOf", "allOf", "not", "if")
 _INT64 = (-2**63, 2**63 - 1)
 
 
@@ -105,16 +107,46 @@ def _check_ranges(schema: dict, name: str) -> None:
             raise SchemaError(f"the schema at {name or 'the root'} allows nothing: {low} {a} is more than {high} {b}")
 
 
+MAX_DIGITS = 16  # an unbounded side allows integers of up to 16 digits, as llama.cpp's integral-part does
+
+
 def int_range(lo, hi) -> str:
-    """GBNF for the integers from lo to hi in decimal (None: unbounded on that side, not both): llama.cpp's
-    build_min_max_int (json-schema-to-grammar.cpp), which llama-cpp-python's converter lacks (it ignored minimum
-    and maximum: {"type": "integer", "minimum": 5} wrote 3)."""
+    """GBNF for the integers from lo to hi in decimal (None: unbounded on that side, not both), which
+    llama-cpp-python's converter lacks (it ignored minimum and maximum: {"type": "integer", "minimum": 5} wrote 3)."""
     out: list = []
-    _min_max_int(lo, hi, out)
+    if lo is not None and hi is not None:
+        _min_max_int(lo, hi, out)
+    elif lo is not None and lo < 0:  # -1 .. lo, then every natural number
+        out.append('"-" (')
+        _min_max_int(1, -lo, out)
+        out.append(") | ")
+        _from(0, out)
+    elif lo is not None:
+        _from(lo, out)
+    elif hi is not None and hi >= 0:  # every negative number, then 0 .. hi
+        out.append(f'"-" [1-9] [0-9]{{0,{MAX_DIGITS - 1}}} | ')
+        _min_max_int(0, hi, out)
+    elif hi is not None:
+        out.append('"-" (')
+        _from(-hi, out)
+        out.append(")")
+    else:
+        raise SchemaError("an integer range needs a least or a greatest value")
     return "".join(out)
 
 
-def _min_max_int(lo, hi, out: list, decimals_left: int = 16, top_level: bool = True) -> None:
+def _from(lo: int, out: list) -> None:
+    """lo and every greater natural number: lo's digit count from lo up, then each longer count."""
+    digits = len(str(lo))
+    _min_max_int(lo, 10 ** digits - 1, out)
+    most = max(MAX_DIGITS, digits)
+    if digits < most:
+        out.append(f" | [1-9] [0-9]{{{digits},{most - 1}}}")
+
+
+def _min_max_int(lo: int, hi: int, out: list, decimals_left: int = 16, top_level: bool = True) -> None:
+    """lo..hi, both given: llama.cpp's build_min_max_int for two ends (its one-ended cases are wrong: minimum 100
+    took 10-19, minimum 10**17 wrote a count of {17,15}, which llama.cpp's parser met with bad_alloc)."""
     def digit_range(a: str, b: str) -> None:
         out.append(f"[{a}]" if a == b else f"[{a}-{b}]")
 
@@ -165,79 +197,22 @@ def _min_max_int(lo, hi, out: list, decimals_left: int = 16, top_level: bool = T
             else:
                 out.append(f"[{a[i]}-{b[i]}]")
 
-    if lo is not None and hi is not None:
-        if lo < 0 and hi < 0:
-            out.append('"-" (')
-            _min_max_int(-hi, -lo, out, decimals_left, True)
-            out.append(")")
-            return
-        if lo < 0:
-            out.append('"-" (')
-            _min_max_int(0, -lo, out, decimals_left, True)
-            out.append(") | ")
-            lo = 0
-        lo_s, hi_s = str(lo), str(hi)
-        for digits in range(len(lo_s), len(hi_s)):
-            uniform_range(lo_s, "9" * digits)
-            lo_s = "1" + "0" * digits
-            out.append(" | ")
-        uniform_range(lo_s, hi_s)
+    if lo < 0 and hi < 0:
+        out.append('"-" (')
+        _min_max_int(-hi, -lo, out, decimals_left, True)
+        out.append(")")
         return
-    less_decimals = max(decimals_left - 1, 1)
-    if lo is not None:
-        if lo < 0:
-            out.append('"-" (')
-            _min_max_int(None, -lo, out, decimals_left, False)
-            out.append(") | [0] | [1-9] ")
-            more_digits(0, decimals_left - 1)
-        elif lo == 0:
-            if top_level:
-                out.append("[0] | [1-9] ")
-                more_digits(0, less_decimals)
-            else:
-                more_digits(1, decimals_left)
-        elif lo <= 9:
-            c = str(lo)
-            start = "1" if top_level else "0"
-            if c > start:
-                digit_range(start, chr(ord(c) - 1))
-                out.append(" ")
-                more_digits(1, less_decimals)
-                out.append(" | ")
-            digit_range(c, "9")
-            out.append(" ")
-            more_digits(0, less_decimals)
-        else:
-            lo_s = str(lo)
-            c = lo_s[0]
-            if c > "1":
-                digit_range("1" if top_level else "0", chr(ord(c) - 1))
-                out.append(" ")
-                more_digits(len(lo_s), less_decimals)
-                out.append(" | ")
-            digit_range(c, c)
-            out.append(" (")
-            _min_max_int(int(lo_s[1:]), None, out, less_decimals, False)
-            out.append(")")
-            if c < "9":
-                out.append(" | ")
-                digit_range(chr(ord(c) + 1), "9")
-                out.append(" ")
-                more_digits(len(lo_s) - 1, less_decimals)
-        return
-    if hi is not None:
-        if hi >= 0:
-            if top_level:
-                out.append('"-" [1-9] ')
-                more_digits(0, less_decimals)
-                out.append(" | ")
-            _min_max_int(0, hi, out, decimals_left, True)
-        else:
-            out.append('"-" (')
-            _min_max_int(-hi, None, out, decimals_left, False)
-            out.append(")")
-        return
-    raise SchemaError("an integer range needs a least or a greatest value")
+    if lo < 0:
+        out.append('"-" (')
+        _min_max_int(0, -lo, out, decimals_left, True)
+        out.append(") | ")
+        lo = 0
+    lo_s, hi_s = str(lo), str(hi)
+    for digits in range(len(lo_s), len(hi_s)):
+        uniform_range(lo_s, "9" * digits)
+        lo_s = "1" + "0" * digits
+        out.append(" | ")
+    uniform_range(lo_s, hi_s)
 
 
 def _drop_forbidden(schema: dict, name: str) -> dict:
