@@ -2,6 +2,7 @@
 system prompt the template refuses, messages that start with a path, a dumb terminal, stdout on a full disk or
 closed, a JSON reply cut short. Tiny random models, as in test_cli.py."""
 
+import json
 import os
 import subprocess
 import sys
@@ -23,8 +24,10 @@ def test_load_refuses_what_is_not_a_regular_file_or_too_large(tiny, env, tmp_pat
         f.truncate(65 << 20)  # sparse: 65 MiB of nothing on disk
     child = chat(tiny, env, "--max-tokens", "8")
     assert "tok/s" in ask(child, "hello")
-    assert "not a regular file" in ask(child, f"/load {tmp_path / 'fifo'}")
-    assert "larger than 64 MiB" in ask(child, f"/load {tmp_path / 'huge.json'}")
+    out = ask(child, f"/load {tmp_path / 'fifo'}")
+    assert f"error: cannot read {tmp_path / 'fifo'}: not a regular file" in out and "not JSON" not in out
+    out = ask(child, f"/load {tmp_path / 'huge.json'}")
+    assert "larger than 64 MiB" in out and "not JSON" not in out
     assert "conversation: 2 messages" in ask(child, "/stats")  # as it was
     assert "not a regular file" in ask(child, f"/save {tmp_path / 'fifo'}")  # and not replaced by a file
     assert (tmp_path / "fifo").is_fifo()
@@ -40,6 +43,10 @@ def test_a_system_prompt_the_template_refuses_is_refused_and_one_can_be_removed(
     out = ask(child, "/system be nice")
     assert "takes no such system prompt" in out and "System role not supported" in out
     assert "no system prompt" in ask(child, "/system")
+    (tmp_path / "saved.json").write_text(json.dumps({"system": "be nice", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}))
+    assert "takes no such system prompt" in ask(child, f"/load {tmp_path / 'saved.json'}")  # from a file too
+    assert "conversation: 0 messages" in ask(child, "/stats")
     assert "tok/s" in ask(child, "hello")  # the chat goes on
     child.sendeof()
     exits_cleanly(child)
@@ -84,16 +91,23 @@ def test_generate_on_a_full_disk_or_a_closed_stdout_says_so_in_one_line(tiny, en
     r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hello", "--max-tokens", "8")], env=env,
                        stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
     assert r.returncode == 1 and "error: stdout is closed" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, stderr=subprocess.PIPE, text=True,
+                       timeout=120, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and not r.stderr, r.stderr  # a command that only prints goes on (serve: its log)
     r = subprocess.run([sys.executable, *cli_args(tiny, "chat")], env=env, capture_output=True, text=True,
                        timeout=120, preexec_fn=lambda: os.close(0))
     assert r.returncode == 1 and "error: chat reads your messages from stdin, which is closed" in r.stderr, r.stderr
 
 
 def test_a_json_reply_cut_at_max_tokens_is_an_error(tiny, env):
-    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--json", "--max-tokens", "3")], env=env,
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--json", "--max-tokens", "1")], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert "the reply was cut at --max-tokens 3 before its JSON was complete" in r.stderr
+    assert "the reply was cut at --max-tokens 1 before its JSON was complete" in r.stderr
+    # whole when max_tokens ran out (the tiny model writes "{}", then spaces): no error
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--json", "--max-tokens", "3",
+                                                  "--stats-json")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "{}" and '"finish_reason": "length"' in r.stderr, r.stderr
 
 
 def test_a_value_the_library_refuses_is_named_by_its_flag(tiny, env):

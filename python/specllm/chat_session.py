@@ -167,6 +167,8 @@ class ChatSession:
                 data = json.load(f)
         except OSError as e:
             raise InvalidOptionError(f"cannot read {path}: {e.strerror or e}") from None
+        except InvalidOptionError:  # said above (a ValueError too: not "not JSON")
+            raise
         except (ValueError, RecursionError) as e:
             raise InvalidOptionError(f"{path} is not a saved conversation (not JSON: {e})") from None
         system, messages = None, data
@@ -186,7 +188,7 @@ class ChatSession:
             _text(f"{path}: message {i + 1}", m["content"])
         before = self._system, self.turns
         try:
-            self.system = system or None
+            self.set_system(system or None)  # one the chat template refuses: said now, not at every message
             self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
             n = self.n_tokens()
             if n >= self.n_ctx:  # taken, the next message failed with "context full"

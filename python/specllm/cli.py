@@ -181,8 +181,9 @@ def _generate(args) -> int:
         raise SpecLLMError("this model has no chat template to put --system in; without --system, generate "
                            "completes the prompt as given")
     # else: --raw, or a model without a chat template: plain completion of the text as given
-    last, ends_line = None, True
+    last, ends_line, text = None, True, []
     for chunk in llm.stream(prompt, **_gen_options(args), **({"grammar": rules} if rules else {})):
+        text.append(chunk.text)
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         ends_line = chunk.text.endswith("\n") if chunk.text else ends_line
@@ -202,11 +203,24 @@ def _generate(args) -> int:
         start = "\n" if not ends_line and _beside_stdout(sys.stderr) else ""
         sys.stderr.write(start + "\n".join(lines) + "\n")
         sys.stderr.flush()
-    if rules and last.finish_reason == "length":  # a cut JSON reply went out with exit status 0 and no word
+    if rules and last.finish_reason == "length" and not _whole_json(args, "".join(text)):
+        # a cut JSON reply went out with exit status 0 and no word
         raise SpecLLMError(f"the reply was cut at --max-tokens {args.max_tokens} before its "
                            f"{'JSON' if args.json or args.json_schema else 'grammar'} was complete; give a larger "
                            f"--max-tokens")
     return 0
+
+
+def _whole_json(args, text: str) -> bool:
+    """A reply under --json or --json-schema that parses (max_tokens ran out on its last token); False under
+    --grammar, whose end cannot be told from here."""
+    if not (args.json or args.json_schema):
+        return False
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 def stats_line(stats, finish_reason: str, drafter: bool, profile) -> str:
@@ -337,12 +351,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if sys.stderr is None:  # started with 2>&-: errors go nowhere, but not as an AttributeError
         sys.stderr = open(os.devnull, "w")
-    if sys.stdout is None:  # >&-: a reply written to None was an AttributeError
-        _error(SpecLLMError("stdout is closed: nothing could be written; give it a file or a pipe"))
-        return 1
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["chat"] + argv  # no command: chat
     parser = make_parser()
+    if sys.stdout is None:  # >&-: print() writes nothing (serve, pull, models go on); a reply written to None was
+        sys.stdout = open(os.devnull, "w")  # an AttributeError: generate and chat refuse below
+        if argv[0] in ("generate", "chat"):
+            _error(SpecLLMError(f"stdout is closed: {argv[0]}'s reply could not be written; give it a file or a pipe"))
+            return 1
     args = parser.parse_args(argv)
     _check(parser, args)
     for stream in (sys.stdin, sys.stdout, sys.stderr):
@@ -364,7 +380,8 @@ def main(argv=None) -> int:
         if e.errno not in OUTPUT_ERRORS or e.filename is not None:
             raise
         sys.stdout = open(os.devnull, "w")  # (its buffer is not flushed again at exit)
-        _error(SpecLLMError(f"cannot write the output: {e.strerror}"))  # > /dev/full was a traceback
+        what = "read the input or write the output" if e.errno == errno.EIO else "write the output"  # EIO: either
+        _error(SpecLLMError(f"cannot {what}: {e.strerror}"))  # > /dev/full was a traceback
         return 1
     except SpecLLMError as e:
         _error(e)

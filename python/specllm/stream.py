@@ -94,6 +94,7 @@ class Gate:
     def end_idle_stream(self, why: str) -> None:
         """End the holder at once if it is a stream between two chunks (nobody inside its next()); a stream running
         a step, or a call, is left to finish."""
+        self._forked()
         with self._cond:
             h = self._holder
             if isinstance(h, _Ticket) and h._idle_since is not None:
@@ -102,12 +103,14 @@ class Gate:
                 self._cond.notify_all()
 
     def idle(self, holder) -> None:
+        self._forked()
         with self._cond:
             holder._idle_since = time.monotonic()
             self._cond.notify_all()
 
     def busy(self, holder) -> bool:
         """Mark holder as running a step; False if it was preempted meanwhile."""
+        self._forked()
         with self._cond:
             if self._holder is not holder:
                 return False
@@ -115,6 +118,7 @@ class Gate:
             return True
 
     def leave(self, holder) -> None:
+        self._forked()
         with self._cond:
             if self._holder is holder:
                 self._holder = None
