@@ -66,6 +66,7 @@ def _vocab(kind):
 
 
 def _params(**kw):
+    kw.pop("split_max_tensors", None)  # how the file is written, not what the model is
     if kw.get("arch") == "llama":  # the default, not stored: models written before arch existed stay valid
         del kw["arch"]
     if kw.get("chat_template") is None:  # likewise
