@@ -193,3 +193,4 @@ def test_the_api_key_as_x_api_key_and_errors_of_both_shapes(tiny_tools, make_llm
         assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"  # OpenAI's shape
         missing = c.post("/v1/messages", json={"max_tokens": 2}, headers={"x-api-key": "k3y"})
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages"
+

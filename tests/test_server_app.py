@@ -167,6 +167,15 @@ def test_cors_only_when_asked(llm):
         with TestClient(create_app(llm, cors_origins=origins)) as c:
             r = c.get("/v1/models", headers={"Origin": "http://x.test"})
             assert r.headers["access-control-allow-origin"] == "http://x.test"
+    with TestClient(create_app(llm, cors_origins=["http://x.test"])) as c:
+        # the preflight of openai-node and Anthropic's TypeScript SDK in a browser: headers of their own (a 400)
+        asked = ("authorization, content-type, x-stainless-lang, x-stainless-os, x-stainless-retry-count, "
+                 "x-stainless-timeout")
+        ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked}
+        r = c.options("/v1/chat/completions", headers={"Origin": "http://x.test", **ask})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://x.test", r.text
+        r = c.options("/v1/chat/completions", headers={"Origin": "http://evil.test", **ask})
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers  # the origins are the gate
     with TestClient(create_app(llm, cors_origins=None, api_key=" k ")) as c:  # None: none; the key read stripped
         assert c.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
         assert c.get("/v1/models").status_code == 401

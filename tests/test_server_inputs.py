@@ -97,3 +97,101 @@ def test_a_streamed_tool_call_with_a_lone_surrogate_in_its_arguments_is_whole(se
         events = sse_data(r)
     call = [o for o in events[-1]["response"]["output"] if o["type"] == "function_call"]
     assert events[-1]["type"] == "response.completed" and json.loads(call[0]["arguments"]) == {"p": "\ud800"}
+
+
+@pytest.fixture(scope="module")
+def local(tools_local):
+    return tools_local
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+def test_a_reply_begun_in_the_last_assistant_message_is_continued(server, local):
+    """Anthropic's prefill, which llama-server continues too: the server closed the begun reply as a turn and
+    answered anew (`{"a":` then `{"a": 1}`)."""
+    begun = "The weather in Paris is"
+    messages = ASK + [{"role": "assistant", "content": begun}]
+    prompt = local.apply_chat_template(ASK) + begun
+    want = local.generate(prompt, max_tokens=8).text
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT,
+                      json={"model": MODEL, "messages": messages, "max_tokens": 8}).json()
+    assert chat["choices"][0]["message"]["content"] == want
+    assert chat["usage"]["prompt_tokens"] == len(local.prompt_tokens(prompt))
+    anthropic = httpx.post(server.url + "/v1/messages", timeout=TIMEOUT,
+                           json={"model": MODEL, "messages": messages, "max_tokens": 8}).json()
+    assert anthropic["content"][0]["text"] == want
+    for extra in ({"tools": [WEATHER], "tool_choice": "required"}, {"response_format": {"type": "json_object"}}):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT,
+                       json={"model": MODEL, "messages": messages, "max_tokens": 8, **extra})
+        assert r.status_code == 400 and "begun in the last" in r.json()["error"]["message"], r.text
+    # an assistant message with calls (or with nothing) ends its turn as before
+    closed = ASK + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}]
+    opening = local.apply_chat_template(ASK)[len(local.apply_chat_template(ASK, add_generation_prompt=False)):]
+    for ended in (closed, ASK + [{"role": "assistant", "content": ""}]):
+        r = httpx.post(server.url + "/apply-template", json={"messages": ended}, timeout=TIMEOUT)
+        assert r.json()["prompt"].endswith(opening) and r.json()["prompt"] != local.apply_chat_template(ASK)
+
+
+def test_token_counts_of_prompts_longer_than_the_context(server):
+    # the count is what a client asks to learn whether a prompt fits: it was a 400 context_length_exceeded
+    long = " ".join(f"w{i}" for i in range(3000))  # well past the tiny server's 2048 tokens
+    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=TIMEOUT,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 2048, r.text
+    r = httpx.post(server.url + "/v1/responses/input_tokens", timeout=TIMEOUT, json={"model": MODEL, "input": long})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 2048, r.text
+    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=TIMEOUT,  # max_tokens is not counted
+                   json={"model": MODEL, "max_tokens": 8000, "messages": ASK})
+    assert r.status_code == 200 and 0 < r.json()["input_tokens"] < 100, r.text
+    r = httpx.post(server.url + "/v1/messages", timeout=TIMEOUT,  # generating it is still a 400
+                   json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_streamed_call_ends_its_arguments_in_the_openai_clients_stream_helper(server):
+    # the call and finish_reason "tool_calls" came in one chunk: the helper read the finish first and never said
+    # tool_calls.function.arguments.done; OpenAI and llama-server end with a chunk of an empty delta
+    import openai
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT)
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                        max_tokens=40) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_completion()
+    assert "tool_calls.function.arguments.done" in kinds, kinds
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert json.loads(final.choices[0].message.tool_calls[0].function.arguments).keys() == {"city"}
+
+
+def test_a_tool_schema_nested_hundreds_of_levels_deep_is_not_a_server_error(server):
+    # copy.deepcopy of a schema ~300 levels deep raised RecursionError outside the converter's fallback: a 500 (and a
+    # 6000-line traceback) on all four; its arguments are any JSON object now, as for any schema it cannot express
+    schema = '{"type": "object", "properties": {"a": ' * 400 + '{"type": "string"}' + '}}' * 400
+    user = '"messages": [{"role": "user", "content": "hi"}]'
+    bodies = {"/v1/messages": '{"max_tokens": 2, %s, "tools": [{"name": "f", "input_schema": %s}]}' % (user, schema),
+              "/v1/messages/count_tokens": '{%s, "tools": [{"name": "f", "input_schema": %s}]}' % (user, schema),
+              "/v1/responses": '{"max_output_tokens": 2, "input": "hi", "tools": [{"type": "function", "name": "f", '
+                               '"parameters": %s}]}' % schema,
+              "/v1/chat/completions": '{"max_tokens": 2, %s, "tools": [{"type": "function", "function": {"name": '
+                                      '"f", "parameters": %s}}]}' % (user, schema)}
+    for path, body in bodies.items():  # the tools in the prompt are longer than the tiny context: a 400, or counted
+        r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == (200 if "count" in path else 400), (path, r.status_code, r.text[:300])
+        assert "context" in r.text or "count" in path, (path, r.text[:300])
+
+
+@pytest.mark.parametrize("metadata, words", [({f"k{i}": "v" for i in range(17)}, "at most 16"),
+                                             ({"k" * 65: "v"}, "at most 64"), ({"k": "v" * 513}, "at most 512"),
+                                             ({"k": 5}, "must be a string")])
+def test_responses_metadata_beyond_openais_bounds_is_refused(server, metadata, words):
+    # a kept response holds its metadata: 20 requests of 4 MB each grew the server by 92 MB
+    r = httpx.post(server.url + "/v1/responses", timeout=TIMEOUT,
+                   json={"model": MODEL, "input": "hi", "max_output_tokens": 2, "metadata": metadata})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    r = httpx.post(server.url + "/v1/responses", timeout=TIMEOUT,
+                   json={"model": MODEL, "input": "hi", "max_output_tokens": 2, "truncation": "bogus"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncation", r.text

@@ -110,6 +110,28 @@ def test_a_reply_that_only_looks_like_a_call_comes_out_whole(reply):
     assert out + rest == reply and calls == []
 
 
+@pytest.mark.parametrize("fence", ["```python", "```bash ", "``` js", "```diff"])
+def test_a_reply_opening_a_code_fence_of_another_language_streams_as_it_comes(fence):
+    # any ``` at the start was held until the reply ended: a code answer of an editor in agent mode (which always
+    # sends tools) came in one piece at the end; only a json or bare fence may be a call
+    reply = fence + "\nprint(1)\nprint(2)\n```\n"
+    s = tools.ToolStream({"get_weather"})
+    out = [s.feed(c) for c in reply]
+    assert "".join(out[:len(fence) + 1]) == fence + "\n"  # passed on with the fence's first line
+    rest, calls = s.finish()
+    assert "".join(out) + rest == reply and calls == []
+
+
+def test_a_forced_call_cut_short_is_not_text_of_the_servers_opening():
+    # max_tokens ended a forced call: the reply was the opening the server put in the prompt plus the model's piece
+    opening = tools.forced_opening("required", [WEATHER])
+    assert tools.reply_parts([WEATHER], opening, '{"city":') == ("", [])
+    s = tools.reply_stream([WEATHER], opening)
+    assert s.pass_on('{"city":', True) == ("", [])
+    auto = '<tool_call>\n{"name": "get_weather", "arguments": {"city":'  # the model's own words: its text
+    assert tools.reply_parts([WEATHER], "", auto) == (auto, [])
+
+
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
 
@@ -153,7 +175,7 @@ def test_a_forced_call_must_name_one_of_the_tools():
     assert len(tools.parse(reply, names)[1]) == 1  # not forced: as the model wrote it (as llama-server does)
     s = tools.ToolStream(names, strict=True)
     s.feed(reply)
-    assert s.finish() == (reply, [])
+    assert s.finish() == ("", [])  # no call made: nothing of the server's opening is the model's text
     # one tool: "required" names it
     assert tools.forced_opening("required", [WEATHER]) == tools.forced_opening(
         {"type": "function", "function": {"name": "get_weather"}}, [WEATHER])

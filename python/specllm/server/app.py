@@ -214,9 +214,10 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     if origins:
+        # any request header, as llama-server allows: the origins are the gate, and the official JS clients send
+        # headers of their own (x-stainless-os, -retry-count, -timeout...) that a list refused in the preflight
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version",
-                                          "anthropic-beta", "anthropic-dangerous-direct-browser-access"])
+                           allow_headers=["*"])
     app.add_middleware(BodyLimit, max_body=max_body, metrics=metrics)
     return app
 

@@ -84,8 +84,8 @@ async def collect_all(request: Request, first_job: Job, choices: List[Choice]) -
     return out
 
 
-# make_chunk(text, finish_reason, logprobs=None) -> a chunk, or None while its text is held back; a job asked for
-# the prompt's logprobs calls it once with prompt_logprobs=[...] too (its first chunk)
+# make_chunk(text, finish_reason, logprobs=None) -> a chunk (or a list of them), or None while its text is held
+# back; a job asked for the prompt's logprobs calls it once with prompt_logprobs=[...] too (its first chunk)
 Chunker = Callable[[Choice], tuple]  # choice -> (a chunk to send before its text or None, make_chunk)
 
 
@@ -128,7 +128,8 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
                          if value.text or value.finish_reason or scored else None)
                 if chunk is not None:  # None: text held back (a tool call may be starting)
                     logprobs = []
-                    yield chunk.model_dump_json(exclude_none=True)
+                    for one in chunk if isinstance(chunk, list) else [chunk]:
+                        yield one.model_dump_json(exclude_none=True)
                 if value.finish_reason is not None:
                     done.append(value.stats)
             if failed:

@@ -186,11 +186,11 @@ def chat_request(req: MessagesRequest) -> p.ChatRequest:
         raise _bad(f"the messages cannot be read as a conversation: {e.errors()[0].get('msg')}", "messages") from None
 
 
-def _prepare(request: Request, req: MessagesRequest):
+def _prepare(request: Request, req: MessagesRequest, count_only: bool = False):
     chat = chat_request(req)
     state, t0 = jobs.begin(request, chat)
     try:
-        return state, t0, chat, routes.prepare_chat(state, chat)
+        return state, t0, chat, routes.prepare_chat(state, chat, count_only)
     except APIError as e:  # named as the Anthropic request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -201,7 +201,7 @@ def _prepare(request: Request, req: MessagesRequest):
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, req: MessagesRequest):
-    _, _, _, prepared = await jobs.prepared(request, _prepare, request, req)
+    _, _, _, prepared = await jobs.prepared(request, _prepare, request, req, True)  # however long: it is counted
     return {"input_tokens": len(prepared.tokens)}
 
 

@@ -35,7 +35,7 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
-def _prepare(request: Request, req: ResponsesRequest):
+def _prepare(request: Request, req: ResponsesRequest, count_only: bool = False):
     """(state, start time, the chat request, its prompt and options, the conversation) of a request, or a 400 that
     names its field."""
     prior = []
@@ -52,7 +52,7 @@ def _prepare(request: Request, req: ResponsesRequest):
     chat = chat_request(req, conversation)
     state, t0 = jobs.begin(request, chat)
     try:
-        return state, t0, chat, routes.prepare_chat(state, chat), conversation
+        return state, t0, chat, routes.prepare_chat(state, chat, count_only), conversation
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -120,7 +120,7 @@ class Answer:
 @router.post("/v1/responses/input_tokens")
 async def input_tokens(request: Request, req: ResponsesRequest):
     """The prompt tokens a request would take (client.responses.input_tokens.count)."""
-    prepared = (await jobs.prepared(request, _prepare, request, req))[3]
+    prepared = (await jobs.prepared(request, _prepare, request, req, True))[3]  # however long: it is counted
     return {"object": "response.input_tokens", "input_tokens": len(prepared.tokens)}
 
 

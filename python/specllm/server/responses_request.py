@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import Field, ValidationError
 
@@ -31,7 +31,7 @@ class ResponsesRequest(_Request):
     text: Optional[Dict[str, Any]] = None
     parallel_tool_calls: Optional[bool] = None
     metadata: Optional[Dict[str, Any]] = None
-    truncation: Optional[str] = None
+    truncation: Optional[Literal["auto", "disabled"]] = None  # "auto": the oldest items dropped to fit (responses.py)
     store: Optional[bool] = None  # True by default, as OpenAI's: the response is kept (response_store.py)
     previous_response_id: Optional[str] = None
     # refused: specllm keeps no conversations, runs no background jobs, gives no logprobs here
@@ -69,6 +69,20 @@ def _refuse(req: ResponsesRequest) -> None:
     for param, given, message in checks:
         if given:
             raise bad(message, param, "unsupported_parameter")
+    _check_metadata(req.metadata)
+
+
+def _check_metadata(metadata: Optional[dict]) -> None:
+    """OpenAI's bounds on metadata, which a kept response holds (256 of them: 4 MB each grew the server by 1 GB)."""
+    if not metadata:
+        return
+    if len(metadata) > 16:
+        raise bad(f"metadata has {len(metadata)} keys; at most 16", "metadata")
+    for key, value in metadata.items():
+        if len(key) > 64:
+            raise bad(f"metadata key {key[:40]!r}... is {len(key)} characters long; at most 64", "metadata")
+        if not isinstance(value, str) or len(value) > 512:
+            raise bad(f"metadata[{key!r}] must be a string of at most 512 characters", f"metadata.{key}")
 
 
 def _name(where: str) -> str:

@@ -164,20 +164,37 @@ class Chat(NamedTuple):
     n_logprobs: Optional[int]
 
 
+def prefill_of(messages: list) -> Optional[str]:
+    """The start of the reply a conversation gives (its last message from the assistant, with text and no tool
+    calls: Anthropic's prefill, which llama-server continues too), or None."""
+    last = messages[-1] if messages else None
+    if last and last.get("role") == "assistant" and not last.get("tool_calls") and last.get("content"):
+        return last["content"]
+    return None
+
+
 def chat_prompt(state, messages: list, tools: Optional[list], kwargs: Optional[dict]) -> str:
-    """The conversation in the server's chat template (a 400 naming the field that broke it)."""
+    """The conversation in the server's chat template (a 400 naming the field that broke it). A conversation that
+    ends with the start of the reply (prefill_of) is the conversation before it, the template's opening of a reply,
+    and that start: the reply continues it (it was closed as a turn, and answered anew)."""
+    prefill = prefill_of(messages)
+    if prefill is not None:
+        messages = messages[:-1]
     try:
         template_kwargs = chat_templates.check_kwargs(kwargs)
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "chat_template_kwargs", "invalid_value") from None
     try:
-        return state.llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=template_kwargs)
+        return state.llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=template_kwargs) + (
+            prefill or "")
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
 
 
-def prepare_chat(state, req: p.ChatRequest) -> Chat:
-    """A chat request's prompt and options (a 400 for a bad one): /v1/chat/completions and /v1/responses."""
+def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
+    """A chat request's prompt and options (a 400 for a bad one): /v1/chat/completions and /v1/responses.
+    count_only: the prompt without the options (None), for the token-counting endpoints: a prompt longer than the
+    context is what a client counts to find out, not an error there."""
     messages = _messages(req.messages)
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     try:
@@ -194,8 +211,15 @@ def prepare_chat(state, req: p.ChatRequest) -> Chat:
                                              parallel=req.parallel_tool_calls is not False)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
+    if prefill_of(messages) is not None and (forced or _grammar(req)[0] is not None):
+        # the call's opening or the grammar would start where the prefilled reply already has
+        raise APIError(400, "a reply begun in the last (assistant) message cannot be continued with "
+                            f"{'a forced tool call' if forced else 'a grammar or a JSON response format'}: leave "
+                            "out one of them", "invalid_request_error", "messages", "invalid_value")
     prompt = chat_prompt(state, messages, tools, req.chat_template_kwargs) + forced
     tokens = _tokens(state, prompt, "messages")
+    if count_only:
+        return Chat(tokens, None, tools, forced, None)
     n_logprobs = lp.chat_request(req)
     opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,
                            call_rules)
@@ -226,10 +250,16 @@ async def chat_completions(request: Request, req: p.ChatRequest):
                         return None
                 delta = p.Delta(content=text or None if calls else text, tool_calls=[
                     p.DeltaToolCall(index=i, **call) for i, call in enumerate(calls)] if calls else None)
-                choice = p.ChunkChoice(index=c.index, delta=delta, finish_reason=finish_reason,
+                choice = p.ChunkChoice(index=c.index, delta=delta, finish_reason=None if calls else finish_reason,
                                        logprobs=lp.chat(logprobs, state.llm.token_bytes)
                                        if n_logprobs is not None and logprobs is not None else None)
-                return p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[choice])
+                chunk = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[choice])
+                if not calls:
+                    return chunk
+                # the finish in a chunk of its own, as OpenAI sends it: the openai client's stream helper ends a
+                # call's arguments (tool_calls.function.arguments.done) on the finish it reads before the call
+                return [chunk, p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[
+                    p.ChunkChoice(index=c.index, delta=p.Delta(), finish_reason=finish_reason)])]
             head = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[
                 p.ChunkChoice(index=c.index, delta=p.Delta(role="assistant", content=""))])
             return head, make_chunk

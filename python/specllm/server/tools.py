@@ -135,8 +135,8 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         return None, {}
 
     def arguments(i: int, fn: dict) -> str:
-        schema = copy.deepcopy(fn.get("parameters"))  # resolve_refs rewrites $refs in place: not the request's
-        try:
+        try:  # deepcopy in the try too: a schema nested some 300 levels deep is a RecursionError there
+            schema = copy.deepcopy(fn.get("parameters"))  # resolve_refs rewrites $refs in place: not the request's
             schema = conv.resolve_refs(schema if isinstance(schema, dict) and not json_schema.allows_anything(schema)
                                        else {"type": "object"}, f"tool-{i}")
             return conv.visit(schema, f"arguments-{i}")
@@ -223,9 +223,12 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
 
 def reply_parts(tools: Optional[list], forced: str, text: str) -> Tuple[str, List[dict]]:
     """(text, calls) of a whole reply that began with `forced` (a forced call's opening, or ""): parse() with the
-    request's tool names, strict for a forced call; (text, []) without tools."""
-    text = forced + text
-    return parse(text, names_of(tools), bool(forced)) if tools else (text, [])
+    request's tool names, strict for a forced call; (text, []) without tools. A forced call that is not whole (cut
+    by max_tokens) is ("", []): its opening is the server's words, not the model's."""
+    if not tools:
+        return forced + text, []
+    text, calls = parse(forced + text, names_of(tools), bool(forced))
+    return ("", []) if forced and not calls else (text, calls)
 
 
 def reply_stream(tools: Optional[list], forced: str) -> Optional["ToolStream"]:
@@ -256,8 +259,12 @@ class ToolStream:
         text = self.held + piece
         if not self.started and self.names:
             head = text.lstrip()
-            if head.startswith(("{", "```")):  # may be a whole-reply call: held until the reply ends
-                self.in_call, self.held = True, text
+            fence = head.startswith("```")
+            if fence and "\n" not in head:  # the fence's language is not known yet
+                self.held = text
+                return ""
+            if head.startswith("{") or (fence and head[3:head.index("\n")].strip().lower() in ("", "json")):
+                self.in_call, self.held = True, text  # may be a whole-reply call: held until the reply ends
                 return ""
             if not head or "```".startswith(head):  # nothing yet, or a fence may be starting
                 self.held = text
@@ -297,4 +304,6 @@ class ToolStream:
         if not self.in_call:
             return held, []
         rest, calls = parse(held, self.names, self.strict)
-        return (rest, calls) if calls else (held, [])
+        if calls:
+            return rest, calls
+        return ("" if self.strict else held), []  # strict: a forced call cut short (reply_parts)
