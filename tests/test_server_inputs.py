@@ -195,3 +195,23 @@ def test_responses_metadata_beyond_openais_bounds_is_refused(server, metadata, w
     r = httpx.post(server.url + "/v1/responses", timeout=TIMEOUT,
                    json={"model": MODEL, "input": "hi", "max_output_tokens": 2, "truncation": "bogus"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncation", r.text
+
+
+def test_responses_truncation_auto_leaves_out_the_oldest_items(server, local):
+    # "auto" was echoed and not applied: a long conversation was a 400 as with "disabled"
+    words = " ".join(f"w{i}" for i in range(400))
+    items = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {words}"} for i in range(9)]
+    body = {"model": MODEL, "input": items, "instructions": "Be brief.", "max_output_tokens": 4}
+    r = httpx.post(server.url + "/v1/responses", json=dict(body, truncation="disabled"), timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = httpx.post(server.url + "/v1/responses", json=dict(body, truncation="auto"), timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["truncation"] == "auto", r.text
+    used = r.json()["usage"]["input_tokens"]
+    # the longest tail that fits: the instructions kept, then items from a user turn on, the last always
+    fits = [i for i in range(0, 9, 2) if len(local.prompt_tokens(local.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}] + items[i:]))) + 4 <= 2048]
+    assert used == len(local.prompt_tokens(local.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}] + items[fits[0]:]))), used
+    alone = [{"role": "user", "content": words * 6}]  # the last item alone is too long: still the 400
+    r = httpx.post(server.url + "/v1/responses", json=dict(body, input=alone, truncation="auto"), timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text

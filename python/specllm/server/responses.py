@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
-from . import jobs, routes
+from . import jobs, routes, truncate
 from . import tools as tool_calls
 from .errors import APIError, SafeJSONResponse, json_text
 from .response_store import ResponseStore
@@ -52,6 +52,8 @@ def _prepare(request: Request, req: ResponsesRequest, count_only: bool = False):
     chat = chat_request(req, conversation)
     state, t0 = jobs.begin(request, chat)
     try:
+        if req.truncation == "auto" and not count_only:  # the oldest items left out to fit
+            return state, t0, chat, truncate.fit(state, chat, routes.prepare_chat), conversation
         return state, t0, chat, routes.prepare_chat(state, chat, count_only), conversation
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
