@@ -139,6 +139,8 @@ BAD = [
     ({"tool_choice": {"type": "any"}}, "tool_choice", "no tools"),
     ({"tools": [{"description": "no name"}]}, "tools.0.name", "needs a name"),
     ({"output_config": {"format": {"type": "xml"}}}, "output_config.format", "json_schema"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format", "json_schema"),  # no schema
+    ({"temperature": 7}, "temperature", None),  # Anthropic's range is 0-1
     ({"container": "c1"}, "container", "server tools"),
     ({"max_tokens": 0}, "max_tokens", None),
     ({"max_tokens": 5000}, "messages", "max_tokens"),

@@ -222,6 +222,9 @@ BAD = [
     ({"max_output_tokens": 0}, "max_output_tokens", None),
     ({"max_output_tokens": 5000}, "input", "lower max_output_tokens"),
     ({"temperature": -1}, "temperature", None),
+    ({"temperature": 9}, "temperature", None),  # OpenAI's range is 0-2
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format", "needs its schema"),
+    ({"truncation": "bogus"}, "truncation", None),
     ({"model": "gpt-4o"}, "model", "does not exist"),
 ]
 

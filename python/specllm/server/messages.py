@@ -41,7 +41,7 @@ class MessagesRequest(_Request):
     max_tokens: Optional[int] = Field(None, ge=1)
     system: Union[str, List[Dict[str, Any]], None] = None
     stop_sequences: Optional[List[str]] = None
-    temperature: Optional[float] = Field(None, ge=0)
+    temperature: Optional[float] = Field(None, ge=0, le=1)  # Anthropic's range
     top_p: Optional[float] = Field(None, gt=0, le=1)
     top_k: Optional[int] = Field(None, ge=0)
     stream: bool = False
@@ -160,8 +160,8 @@ def _format(config: Optional[dict]):
     fmt = (config or {}).get("format")
     if fmt is None:
         return None
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     raise _bad("output_config.format must be {'type': 'json_schema', 'schema': {...}}", "output_config.format")
 
 

@@ -23,7 +23,7 @@ class ResponsesRequest(_Request):
     input: Union[str, List[Dict[str, Any]]]
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0)
+    temperature: Optional[float] = Field(None, ge=0, le=2)  # OpenAI's range
     top_p: Optional[float] = Field(None, gt=0, le=1)
     stream: bool = False
     tools: Optional[List[Dict[str, Any]]] = None
@@ -189,6 +189,9 @@ def _format(text: Optional[dict]):
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
         return None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):  # said in the chat's shape ({"json_schema": ...}) by grammar.py
+            raise bad("text.format of type json_schema needs its schema: {\"type\": \"json_schema\", \"name\": "
+                      "..., \"schema\": {...}}", "text.format")
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     return fmt  # json_object, or what grammar.response_format names as wrong
 
