@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import ListenError
 from ..llm import LLM
-from . import completion, embeddings, errors, infill, jobs, messages, ollama, responses, routes
+from . import completion, embeddings, errors, infill, jobs, messages, ollama, ollama_models, responses, routes
 from .errors import APIError
 from .metrics import Metrics
 from .response_store import ResponseStore
@@ -208,6 +208,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     app.include_router(ollama.router, dependencies=[Depends(check_key)])
     app.include_router(embeddings.router, dependencies=[Depends(check_key)])
     app.include_router(routes.public)
+    app.include_router(ollama_models.public)
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
     async def metrics_endpoint():

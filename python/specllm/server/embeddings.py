@@ -87,8 +87,9 @@ MAX_INPUTS = 2048  # inputs a request (OpenAI's bound): a list of 200,000 held t
 def _check(state, model: Optional[str], ollama: bool) -> str:
     """The id of the model that embeds (what the answer names); a 404 for a model this server does not serve."""
     ids = names(state)
-    if model and not any(model in (i, f"{i}:latest") if ollama else model == i for i in ids):
-        raise APIError(404, f"the model {model[:200]!r} does not exist here; embeddings come from "
+    if (model or ollama) and not any(model in (i, f"{i}:latest") if ollama else model == i for i in ids):
+        # Ollama's API names its model always ("" is a 404 there); OpenAI's may leave it out, as llama-server's
+        raise APIError(404, f"the model {(model or '')[:200]!r} does not exist here; embeddings come from "
                             f"{' or '.join(repr(i) for i in ids)}", "invalid_request_error", "model",
                        "model_not_found")
     return ids[0]

@@ -1,8 +1,8 @@
 """A conversation longer than the context, fitted by leaving out its oldest messages: the Responses API's
 `truncation: "auto"` (OpenAI: "the input is truncated by dropping items from the beginning of the conversation") and
-what Ollama's /api/chat does with a long chat. The system messages and the last message are always kept, and the
-kept part starts with a user message (never with a tool result whose call was left out), unless only the last
-message fits."""
+what Ollama's /api/chat does with a long chat (ollama_context.py). The system messages and the last message are
+always kept, and the kept part starts with a user message (never with a tool result whose call was left out, nor
+with an assistant's turn, which templates that want turns to alternate refuse), unless only the last message fits."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -10,46 +10,62 @@ from typing import Callable, Optional
 from . import protocol as p
 from .errors import APIError
 
-
-def _too_long(e: APIError) -> bool:
-    return e.code == "context_length_exceeded"
+OVERFLOW = "context_length_exceeded"  # the code of routes' 400 for a prompt longer than the context
 
 
-def fit(state, req: p.ChatRequest, prepare: Callable, room: Optional[int] = None):
-    """prepare(state, req) of the longest tail of req's messages (with all its system messages) that fits with room
-    tokens left for the reply (room: req's max_tokens; None: 1, or a quarter of the context when req gives no
-    max_tokens). The request whole when it fits; its context_length_exceeded 400 when not even its last message
-    does."""
-    try:
-        return prepare(state, req)
-    except APIError as e:
-        if not _too_long(e):
-            raise
-        whole = e
-    messages = req.messages
-    keep = ("system", "developer")
-    # a kept part starts at a user message (templates that want turns to alternate refuse an assistant's first)
-    starts = [i for i in range(1, len(messages)) if messages[i].role == "user"]
-    if messages[-1].role not in keep and len(messages) - 1 not in starts:
-        starts.append(len(messages) - 1)  # the last message alone, whatever it is
-    given = req.max_completion_tokens or req.max_tokens
-    if given is None:  # the reply's room while fitting: then all that is left, as for any request
-        room = room if room is not None else max(1, state.llm.n_ctx // 4)
-    trial = req.model_copy(update={"max_tokens": room, "max_completion_tokens": None}) if given is None else req
+def _role(message) -> Optional[str]:
+    return message.get("role") if isinstance(message, dict) else message.role
 
-    def tail(i: int) -> p.ChatRequest:
-        return trial.model_copy(update={"messages": [m for j, m in enumerate(messages) if j >= i or m.role in keep]})
 
-    lo, hi, found = 0, len(starts) - 1, None  # fewer messages, fewer tokens: the first start that fits
-    while lo <= hi:
+def kept(messages: list, start: int) -> list:
+    """The system messages before start, then the messages from start on."""
+    return [m for m in messages[:start] if _role(m) in ("system", "developer")] + list(messages[start:])
+
+
+def longest_tail(messages: list, attempt: Callable, n_ctx: int, room: int) -> tuple:
+    """(start, chat): attempt(kept(messages, start)) -> the prepared chat (routes.Chat; an OVERFLOW APIError when its
+    prompt alone is too long) of the longest tail of messages that leaves room tokens of the context for the reply;
+    the whole conversation when it does. When even the last message leaves less room: that one (with the system
+    messages), if its prompt fits at all; else the OVERFLOW error."""
+    tried = {}
+
+    def chat(start: int):
+        if start not in tried:
+            try:
+                tried[start] = attempt(kept(messages, start))
+            except APIError as e:
+                if e.code != OVERFLOW:
+                    raise
+                tried[start] = e
+        return tried[start]
+
+    def fits(start: int) -> bool:
+        c = chat(start)
+        return not isinstance(c, APIError) and len(c.tokens) + room <= n_ctx
+
+    last = len(messages) - 1
+    if fits(0):
+        return 0, chat(0)
+    starts = [i for i in range(1, last) if _role(messages[i]) == "user"] + [last]
+    lo, hi = 0, len(starts) - 1  # fewer messages, fewer tokens: the first start that fits
+    while lo < hi:
         mid = (lo + hi) // 2
-        try:
-            prepare(state, tail(starts[mid]))
-            found, hi = starts[mid], mid - 1
-        except APIError as e:
-            if not _too_long(e):
-                raise
+        if fits(starts[mid]):
+            hi = mid
+        else:
             lo = mid + 1
-    if found is None:
-        raise whole
-    return prepare(state, req.model_copy(update={"messages": tail(found).messages}))
+    found = chat(starts[lo])  # the last message alone when nothing fits with room: what room there is
+    if isinstance(found, APIError):
+        raise found
+    return starts[lo], found
+
+
+def fit(state, req: p.ChatRequest, prepare: Callable):
+    """prepare(state, req) of the longest tail of req's messages that fits the context with its max_tokens (a quarter
+    of the context when it gives none, then all that is left, as for any request): Responses' truncation "auto"."""
+    given = req.max_completion_tokens or req.max_tokens
+    n_ctx = state.llm.n_ctx
+    bare = req.model_copy(update={"max_tokens": None, "max_completion_tokens": None})
+    start, _ = longest_tail(req.messages, lambda messages: prepare(state, bare.model_copy(update={
+        "messages": messages})), n_ctx, given or max(1, n_ctx // 4))
+    return prepare(state, req.model_copy(update={"messages": kept(req.messages, start)}))  # max_tokens checked
