@@ -124,6 +124,8 @@ def test_a_long_conversation_loses_its_oldest_messages(client, llm, with_tools):
     assert n_prompt(body) == _longest_tail(llm, msgs, N_CTX // 4) <= kept
     too_long = msgs[:-1] + [{"role": "user", "content": "a " * N_CTX}]
     assert "exceeds the context length" in error(chat(client, too_long))
+    assert "exceeds the context length" in error(chat(client, msgs, truncate=False))  # Ollama's: not cut
+    assert n_prompt(chat(client, msgs, truncate=None).json()) == kept  # null: not given, cut
 
 
 def test_the_root_and_head_answer_as_ollama_does(client):

@@ -128,6 +128,18 @@ def test_a_reply_begun_in_the_last_assistant_message_is_continued(server, local)
         r = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT,
                        json={"model": MODEL, "messages": messages, "max_tokens": 8, **extra})
         assert r.status_code == 400 and "begun in the last" in r.json()["error"]["message"], r.text
+    # a begun reply kept by /v1/responses is one turn: the next request's conversation has it whole
+    first = httpx.post(server.url + "/v1/responses", timeout=TIMEOUT, json={
+        "model": MODEL, "input": messages, "max_output_tokens": 8}).json()
+    assert first["output"][0]["content"][0]["text"] == want
+    after = httpx.post(server.url + "/v1/responses/input_tokens", timeout=TIMEOUT, json={
+        "model": MODEL, "input": "more", "previous_response_id": first["id"]}).json()
+    whole = ASK + [{"role": "assistant", "content": begun + want}, {"role": "user", "content": "more"}]
+    assert after["input_tokens"] == len(local.prompt_tokens(local.apply_chat_template(whole)))
+    # an assistant message alone is the conversation, not a reply begun (it was a 400 "messages must be non-empty")
+    alone = httpx.post(server.url + "/v1/chat/completions", timeout=TIMEOUT, json={
+        "model": MODEL, "messages": [{"role": "assistant", "content": "Hello"}], "max_tokens": 2})
+    assert alone.status_code == 200, alone.text
     # an assistant message with calls (or with nothing) ends its turn as before
     closed = ASK + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
         "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}]

@@ -122,6 +122,18 @@ def test_a_reply_opening_a_code_fence_of_another_language_streams_as_it_comes(fe
     assert "".join(out) + rest == reply and calls == []
 
 
+def test_a_call_in_a_fence_of_another_language_is_text_whole_and_streamed_alike():
+    # the stream passes a ```python fence on as text; the whole reply's parse took it as a call
+    reply = '```python\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+    assert tools.reply_parts([WEATHER], "", reply) == (reply, [])
+    s = tools.reply_stream([WEATHER], "")
+    assert s.pass_on(reply, True) == (reply, [])
+    for fence in ("```json", "```JSON", "```", "``` json "):  # these are calls, both ways
+        reply = fence + '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+        assert len(tools.reply_parts([WEATHER], "", reply)[1]) == 1, fence
+        assert len(tools.reply_stream([WEATHER], "").pass_on(reply, True)[1]) == 1, fence
+
+
 def test_a_forced_call_cut_short_is_not_text_of_the_servers_opening():
     # max_tokens ended a forced call: the reply was the opening the server put in the prompt plus the model's piece
     opening = tools.forced_opening("required", [WEATHER])

@@ -138,7 +138,7 @@ async def chat(request: Request, req: ChatRequest):
         return loaded
     fields, max_tokens = chat_fields(req, state.llm.chat_template)
     prepared = await jobs.prepared(request, fit_chat, state, messages(req.messages),
-                                   lambda kept: chat_request(kept, fields), max_tokens)
+                                   lambda kept: chat_request(kept, fields), max_tokens, req.truncate)
     job = jobs.submit(request, prepared.tokens, prepared.opts)
 
     def piece(text, calls):

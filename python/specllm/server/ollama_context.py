@@ -27,17 +27,22 @@ def capped(n_ctx: int, n_prompt: int, max_tokens: Optional[int]) -> int:
 
 
 def fit_chat(state, messages: List[dict], build: Callable[[List[dict]], object],
-             max_tokens: Optional[int]) -> routes.Chat:
+             max_tokens: Optional[int], cut: bool = True) -> routes.Chat:
     """routes.prepare_chat of the longest tail of the conversation that fits with room for the reply (all of it when
     it fits: truncate.longest_tail), its max_tokens capped; build(messages) is the chat request of those messages
-    (without max_tokens). The latest message is kept whatever its length, and a 400 when even that leaves no room."""
+    (without max_tokens). The latest message is kept whatever its length, and a 400 when even that leaves no room.
+    cut False (Ollama's truncate: false): the whole conversation, or the 400."""
     n_ctx = state.llm.n_ctx
     room = min(max_tokens, n_ctx // 4) if max_tokens else n_ctx // 4
     try:
-        _, chat = truncate.longest_tail(messages, lambda kept: routes.prepare_chat(state, build(kept)), n_ctx, room)
+        if not cut:
+            chat = routes.prepare_chat(state, build(messages))
+        else:
+            _, chat = truncate.longest_tail(messages, lambda kept: routes.prepare_chat(state, build(kept)), n_ctx,
+                                            room)
     except APIError as e:
         if e.code != truncate.OVERFLOW:
             raise
-        raise too_long(n_ctx, "the latest message (with the system messages)") from None
+        raise too_long(n_ctx, "the latest message (with the system messages)" if cut else "the messages") from None
     chat.opts["max_tokens"] = capped(n_ctx, len(chat.tokens), max_tokens)
     return chat

@@ -64,6 +64,7 @@ class _Common(_Request):
 class ChatRequest(_Common):
     messages: List[Dict[str, Any]] = Field(default_factory=list)
     tools: Optional[List[Dict[str, Any]]] = None
+    truncate: bool = True  # false: a chat longer than the context is an error, not cut (Ollama's)
 
 
 class GenerateRequest(_Common):

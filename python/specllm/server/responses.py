@@ -107,6 +107,9 @@ class Answer:
         """Keep a finished response (unless store: false): its conversation and its reply, and its body."""
         if self.req.store is False:
             return
+        begun = routes.prefill_of(conversation)
+        if begun is not None:  # the reply went on from the input's last message: one turn, as the model saw it
+            conversation, content = conversation[:-1], begun + content
         content = content.strip() if calls else content  # as parse() leaves the text around calls
         reply = {"role": "assistant", "content": content or None if calls else content}
         if calls:

@@ -168,7 +168,8 @@ def prefill_of(messages: list) -> Optional[str]:
     """The start of the reply a conversation gives (its last message from the assistant, with text and no tool
     calls: Anthropic's prefill, which llama-server continues too), or None."""
     last = messages[-1] if messages else None
-    if last and last.get("role") == "assistant" and not last.get("tool_calls") and last.get("content"):
+    if last and last.get("role") == "assistant" and not last.get("tool_calls") and last.get("content") and any(
+            m.get("role") not in ("system", "developer") for m in messages[:-1]):  # alone, it is the conversation
         return last["content"]
     return None
 

@@ -9,8 +9,8 @@ request's tools, is a call too.
 
 `ToolStream` does the same for a streamed reply: text is passed on until a block may begin (a tail that could be
 the start of "<tool_call>" is held back), and everything from the first block on is held and parsed at the end; a
-reply that begins like a JSON object or a code fence is held whole until it ends (then passed on if it is not a
-call)."""
+reply that begins like a JSON object, or with a bare or json code fence, is held whole until it ends (then passed on
+if it is not a call); a fence of another language (```python) is passed on as it comes, and is not a call."""
 from __future__ import annotations
 
 import copy
@@ -58,7 +58,7 @@ def template_call(call: dict) -> dict:
     return call
 
 
-_FENCE = re.compile(r"^```[a-zA-Z]*\n(.*)\n```$", re.S)
+_FENCE = re.compile(r"^```[ \t]*(?i:json)?[ \t]*\n(.*)\n```$", re.S)  # bare or json: what ToolStream holds
 
 
 def _call(body: str, names=None) -> Optional[dict]:
