@@ -9,6 +9,7 @@ import glob
 import os
 import re
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -44,9 +45,11 @@ def build_anchors(version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 2, log=No
         sdist_dir = root / "sdist"
         tarballs = glob.glob(str(sdist_dir / f"llama_cpp_python-{version}.tar.gz"))
         if not tarballs:
-            # no --no-binary :all: here: it would try to build the build dependencies from source
-            _run(["python", "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-                  f"llama-cpp-python=={version}", "-d", sdist_dir], log)
+            # no --no-binary :all: here: it would try to build the build dependencies from source; and no
+            # --no-build-isolation: pip prepares the sdist's metadata with its build backend, which a fresh machine
+            # has only in an isolated environment (llama-cpp-python's wheels are not on PyPI: pip takes the sdist)
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", f"llama-cpp-python=={version}",
+                  "-d", sdist_dir], log)
             tarballs = glob.glob(str(sdist_dir / f"llama_cpp_python-{version}.tar.gz"))
         if not tarballs:
             raise RuntimeError(f"pip did not fetch the llama-cpp-python {version} sdist into {sdist_dir}")

@@ -154,9 +154,6 @@ def real_models():
 ALLOWED_CI_SKIPS = {
     "tests/test_bench.py::test_specbench_tasks":
         "the Spec-Bench questions live in the workplace's shared/ folder beside the repository, not in it",
-    "tests/test_bench.py::test_anchor_tools_run_and_parse_on_tiny_models":
-        "needs llama.cpp's tools built from the llama-cpp-python sdist (~12 min on 2 cores); a benchmark tool, "
-        "not part of specllm: python -c 'from bench.anchors import build_anchors; build_anchors()'",
 }
 
 
