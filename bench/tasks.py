@@ -10,7 +10,8 @@ followed, each after the one before had been looked at, and holdout5 (8 per task
 answers had been read closely for the memory's losses). holdout6 (8 per task) was written 2026-12-06 (stop 59), after
 every change so far, to check "auto" on prompts it was never tuned on. holdout7 (4 per task) followed on 2026-12-06
 (stop 60), only to check, from sources none of the earlier sets had used, and holdout8 (4 per task) on 2026-12-07
-(stop 65), the same way, to check the policy on another VM.
+(stop 65), the same way, to check the policy on another VM, and holdout9 (4 per task) the same day, after holdout8's
+answers had been looked at (the profile's small-batch rounds, profile.steadier_small, were judged on it).
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ HOLDOUT5_PATH = BENCH_DIR / "prompts" / "holdout5.jsonl"  # 8 per task, written 
 HOLDOUT6_PATH = BENCH_DIR / "prompts" / "holdout6.jsonl"  # 8 per task, written 2026-12-06, only to check
 HOLDOUT7_PATH = BENCH_DIR / "prompts" / "holdout7.jsonl"  # 4 per task, written 2026-12-06 (stop 60), only to check
 HOLDOUT8_PATH = BENCH_DIR / "prompts" / "holdout8.jsonl"  # 4 per task, written 2026-12-07 (stop 65), only to check
+HOLDOUT9_PATH = BENCH_DIR / "prompts" / "holdout9.jsonl"  # 4 per task, written after holdout8 had been looked at
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
 SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH,
              "holdout4": HOLDOUT4_PATH, "holdout5": HOLDOUT5_PATH, "holdout6": HOLDOUT6_PATH,
-             "holdout7": HOLDOUT7_PATH, "holdout8": HOLDOUT8_PATH}
+             "holdout7": HOLDOUT7_PATH, "holdout8": HOLDOUT8_PATH,
+             "holdout9": HOLDOUT9_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
