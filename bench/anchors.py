@@ -48,8 +48,8 @@ def build_anchors(version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 2, log=No
             # no --no-binary :all: here: it would try to build the build dependencies from source; and no
             # --no-build-isolation: pip prepares the sdist's metadata with its build backend, which a fresh machine
             # has only in an isolated environment (llama-cpp-python's wheels are not on PyPI: pip takes the sdist)
-            _run([sys.executable, "-m", "pip", "download", "--no-deps", f"llama-cpp-python=={version}",
-                  "-d", sdist_dir], log)
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                  f"llama-cpp-python=={version}", "-d", sdist_dir], log)  # the sdist, whatever index has wheels
             tarballs = glob.glob(str(sdist_dir / f"llama_cpp_python-{version}.tar.gz"))
         if not tarballs:
             raise RuntimeError(f"pip did not fetch the llama-cpp-python {version} sdist into {sdist_dir}")

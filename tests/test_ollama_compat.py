@@ -125,6 +125,13 @@ def test_a_long_conversation_loses_its_oldest_messages(client, llm, with_tools):
     too_long = msgs[:-1] + [{"role": "user", "content": "a " * N_CTX}]
     assert "exceeds the context length" in error(chat(client, too_long))
     assert "exceeds the context length" in error(chat(client, msgs, truncate=False))  # Ollama's: not cut
+    # a reply begun after a long last question: kept with the question, so still continued; with a question too
+    # long to keep, the 400 (the begun reply alone was closed as a turn of its own and answered anew)
+    begun = [msgs[0], {"role": "user", "content": "w " * 150}, {"role": "assistant", "content": "The answer is"}]
+    r = chat(client, msgs[:-1] + begun[1:]).json()
+    assert n_prompt(r) == len(llm.prompt_tokens(llm.apply_chat_template(begun[:2]) + "The answer is")), r
+    begun[1]["content"] = "w " * N_CTX
+    assert "exceeds the context length" in error(chat(client, msgs[:-1] + begun[1:]))
     assert n_prompt(chat(client, msgs, truncate=None).json()) == kept  # null: not given, cut
 
 

@@ -82,6 +82,7 @@ def test_chat_equals_llm_chat(client, local):
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
                                            extra_body={"draft_length": 0}).model_extra["speculative"]
     assert plain["drafted_tokens"] == 0 and plain["speedup"] == 1.0
+    assert plain["draft_length"] == 0  # what the request asked (it said "auto")
 
 
 def test_content_parts_and_max_completion_tokens(client, local):

@@ -193,12 +193,12 @@ def test_bad_arguments(llm):
 
 
 def test_an_unexpected_error_is_counted_as_a_500(llm, monkeypatch):
-    from specllm.server import routes
+    from specllm.server import prepare
 
     def broken(*args, **kw):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(routes, "chat_prompt", broken)
+    monkeypatch.setattr(prepare, "chat_prompt", broken)
     with TestClient(create_app(llm), raise_server_exceptions=False) as c:
         assert c.post("/v1/chat/completions", json={"messages": MESSAGES}).status_code == 500
         metrics = c.get("/metrics").text

@@ -310,7 +310,7 @@ def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools
     "<tool_call>" on; parallel_tool_calls false (Anthropic: disable_parallel_tool_use) allows one block."""
     from types import SimpleNamespace
 
-    from specllm.server import messages, protocol, responses_request, routes
+    from specllm.server import messages, prepare, protocol, responses_request
 
     state = SimpleNamespace(llm=tools_local, cache_reuse=0)
     msgs = [{"role": "user", "content": "Hi"}]
@@ -329,9 +329,9 @@ def test_every_api_hands_auto_its_lazy_call_grammar_and_the_one_call_limit(tools
             tool_choice={"type": "auto", "disable_parallel_tool_use": True})), one),
     ]
     for req, root in cases:
-        opts = routes.prepare_chat(state, req).opts
+        opts = prepare.prepare_chat(state, req).opts
         assert opts["grammar_triggers"] == [tools.OPEN] and root in opts["grammar"], (req, opts["grammar"])
-    opts = routes.prepare_chat(state, protocol.ChatRequest(messages=msgs, tools=[tool], tool_choice="none")).opts
+    opts = prepare.prepare_chat(state, protocol.ChatRequest(messages=msgs, tools=[tool], tool_choice="none")).opts
     assert "grammar" not in opts and "grammar_triggers" not in opts
 
 

@@ -88,7 +88,8 @@ def speculative(stats, job: Job, draft_length) -> p.Speculative:
                          tokens_per_second=round(stats.tokens_per_second, 2),
                          speedup=round(stats.speedup, 3) if stats.speedup else None,
                          prompt_tokens_cached=stats.n_cached,
-                         queue_ms=round(job.queue_ms, 1), draft_length=draft_length or "auto")
+                         queue_ms=round(job.queue_ms, 1),
+                         draft_length="auto" if draft_length is None else draft_length)  # 0 was "auto"
 
 
 def submit(request: Request, tokens, opts) -> Job:

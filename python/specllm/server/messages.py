@@ -3,7 +3,7 @@ and Ollama serve it too; point ANTHROPIC_BASE_URL at the server). A request beco
 system message, text blocks the messages' text, an assistant's `tool_use` blocks its tool calls, a user's
 `tool_result` blocks tool messages, `tools` (name, description, input_schema) the chat's tools, `tool_choice`
 auto / any / tool / none, `stop_sequences` stop, `output_config.format` a JSON schema — and runs as
-/v1/chat/completions runs (routes.prepare_chat). The answer is a Message (text and tool_use blocks, stop_reason
+/v1/chat/completions runs (prepare.prepare_chat). The answer is a Message (text and tool_use blocks, stop_reason
 end_turn / max_tokens / stop_sequence / tool_use, usage with cache_read_input_tokens) plus specllm's
 `speculative` object; streamed as Anthropic's events (message_start, content_block_start / _delta / _stop,
 message_delta, message_stop). Errors have Anthropic's shape here ({"type": "error", "error": {...}}), and the API
@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
-from . import jobs, routes
+from . import jobs, prepare
 from . import tools as tool_calls
 from .errors import APIError, SafeJSONResponse, json_text
 from .protocol import _Request
@@ -190,7 +190,7 @@ def _prepare(request: Request, req: MessagesRequest, count_only: bool = False):
     chat = chat_request(req)
     state, t0 = jobs.begin(request, chat)
     try:
-        return state, t0, chat, routes.prepare_chat(state, chat, count_only)
+        return state, t0, chat, prepare.prepare_chat(state, chat, count_only)
     except APIError as e:  # named as the Anthropic request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -251,7 +251,7 @@ async def messages(request: Request, req: MessagesRequest):
                              speculative=jobs.speculative(last.stats, job, req.draft_length).model_dump()))
 
 
-async def _events(request: Request, job, head: dict, prepared: routes.Chat, req: MessagesRequest):
+async def _events(request: Request, job, head: dict, prepared: prepare.Chat, req: MessagesRequest):
     """Anthropic's events of a streamed reply; leaving early (the client went away) cancels the job."""
     state, t0 = request.app.state.specllm, time.monotonic()
 

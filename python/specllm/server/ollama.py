@@ -1,7 +1,7 @@
 """Ollama's API (/api/chat, /api/generate; the model routes /, /api/tags, /api/show, /api/ps, /api/version are in
 ollama_models.py), for the desktop apps and editor plugins that speak only Ollama's protocol (point them at
 http://127.0.0.1:8000 as they would at http://localhost:11434). /api/chat is served as the chat request it amounts
-to (routes.prepare_chat: messages, tools, tool_calls with their arguments as objects, `format` "json" or a JSON
+to (prepare.prepare_chat: messages, tools, tool_calls with their arguments as objects, `format` "json" or a JSON
 schema), the oldest messages dropped when the conversation does not fit (ollama_context.py); /api/generate completes
 the prompt in the chat template (`system`), as given (`raw`), or fills in the middle (a non-empty `suffix`). Replies
 are streamed by default, one JSON object a line (application/x-ndjson), the last with "done": true and Ollama's
@@ -26,7 +26,7 @@ from ..errors import InvalidOptionError
 from . import jobs
 from . import logprobs as lp
 from . import protocol as p
-from . import routes
+from . import prepare
 from . import tools as tool_calls
 from .errors import SafeJSONResponse, json_text
 from .ollama_context import capped, fit_chat
@@ -170,12 +170,12 @@ def _generate_prompt(state, req: GenerateRequest) -> tuple:
             turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
                 {"role": "user", "content": req.prompt}]
             param = "prompt"
-            tokens = state.llm.prompt_tokens(routes.chat_prompt(state, turns, None, kwargs))
+            tokens = state.llm.prompt_tokens(prepare.chat_prompt(state, turns, None, kwargs))
     except (InvalidOptionError, TypeError) as e:  # no FIM tokens; a lone surrogate, which has no UTF-8 form
         raise bad(str(e), param) from None
     n = n_logprobs(req)
     fields = checked(p.CompletionRequest, prompt="x", response_format=format_field(req.format), **fields)
-    return tokens, routes.request_options(state, fields, len(tokens), capped(n_ctx, len(tokens), max_tokens), n), n
+    return tokens, prepare.request_options(state, fields, len(tokens), capped(n_ctx, len(tokens), max_tokens), n), n
 
 
 @router.post("/api/generate")
@@ -191,5 +191,5 @@ async def generate(request: Request, req: GenerateRequest):
         return loaded
     tokens, opts, n = await jobs.prepared(request, _generate_prompt, state, req)
     job = jobs.submit(request, tokens, opts)
-    prepared = routes.Chat(tokens, opts, None, "", n)
+    prepared = prepare.Chat(tokens, opts, None, "", n)
     return await _answer(request, state, t0, job, req, prepared, lambda text, calls: {"response": text})

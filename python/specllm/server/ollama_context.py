@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
-from . import routes, truncate
+from . import prepare, truncate
 from .errors import APIError
 from .ollama_request import bad
 
@@ -27,8 +27,8 @@ def capped(n_ctx: int, n_prompt: int, max_tokens: Optional[int]) -> int:
 
 
 def fit_chat(state, messages: List[dict], build: Callable[[List[dict]], object],
-             max_tokens: Optional[int], cut: bool = True) -> routes.Chat:
-    """routes.prepare_chat of the longest tail of the conversation that fits with room for the reply (all of it when
+             max_tokens: Optional[int], cut: bool = True) -> prepare.Chat:
+    """prepare.prepare_chat of the longest tail of the conversation that fits with room for the reply (all of it when
     it fits: truncate.longest_tail), its max_tokens capped; build(messages) is the chat request of those messages
     (without max_tokens). The latest message is kept whatever its length, and a 400 when even that leaves no room.
     cut False (Ollama's truncate: false): the whole conversation, or the 400."""
@@ -36,9 +36,9 @@ def fit_chat(state, messages: List[dict], build: Callable[[List[dict]], object],
     room = min(max_tokens, n_ctx // 4) if max_tokens else n_ctx // 4
     try:
         if not cut:
-            chat = routes.prepare_chat(state, build(messages))
+            chat = prepare.prepare_chat(state, build(messages))
         else:
-            _, chat = truncate.longest_tail(messages, lambda kept: routes.prepare_chat(state, build(kept)), n_ctx,
+            _, chat = truncate.longest_tail(messages, lambda kept: prepare.prepare_chat(state, build(kept)), n_ctx,
                                             room)
     except APIError as e:
         if e.code != truncate.OVERFLOW:

@@ -1,6 +1,6 @@
 """POST /v1/responses: OpenAI's Responses API, which agents call (the OpenAI Agents SDK, Codex CLI; llama-server,
 LM Studio and Ollama serve it too). A request becomes the chat request it amounts to (responses_request.py) and runs
-as /v1/chat/completions runs (routes.prepare_chat), drafted and verified like any prompt. The answer is a Response:
+as /v1/chat/completions runs (prepare.prepare_chat), drafted and verified like any prompt. The answer is a Response:
 a `message` item with the reply's text and a `function_call` item per tool call, plus specllm's `speculative`
 object; streamed as the Responses events (response.created ... response.output_text.delta ... response.completed,
 or response.incomplete when max_output_tokens cut the reply). POST /v1/responses/input_tokens counts a request's
@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 
 from . import protocol as p
-from . import jobs, routes, truncate
+from . import jobs, prepare, truncate
 from . import tools as tool_calls
 from .errors import APIError, SafeJSONResponse, json_text
 from .response_store import ResponseStore
@@ -53,8 +53,8 @@ def _prepare(request: Request, req: ResponsesRequest, count_only: bool = False):
     state, t0 = jobs.begin(request, chat)
     try:
         if req.truncation == "auto" and not count_only:  # the oldest items left out to fit
-            return state, t0, chat, truncate.fit(state, chat, routes.prepare_chat), conversation
-        return state, t0, chat, routes.prepare_chat(state, chat, count_only), conversation
+            return state, t0, chat, truncate.fit(state, chat, prepare.prepare_chat), conversation
+        return state, t0, chat, prepare.prepare_chat(state, chat, count_only), conversation
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -107,7 +107,7 @@ class Answer:
         """Keep a finished response (unless store: false): its conversation and its reply, and its body."""
         if self.req.store is False:
             return
-        begun = routes.prefill_of(conversation)
+        begun = prepare.prefill_of(conversation)
         if begun is not None:  # the reply went on from the input's last message: one turn, as the model saw it
             conversation, content = conversation[:-1], begun + content
         content = content.strip() if calls else content  # as parse() leaves the text around calls
@@ -164,7 +164,7 @@ async def responses(request: Request, req: ResponsesRequest):
     return SafeJSONResponse(body)
 
 
-async def _events(request: Request, job, answer: Answer, prepared: routes.Chat, conversation: List[dict]):
+async def _events(request: Request, job, answer: Answer, prepared: prepare.Chat, conversation: List[dict]):
     """The Responses events of a streamed reply; leaving early (the client went away) cancels the job."""
     state, t0 = answer.state, time.monotonic()
     numbers = itertools.count()

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 from . import protocol as p
 from .errors import APIError
 
-OVERFLOW = "context_length_exceeded"  # the code of routes' 400 for a prompt longer than the context
+OVERFLOW = "context_length_exceeded"  # the code of prepare's 400 for a prompt longer than the context
 
 
 def _role(message) -> Optional[str]:
@@ -23,10 +23,11 @@ def kept(messages: list, start: int) -> list:
 
 
 def longest_tail(messages: list, attempt: Callable, n_ctx: int, room: int) -> tuple:
-    """(start, chat): attempt(kept(messages, start)) -> the prepared chat (routes.Chat; an OVERFLOW APIError when its
+    """(start, chat): attempt(kept(messages, start)) -> the prepared chat (prepare.Chat; an OVERFLOW APIError when its
     prompt alone is too long) of the longest tail of messages that leaves room tokens of the context for the reply;
     the whole conversation when it does. When even the last message leaves less room: that one (with the system
-    messages), if its prompt fits at all; else the OVERFLOW error."""
+    messages, and the user message it answers if it is the assistant's), if its prompt fits at all; else the OVERFLOW
+    error."""
     tried = {}
 
     def chat(start: int):
@@ -46,7 +47,10 @@ def longest_tail(messages: list, attempt: Callable, n_ctx: int, room: int) -> tu
     last = len(messages) - 1
     if fits(0):
         return 0, chat(0)
-    starts = [i for i in range(1, last) if _role(messages[i]) == "user"] + [last]
+    # the last message alone when nothing else fits, unless it is the assistant's (a reply begun): that one is kept
+    # with the user message it answers, or it would be a conversation of its own (prepare.prefill_of)
+    starts = [i for i in range(1, last) if _role(messages[i]) == "user"]
+    starts += [] if _role(messages[last]) == "assistant" and starts else [last]
     lo, hi = 0, len(starts) - 1  # fewer messages, fewer tokens: the first start that fits
     while lo < hi:
         mid = (lo + hi) // 2
