@@ -198,10 +198,8 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
         raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
                        "unsupported_parameter")
-    try:  # the reply begins with the opening, and its grammar makes the rest a call with valid arguments
+    try:  # the reply begins with the opening (and its grammar, below, makes the rest a call with valid arguments)
         forced = tool_calls.forced_opening(req.tool_choice, tools)
-        call_rules = tool_calls.call_grammar(req.tool_choice, tools,  # "auto": lazy, from "<tool_call>" on
-                                             parallel=req.parallel_tool_calls is not False)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
     if prefill_of(messages) is not None and (forced or _grammar(req)[0] is not None):
@@ -211,8 +209,10 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
                             "out one of them", "invalid_request_error", "messages", "invalid_value")
     prompt = chat_prompt(state, messages, tools, req.chat_template_kwargs) + forced
     tokens = tokens_of(state, prompt, "messages")
-    if count_only:
+    if count_only:  # the tools' grammar is not needed to count
         return Chat(tokens, None, tools, forced, None)
+    call_rules = tool_calls.call_grammar(req.tool_choice, tools,  # "auto": lazy, from "<tool_call>" on
+                                         parallel=req.parallel_tool_calls is not False)
     n_logprobs = lp.chat_request(req)
     opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,
                            call_rules)

@@ -58,7 +58,8 @@ def template_call(call: dict) -> dict:
     return call
 
 
-_FENCE = re.compile(r"^```[ \t]*(?i:json)?[ \t]*\n(.*)\n```$", re.S)  # bare or json: what ToolStream holds
+_FENCE_OPEN = r"```[ \t]*(?i:json)?[ \t]*\n"  # a bare or json fence's first line: the fences a call may be in
+_FENCE = re.compile(r"^" + _FENCE_OPEN + r"(.*)\n```$", re.S)
 
 
 def _call(body: str, names=None) -> Optional[dict]:
@@ -263,7 +264,7 @@ class ToolStream:
             if fence and "\n" not in head:  # the fence's language is not known yet
                 self.held = text
                 return ""
-            if head.startswith("{") or (fence and head[3:head.index("\n")].strip().lower() in ("", "json")):
+            if head.startswith("{") or (fence and re.match(_FENCE_OPEN, head)):
                 self.in_call, self.held = True, text  # may be a whole-reply call: held until the reply ends
                 return ""
             if not head or "```".startswith(head):  # nothing yet, or a fence may be starting

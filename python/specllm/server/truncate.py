@@ -66,10 +66,10 @@ def longest_tail(messages: list, attempt: Callable, n_ctx: int, room: int) -> tu
 
 def fit(state, req: p.ChatRequest, prepare: Callable):
     """prepare(state, req) of the longest tail of req's messages that fits the context with its max_tokens (a quarter
-    of the context when it gives none, then all that is left, as for any request): Responses' truncation "auto"."""
+    of the context when it gives none, then all that is left, as for any request): Responses' truncation "auto".
+    Each tail is prepared as the request is, max_tokens and all: its own check is the fit for a given max_tokens."""
     given = req.max_completion_tokens or req.max_tokens
     n_ctx = state.llm.n_ctx
-    bare = req.model_copy(update={"max_tokens": None, "max_completion_tokens": None})
-    start, _ = longest_tail(req.messages, lambda messages: prepare(state, bare.model_copy(update={
+    _, chat = longest_tail(req.messages, lambda messages: prepare(state, req.model_copy(update={
         "messages": messages})), n_ctx, given or max(1, n_ctx // 4))
-    return prepare(state, req.model_copy(update={"messages": kept(req.messages, start)}))  # max_tokens checked
+    return chat
