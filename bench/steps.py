@@ -1,7 +1,7 @@
 """Where the time of a generation goes, step by step: for each speculative step the tokens drafted (k), accepted
 and emitted, and its wall time; summed per request and grouped by k.
 
-    python -m bench.steps fresh-summarization-7 fresh-rag-5        # prompts of bench/prompts/fresh.jsonl (turn 1)
+    python -m bench.steps fresh-summarization-7 holdout8-rag-2   # prompts of bench/prompts' sets (turn 1)
     python -m bench.steps json-records --max-tokens 128 --from-request 3   # a sequence of a multi-call set
 
 One LLM with the default drafter (the --draft model, n-grams beside it, "auto", the drafting memory) runs the
@@ -62,10 +62,11 @@ def by_k(steps: list[Step]) -> dict[int, dict]:
 
 
 def conversations(ids: list[str]) -> list[tuple[str, object]]:
-    """(name, Sequence-like) per id: a fresh prompt's first turn is a one-request independent sequence."""
+    """(name, Sequence-like) per id: a prompt's first turn (fresh.jsonl or a holdout set) is a one-request
+    independent sequence."""
     from bench import multicall, tasks
 
-    fresh = {p.id: p for p in tasks.load_fresh()}
+    fresh = {p.id: p for path in tasks.SET_PATHS.values() for p in tasks.load_fresh(path=path)}
     known = {s.id: s for path in multicall.PROMPT_SETS.values() for s in multicall.load_sequences(path)}
     out = []
     for i in ids:
@@ -74,14 +75,15 @@ def conversations(ids: list[str]) -> list[tuple[str, object]]:
         elif i in known:
             out.append((i, known[i]))
         else:
-            raise ValueError(f"unknown prompt or sequence {i!r}: ids of bench/prompts/fresh.jsonl (e.g. "
-                             f"fresh-rag-5) or of a multi-call set's sequences ({', '.join(known)})")
+            raise ValueError(f"unknown prompt or sequence {i!r}: ids of the prompt sets in bench/prompts (e.g. "
+                             f"fresh-rag-5, holdout8-qa-2) or of a multi-call set's sequences ({', '.join(known)})")
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("ids", nargs="+", help="fresh prompt ids and/or multi-call sequence ids")
+    p.add_argument("ids", nargs="+", help="prompt ids of bench/prompts' sets and/or multi-call sequence ids")
+    p.add_argument("--trace", action="store_true", help="print every step (k, accepted, emitted, rows, ms)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--from-request", type=int, default=1, help="requests of a sequence counted in the table (from)")
     p.add_argument("--threads", type=int, default=2)
@@ -107,6 +109,10 @@ def main(argv=None) -> int:
         for n, request in enumerate(seq.requests, 1):
             messages = seq.messages(history, request)
             text, steps = run_steps(llm, llm.apply_chat_template(messages), args.max_tokens)
+            if args.trace:
+                for i, s in enumerate(steps):
+                    print(f"  step {i}: k {s.k} accepted {s.accepted} emitted {s.emitted} rows {s.rows} "
+                          f"{s.ms:.0f} ms")
             history += [{"role": "user", "content": request}, {"role": "assistant", "content": text}]
             emitted, ms = sum(s.emitted for s in steps), sum(s.ms for s in steps)
             plain = [s.ms for s in steps if s.k == 0]

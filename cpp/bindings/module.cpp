@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include "specllm/amx.h"
+#include "specllm/threads.h"
 #include "specllm/chat.h"
 #include "specllm/grammar.h"
 #include "specllm/model.h"
@@ -14,6 +15,9 @@ PYBIND11_MODULE(_core, m) {
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
     m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
+    m.def("release_compute_threads", &specllm::release_compute_threads,
+          "release the calling thread's pool of CPU backend workers (OpenMP), as a thread done decoding for now "
+          "should (threads.h); False where there is none to release it with");
     m.def("amx_offered", &specllm::amx_offered, "whether llama.cpp's CPU backend offers its AMX weight buffer");
     m.def("amx_rule", &specllm::amx_rule,
           "applies the AMX rule once a process (amx.h): AMX out of llama.cpp's extra buffer types where its build "

@@ -1,0 +1,97 @@
+"""A thread done decoding holds no pool of CPU workers (cpp/include/specllm/threads.h). llama.cpp's CPU backend
+(OpenMP, as llama-cpp-python's wheel is built) keeps a pool of n_threads - 1 workers for every thread that has decoded;
+while two are alive on a machine with no more cores than one uses, every barrier of a decode sleeps: a 1-row step of
+the 1.5B target ran ~20% slower on a 2-core EPYC, a batch less, so a cost profile measured on a load's own thread after
+the main thread had generated read batches cheap and "auto" drafted where it lost. These count the process's threads
+(/proc/self/task): a pool of n workers is n threads."""
+
+import os
+import threading
+
+import specllm
+from specllm import _core, profile
+
+N_THREADS = 3  # a pool of 2 workers
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def decode_outside_any_call(llm) -> None:
+    """A decode on this thread that no LLM call wraps (as another library's model would run): its pool stays."""
+    llm._engine.profile_verify([1, 2], 1, 8)
+
+
+def test_release_frees_the_calling_threads_pool(tiny, make_llm):
+    llm = make_llm(tiny["target"], n_threads=N_THREADS)
+    assert _core.release_compute_threads()
+    before = threads()
+    decode_outside_any_call(llm)
+    assert threads() == before + N_THREADS - 1
+    assert _core.release_compute_threads()
+    assert threads() == before
+    assert _core.release_compute_threads()  # none to release: still fine
+
+
+def test_calls_leave_no_pool_behind(tiny, make_llm):
+    llm = make_llm(tiny["target"], tiny["draft"], n_threads=N_THREADS, ngram=True)
+    _core.release_compute_threads()
+    before = threads()
+    llm.generate("the quick brown fox", max_tokens=12)
+    assert threads() == before
+    with llm.stream("the quick brown fox", max_tokens=12) as stream:
+        next(stream)
+        assert threads() == before + N_THREADS - 1  # a stream between two chunks keeps its pool (no thread per step)
+    assert threads() == before
+    llm.embed("the quick brown fox")
+    assert threads() == before
+    llm.reset()
+    assert threads() == before
+
+
+def test_a_generation_on_another_thread_leaves_none_either(tiny, make_llm):
+    llm = make_llm(tiny["target"], n_threads=N_THREADS)
+    _core.release_compute_threads()
+    counts = []
+
+    def work():
+        llm.generate("the quick brown fox", max_tokens=8)
+        counts.append(threads())  # this thread alive, its pool released
+        done.wait(10)
+
+    done = threading.Event()
+    before = threads()
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for _ in range(1000):
+            if counts:
+                break
+            threading.Event().wait(0.01)
+        assert counts == [before + 1]
+    finally:
+        done.set()
+        worker.join(10)
+
+
+def test_the_loads_measurement_decodes_alone(tiny, make_llm, tmp_path, monkeypatch):
+    """A load measures its costs on a thread of its own (so that Ctrl-C stays responsive): the loading thread's pool,
+    left by a decode outside any call (another library's model), goes first."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    other = make_llm(tiny["target"], n_threads=N_THREADS)
+    _core.release_compute_threads()
+    base = threads()
+    decode_outside_any_call(other)
+    assert threads() == base + N_THREADS - 1
+    seen = []
+    measure = profile.load_or_measure
+
+    def counting(*args, **kwargs):
+        seen.append(threads())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "load_or_measure", counting)
+    llm = specllm.LLM(tiny["target"], "ngram", n_threads=N_THREADS, n_ctx=512)
+    assert seen == [base + 1]  # this thread and the measuring one; no pool on this one
+    assert llm.profile["verify_ms"][0] > 0
