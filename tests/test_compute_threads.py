@@ -6,7 +6,11 @@ the main thread had generated read batches cheap and "auto" drafted where it los
 (/proc/self/task): a pool of n workers is n threads."""
 
 import os
+import signal
 import threading
+import time
+
+import pytest
 
 import specllm
 from specllm import _core, profile
@@ -95,3 +99,31 @@ def test_the_loads_measurement_decodes_alone(tiny, make_llm, tmp_path, monkeypat
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=N_THREADS, n_ctx=512)
     assert seen == [base + 1]  # this thread and the measuring one; no pool on this one
     assert llm.profile["verify_ms"][0] > 0
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_workers(tiny, make_llm):
+    """The pool of the thread that forked has no workers in the child (fork copies one thread): releasing it there
+    waited for them for ever, so close() in a child (which the gate lets in) hung."""
+    llm = make_llm(tiny["target"], n_threads=N_THREADS)
+    decode_outside_any_call(llm)  # this thread holds a pool as it forks
+    pid = os.fork()
+    if pid == 0:  # the child: close what it inherited, then go
+        code = 1
+        try:
+            signal.alarm(20)
+            llm.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's close() hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    _core.release_compute_threads()

@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Optional
 
-from . import _core, logs, profile
+from . import compute_threads, logs, profile
 from .errors import Cancelled
 
 
@@ -135,7 +135,7 @@ class Costs:
         # the measurement is the only thread decoding: the pool of CPU workers this one may hold (it generated
         # with another LLM, a llama-cpp-python model ran here) goes first, or every barrier of the measured decodes
         # slept (threads.h): on a 2-core EPYC T(1) read 31 ms instead of 26, T(2) / T(1) 1.46 instead of 1.7-1.9
-        _core.release_compute_threads()
+        compute_threads.release()
         try:
             thread.start()
             while not done.wait(0.1):  # an Event's wait, not a join: a join cut by Ctrl-C left the thread half-ended

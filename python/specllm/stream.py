@@ -15,7 +15,7 @@ import time
 import weakref
 from typing import Callable, List, Optional
 
-from . import _core, logs
+from . import compute_threads, logs
 from .errors import Cancelled, SpecLLMError
 from .results import Chunk, Stats, TokenLogprob
 
@@ -125,7 +125,7 @@ class Gate:
                 self._cond.notify_all()
         # this thread is done decoding for now: its pool of CPU workers goes (threads.h). Left alive, a second
         # thread's decodes (a server's worker, a measurement on a thread of its own) all ran ~20% slower on 2 cores
-        _core.release_compute_threads()
+        compute_threads.release()
 
 
 class _Ticket:
