@@ -12,7 +12,8 @@ every change so far, to check "auto" on prompts it was never tuned on. holdout7 
 (stop 60), only to check, from sources none of the earlier sets had used, and holdout8 (4 per task) on 2026-12-07
 (stop 65), the same way, to check the policy on another VM, and holdout9 (4 per task) the same day, after holdout8's
 answers had been looked at, to check a change to the policy. holdout10 (4 per task) was written after holdout9 had
-been run on the pool-of-threads fix, from sources none of the earlier sets had used; nothing has been run on it yet.
+been run on the pool-of-threads fix, from sources none of the earlier sets had used, and has been run (stop 66).
+holdout11 (4 per task) was written after it, from sources no earlier set used; nothing has been run on it yet.
 """
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ HOLDOUT8_PATH = BENCH_DIR / "prompts" / "holdout8.jsonl"  # 4 per task, written 
 HOLDOUT9_PATH = BENCH_DIR / "prompts" / "holdout9.jsonl"  # 4 per task, written after holdout8 had been looked at
 # 4 per task, written 2026-12-07 (stop 66) after holdout9 had been run, only to check
 HOLDOUT10_PATH = BENCH_DIR / "prompts" / "holdout10.jsonl"
+# 4 per task, written 2026-12-07 (stop 66) after holdout10 had been run, only to check
+HOLDOUT11_PATH = BENCH_DIR / "prompts" / "holdout11.jsonl"
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
 SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH,
              "holdout4": HOLDOUT4_PATH, "holdout5": HOLDOUT5_PATH, "holdout6": HOLDOUT6_PATH,
              "holdout7": HOLDOUT7_PATH, "holdout8": HOLDOUT8_PATH,
-             "holdout9": HOLDOUT9_PATH, "holdout10": HOLDOUT10_PATH}
+             "holdout9": HOLDOUT9_PATH, "holdout10": HOLDOUT10_PATH, "holdout11": HOLDOUT11_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
