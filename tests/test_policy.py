@@ -433,6 +433,26 @@ def test_the_first_draft_of_a_source_in_a_generation_is_verified_behind_a_one_ro
     assert p.forced_choice(6) > 0 and p.first_rows() == 0
 
 
+def test_a_fresh_match_waits_for_the_text_where_rows_are_dear():
+    # an n-gram source plans with its estimates lowered by their uncertainty times what a row costs against a plain
+    # step: on a 2-core EPYC's costs (a row 0.9 of a step) a 5-token match on its prior (0.89) drafted 15 tokens (behind
+    # a probe) on the first step of a prompt; two right shadow checks of its own and it does. Where T(n) is nearly flat
+    # the caution is next to nothing: the first draft is as long as before (16)
+    def fresh(costs):
+        p = _core.AutoPolicy()
+        p.set_verify_costs(costs)
+        p.new_generation()
+        return p
+
+    p = fresh(EPYC)
+    assert p.choose(48, False, True, 5)[0] == 0
+    p.observe_shadow(5, False, True)
+    p.observe_shadow(5, False, True)
+    assert p.choose(48, False, True, 5)[0] >= 8
+    assert fresh(EPYC).choose(48, False, True, 20)[0] >= 15  # a 16+ match is a copy in progress: no caution
+    assert fresh([20 + 0.5 * n for n in range(48)]).choose(48, False, True, 5)[0] >= 16
+
+
 def test_what_one_source_saw_of_a_text_moves_the_others_first_estimates():
     # 15 n-gram sources start from their priors in each generation; position-0 outcomes of any of them (drafts and
     # free shadow observations) tell the others how this text copies
@@ -442,14 +462,15 @@ def test_what_one_source_saw_of_a_text_moves_the_others_first_estimates():
         p.new_generation()
         return p
 
-    assert fresh().choose(48, False, True, 3)[0] == 0  # a 3-token match on its prior (0.81) does not pay here
+    # a 5-token match on its prior (0.89, planned lower while unobserved: rows are dear here) does not pay
+    assert fresh().choose(48, False, True, 5)[0] == 0
     p = fresh()
     for _ in range(6):  # 1-token matches whose next token was right, on plain steps
         p.observe_shadow(1, False, True)
-    assert p.choose(48, False, True, 3)[0] > 0  # this text copies: the 3-token match drafts
-    assert p.acceptance(_core.AutoPolicy.source_of(True, 3))[0] == pytest.approx(0.81)  # its own estimate untouched
+    assert p.choose(48, False, True, 5)[0] > 0  # this text copies: the 5-token match drafts
+    assert p.acceptance(_core.AutoPolicy.source_of(True, 5))[0] == pytest.approx(0.89)  # its own estimate untouched
     p.new_generation()  # the next text starts from the priors again
-    assert p.choose(48, False, True, 3)[0] == 0
+    assert p.choose(48, False, True, 5)[0] == 0
     q = fresh()
     for _ in range(6):  # misses do not stop a copy on their own: they make its first draft go behind a probe
         q.observe_shadow(1, False, False)
@@ -767,6 +788,8 @@ def test_a_copy_that_keeps_being_accepted_drafts_longer_again_after_one_failure(
     p.set_verify_costs([58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 15.0 * n for n in range(1, 41)])
     p.set_verify_rows(0)
     p.new_generation()
+    k, ngram = p.choose(48, False, True, 3)  # a fresh match's first draft is short (rows are dear) ...
+    p.update(k, k, True)  # ... and accepted: the copy is on
     k, ngram = p.choose(48, False, True, 3)
     assert ngram and k > 1
     p.update(k, 1, True)  # the first token right, the second wrong

@@ -14,6 +14,7 @@ constexpr int explore_first = 16;    // plain steps after which an unused draft 
 constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
+constexpr double caution = 0.5; // standard deviations an n-gram estimate is planned below its value (step_alpha)
 constexpr double alpha_prior_model = 0.6;
 // a free check (observe_shadow) moves position 0's estimate of a text source as a running mean in which the prior
 // counts as this many checks (a drafted outcome: as one, learn_rate; the memory's sources: as one, beside the record
@@ -159,6 +160,25 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
 
 std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
     auto a = planning_alpha(source);
+    if (source != 0 && (source - 1) % n_buckets < n_buckets - 1) {
+        // an n-gram estimate counts as its lower bound: `caution` standard deviations below, as if it were the mean of
+        // its observations and one more for its prior, times what a row adds to a plain step (T(2) / T(1) - 1, at most
+        // 1). Few observations (a new prompt's priors) and dear rows make a long draft on a match of unknown worth
+        // wait until the text has shown that it copies: a failed 16-row draft cost 5-6 plain steps on a 2-core EPYC,
+        // 5% of a 96-token answer, and each of holdout9's two tasks below 0.97 lost on one or two. A match of 16+
+        // tokens is a copy in progress (right 0.99 of the time on holdout8-9's answers): planned as estimated.
+        // Replayed (`bench.simulate --fast --one-policy --memory`, that VM's profile): holdout8-10's 96 plain answers
+        // below 0.97 22 -> 5, geometric mean 1.156 -> 1.155; holdout6-7's 80: 15 -> 8, 1.147 -> 1.145; with T(n)
+        // nearly flat (20-28 ms for 1-16 rows) 1.699 -> 1.696. Caution 0.25: 13 and 6 below; 0.5 on 16+ matches too:
+        // 5 and 8, but code 2.39 -> 2.20 (bench/README, "Caution where rows are dear")
+        const double row = std::min(1.0, std::max(0.0, t_verify_[2] / t_verify_[1] - 1.0));
+        int n = 0; // a position never drafted carries the estimate of the deepest one before it, and its count: a
+        for (int j = 0; j < n_max; ++j) { // copy's next untried length is no less known than the last tried one
+            n = n_obs_[source][j] > 0 || j == 0 ? n_obs_[source][j] : n;
+            const double spread = std::sqrt(a[j] * (1.0 - a[j]) / (n + 2.0));
+            a[j] = std::max(0.0, a[j] - caution * row * spread);
+        }
+    }
     if (source != 0 && boundary >= 0 && boundary < n_max) {
         a[boundary] = alpha_boundary_;
     }
