@@ -13,7 +13,8 @@ every change so far, to check "auto" on prompts it was never tuned on. holdout7 
 (stop 65), the same way, to check the policy on another VM, and holdout9 (4 per task) the same day, after holdout8's
 answers had been looked at, to check a change to the policy. holdout10 (4 per task) was written after holdout9 had
 been run on the pool-of-threads fix, from sources none of the earlier sets had used, and has been run (stop 66).
-holdout11 (4 per task) was written after it, from sources no earlier set used; nothing has been run on it yet.
+holdout11 (4 per task) was written after it, from sources no earlier set used, and checked the caution of stop 66
+(run once, bench/results/holdout11-caution): every set so far has been run, so the next change needs a new one.
 """
 from __future__ import annotations
 
