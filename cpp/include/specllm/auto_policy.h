@@ -17,9 +17,9 @@
 // (prior 0.54, learned in each generation): prose copies seldom survive it, so a copy drafts up to a sentence end or
 // verifies up to it in a first chunk. An n-gram source plans with its estimates lowered by their uncertainty (few
 // observations) times what a verify row costs against a plain step (step_alpha): where rows are dear, a long draft
-// on a match of unknown worth waits until the text has shown that it copies. The draft model, while not used, is explored with k = 1 now and then, so
-// that its estimates recover when the text changes; an n-gram source needs no paid try: its first proposal is
-// checked for free on every step it does not draft (observe_shadow).
+// on a match of unknown worth waits until the text has shown that it copies. The draft model, while not used, is
+// explored with k = 1 now and then, so that its estimates recover when the text changes; an n-gram source needs no
+// paid try: its first proposal is checked for free on every step it does not draft (observe_shadow).
 #pragma once
 
 #include "specllm/policy.h"
