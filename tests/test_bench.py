@@ -1153,9 +1153,11 @@ def test_simulate_cuts_a_proposal_after_its_end_of_turn_as_the_engine_does():
 
     costs = [58.0, 92, 125, 155, 158, 187, 247, 309] + [309 + 35.0 * n for n in range(1, 41)]
     end = 5
-    # the answer copies the prompt's first message up to its end of turn; the prompt goes on with another message
-    prompt = list(range(100, 150)) + [end] + list(range(200, 300))
-    answer = list(range(100, 150))
+    # the answer copies the prompt's first message up to its end of turn; the prompt goes on with another message.
+    # 70 tokens: long enough for the last draft to reach past the end (a 50-token copy's did until 2026-12-07, when
+    # "auto" began to lengthen the drafts of a copy on a short match more slowly)
+    prompt = list(range(100, 170)) + [end] + list(range(200, 300))
+    answer = list(range(100, 170))
 
     def cut(proposal):
         return proposal[:proposal.index(end) + 1] if end in proposal else proposal

@@ -14,14 +14,22 @@ constexpr int explore_first = 16;    // plain steps after which an unused draft 
 constexpr int explore_last = 512;    // ... doubling after each try, up to this
 constexpr double alpha_viable = 0.95; // a source that cannot beat plain even at this acceptance is never tried
 constexpr double margin = 1.03;        // a draft must beat plain decoding by this factor (estimates are noisy)
-constexpr double caution = 0.5; // standard deviations an n-gram estimate is planned below its value (step_alpha)
+// standard deviations an n-gram estimate is planned below its value (step_alpha): the text's sources by their
+// posterior's (prior worth text_prior_weight), the memory's as before 2026-12-07 (half of one, count + 2)
+constexpr double caution_text = 1.0;
+constexpr double caution_memory = 0.5;
 constexpr double alpha_prior_model = 0.6;
-// a free check (observe_shadow) moves position 0's estimate of a text source as a running mean in which the prior
-// counts as this many checks (a drafted outcome: as one, learn_rate; the memory's sources: as one, beside the record
-// they carry from earlier requests). Counted as one, a single right check lifted a 1-2-token match from
-// 0.73 to 0.86, where on a CPU with dear short batches a 3-token draft pays on paper; drafted just after such lifts,
-// these drafts failed at their first token far more often than the estimate said (bench/README, 2026-12-06)
-constexpr double shadow_prior_weight = 4.0;
+// an outcome on a text source (a free check of position 0, observe_shadow, or a drafted position on a match below 16
+// tokens, update) moves its estimate as a running mean in which the prior counts as this many outcomes (the memory's
+// sources: as one, beside the record they carry from earlier requests; the draft model, and drafts on a 16+ match, a
+// copy in progress: as one). Counted as one, a single right check lifted a 1-2-token match from 0.73 to 0.86, where
+// on a CPU with dear short batches a 3-token draft pays on paper; drafted just after such lifts, these drafts failed
+// at their first token far more often than the estimate said (bench/README, 2026-12-06). Drafted outcomes counted the
+// prior as one until 2026-12-07: two accepted 2-token drafts lifted positions 0-1 from 0.81 to 0.94, the positions
+// never drafted carry the deepest one's estimate, and the third draft was 15 tokens long; on RAG answers (a document's
+// phrases quoted for 3-8 tokens) such drafts failed at their first tokens (bench/README, "The text's prior as four
+// outcomes")
+constexpr double text_prior_weight = 4.0;
 constexpr double text_pseudo = 2.0; // the text's factor starts as this many position-0 outcomes that met the priors
 // by match bucket (1-2, 3, 4-7, 8-15, 16+ tokens), clean, doubtful, then memory. A new prompt starts the text's
 // sources from these, so they are what was measured (`python -m bench.calibrate`): how often the proposal's next token
@@ -161,22 +169,29 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
 std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
     auto a = planning_alpha(source);
     if (source != 0 && (source - 1) % n_buckets < n_buckets - 1) {
-        // an n-gram estimate counts as its lower bound: `caution` standard deviations below, as if it were the mean of
-        // its observations and one more for its prior, times what a row adds to a plain step (T(2) / T(1) - 1, at most
-        // 1). Few observations (a new prompt's priors) and dear rows make a long draft on a match of unknown worth
-        // wait until the text has shown that it copies: a failed 16-row draft cost 5-6 plain steps on a 2-core EPYC,
-        // 5% of a 96-token answer, and each of holdout9's two tasks below 0.97 lost on one or two. A match of 16+
-        // tokens is a copy in progress (right 0.99 of the time on holdout8-9's answers): planned as estimated.
-        // Replayed (`bench.simulate --fast --one-policy --memory`, that VM's profile): holdout8-10's 96 plain answers
-        // below 0.97 22 -> 5, geometric mean 1.156 -> 1.155; holdout6-7's 80: 15 -> 8, 1.147 -> 1.145; with T(n)
-        // nearly flat (20-28 ms for 1-16 rows) 1.699 -> 1.696. Caution 0.25: 13 and 6 below; 0.5 on 16+ matches too:
-        // 5 and 8, but code 2.39 -> 2.20 (bench/README, "Caution where rows are dear")
+        // an n-gram estimate counts as its lower bound: some standard deviations below, times what a row adds to a
+        // plain step (T(2) / T(1) - 1, at most 1). A text source's estimate is the mean of a Beta posterior whose
+        // prior weighs text_prior_weight outcomes: planned one of its standard deviations below (caution_text); the
+        // memory's half of one, counting its observations and 2. Few observations (a new prompt's priors) and dear
+        // rows make a long draft on a match of unknown worth wait until the text has shown that it copies: a failed
+        // 16-row draft cost 5-6 plain steps on a 2-core EPYC, 5% of a 96-token answer, and each of holdout9's two tasks
+        // below 0.97 lost on one or two. A match of 16+ tokens is a copy in progress (right 0.99 of the time on
+        // holdout8-9's answers): planned as estimated. Replayed (`bench.simulate --fast --one-policy --memory`, a
+        // 2-core EPYC's profile; bench/README, "Caution where rows are dear" and "The text's prior as four outcomes"):
+        // half a deviation with the count + 2 for every source (2026-12-06) took holdout8-10's 96 plain answers below
+        // 0.97 from 22 to 5; this one (with the prior as four outcomes) 12 -> 5 over holdout8-11's 128, 8 -> 4 over
+        // holdout3-7 and fresh's 140, 4 -> 2 over the dev runs' 56, the geometric mean 1.2055 -> 1.2043 over all
+        // 324 (code edits 1.518 -> 1.491, RAG 1.060 -> 1.063); with T(n) nearly flat 1.767 -> 1.773
         const double row = std::min(1.0, std::max(0.0, t_verify_[2] / t_verify_[1] - 1.0));
+        const bool text = source <= 2 * n_buckets;
+        // the count in the spread: a Beta posterior's (observations + the prior's weight + 1) for the text's sources
+        const double counted = text ? text_prior_weight + 1.0 : 2.0;
+        const double sds = text ? caution_text : caution_memory;
         int n = 0; // a position never drafted carries the estimate of the deepest one before it, and its count: a
         for (int j = 0; j < n_max; ++j) { // copy's next untried length is no less known than the last tried one
             n = n_obs_[source][j] > 0 || j == 0 ? n_obs_[source][j] : n;
-            const double spread = std::sqrt(a[j] * (1.0 - a[j]) / (n + 2.0));
-            a[j] = std::max(0.0, a[j] - caution * row * spread);
+            const double spread = std::sqrt(a[j] * (1.0 - a[j]) / (n + counted));
+            a[j] = std::max(0.0, a[j] - sds * row * spread);
         }
     }
     if (source != 0 && boundary >= 0 && boundary < n_max) {
@@ -334,12 +349,21 @@ void AutoPolicy::update(const StepOutcome & o) {
         c_catchup_ = c_catchup_ > 0.0 ? (1.0 - ema_cost) * c_catchup_ + ema_cost * per_token : per_token;
     }
     const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome
+    // a clean or doubtful match of the text below 16 tokens (16+: a copy in progress, learned at full speed)
+    const bool text = s >= 1 && s <= 2 * n_buckets && (s - 1) % n_buckets < n_buckets - 1;
+    const auto carried = planning_alpha(s);
     for (int j = 0; j <= j_last; ++j) {
         if (j == b) {
             continue;
         }
+        if (text && j >= 1 && n_obs_[s][j] == 0) {
+            // drafted for the first time: from the estimate the plan carried into it (the deepest drafted
+            // position's), not from the prior it was left near. From the prior, at four outcomes' weight, an
+            // accepted draft lowered its deeper positions' planning estimates and stopped the next draft
+            alpha_[s][j] = carried[j];
+        }
         const double seen = j < o.n_accepted ? 1.0 : 0.0;
-        const double w = learn_rate(s, j);
+        const double w = learn_rate(s, j, text ? text_prior_weight : 1.0);
         alpha_[s][j] = (1.0 - w) * alpha_[s][j] + w * seen;
     }
     // positions past the last outcome were not observed: let them drift toward the last estimate, so that
@@ -374,7 +398,7 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
     const int s = source_of(true, ngram_match, doubtful, memory);
     observe_text(s, would_accept);
     const bool text = s <= 2 * n_buckets; // the memory's sources carry their record instead (new_generation's carry)
-    const double w = learn_rate(s, 0, text ? shadow_prior_weight : 1.0);
+    const double w = learn_rate(s, 0, text ? text_prior_weight : 1.0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {
         alpha_[s][j] = (1.0 - 0.5 * ema_alpha) * alpha_[s][j] + 0.5 * ema_alpha * alpha_[s][0];
