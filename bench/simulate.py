@@ -269,6 +269,9 @@ def main(argv=None) -> int:
     p.add_argument("--answers", default="plain",
                    help="whose answers to replay (default: %(default)s; e.g. hybrid: the default's own answers, "
                         "which differ from plain's in fast mode)")
+    p.add_argument("--each", action="store_true",
+                   help="after the table, every answer's replayed speed-up (TASK-N X.XXX, one per line): for "
+                        "geometric means over several invocations' answers, or a task's")
     p.add_argument("--trace", default=None, metavar="TASK-N[,...]",
                    help="print every step with a match of these answers (rag-1: the first RAG answer in run order): "
                         "the match, the source's estimates, k, the first chunk, what was accepted, its ms")
@@ -345,6 +348,7 @@ def main(argv=None) -> int:
     policy = None
     memory: list[int] = []
     every: list[float] = []
+    each: dict[str, list[float]] = {}  # task -> its answers' replayed speed-ups, in run order
     for task, pairs in answers.items():
         if policy is None or not args.one_policy:
             policy = new_policy(policy_costs or costs, chunk,
@@ -368,8 +372,12 @@ def main(argv=None) -> int:
         print(f"| {task} | {len(pairs)} | {statistics.median(sims):.2f} | {statistics.median(oracles):.2f} | "
               f"{tot[0]} | {tot[1]} ({tot[1] / max(1, tot[0]):.0%}) | {tot[2] / tot[3]:.2f} | {tot[4]} |")
         every += sims
+        each[task] = sims
     print(f"geometric mean over {len(every)} answers: {statistics.geometric_mean(every):.4f}; "
           f"below 0.97: {sum(x < 0.97 for x in every)}")
+    if args.each:
+        for task, speedups in each.items():
+            print("\n".join(f"{task}-{n} {x:.3f}" for n, x in enumerate(speedups, 1)))
     missing = traced - {f"{task}-{n}" for task, pairs in answers.items() for n in range(1, len(pairs) + 1)}
     if missing:
         counts = ", ".join(f"{task} {len(pairs)}" for task, pairs in answers.items())

@@ -618,6 +618,33 @@ def test_simulate_traces_an_answers_steps_without_changing_them(capsys):
         main(["no-such-run.json", "--orders", "2", "--trace", "rag-1"])  # --orders has no steps of its own to print
 
 
+def test_simulate_prints_each_answer_s_speed_up_when_asked(tiny, tmp_path, capsys):
+    # --each: one line per answer (TASK-N, its replayed speed-up), whose geometric mean is the table's
+    import statistics
+
+    from bench.simulate import main
+
+    prompts = tasks.load_tasks(["qa", "rag"], 2, prompt_set="fresh")
+    record = {"system": "plain", "turn": 0, "rep": 0, "n_gen": 32, "gen_tps": 30.0, "prompt_ms": 10.0,
+              "n_drafted": 0, "n_accepted": 0, "n_steps": 32}
+    run = {"meta": {"target": tiny["target"], "tasks": "qa,rag", "limit": 2, "prompts": "fresh", "max_tokens": 32,
+                    "chat_template": "jinja"},
+           "records": [dict(record, task=q.task, id=q.id, text=q.turns[0][:120]) for q in prompts]}  # answers copy
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    args = [str(path), "--fast", "--costs", "58,102,139,172"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--each"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(plain)
+    lines = out[len(plain):].split()
+    names, values = lines[0::2], [float(x) for x in lines[1::2]]
+    assert names == ["qa-1", "qa-2", "rag-1", "rag-2"] and all(x > 1.0 for x in values)  # copies pay
+    mean = float(plain.split("geometric mean over 4 answers: ")[1].split(";")[0])
+    assert statistics.geometric_mean(values) == pytest.approx(mean, abs=0.002)
+
+
 def test_simulate_and_the_oracle_charge_what_the_context_adds_to_a_batch():
     from bench.oracle import replay
     from bench.simulate import new_policy, simulate
