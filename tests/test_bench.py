@@ -292,7 +292,8 @@ def test_fresh_prompts():
                                                         ("holdout9", tasks.HOLDOUT9_PATH, 4),
                                                         ("holdout10", tasks.HOLDOUT10_PATH, 4),
                                                         ("holdout11", tasks.HOLDOUT11_PATH, 4),
-                                                        ("holdout12", tasks.HOLDOUT12_PATH, 4)])
+                                                        ("holdout12", tasks.HOLDOUT12_PATH, 4),
+                                                        ("holdout13", tasks.HOLDOUT13_PATH, 4)])
 def test_holdout_prompts(prompt_set, path, per_task):
     # the sets written later, to check on prompts the policy was never tuned on: whole, sourced, long where Spec-Bench
     # is long, and sharing no text with the sets written before them
@@ -309,9 +310,9 @@ def test_holdout_prompts(prompt_set, path, per_task):
         assert p.task != "code" or p.turns[0].startswith("Complete the following Python function."), p.id
     earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH, tasks.HOLDOUT4_PATH,
                tasks.HOLDOUT5_PATH, tasks.HOLDOUT6_PATH, tasks.HOLDOUT7_PATH, tasks.HOLDOUT8_PATH, tasks.HOLDOUT9_PATH,
-               tasks.HOLDOUT10_PATH, tasks.HOLDOUT11_PATH][
+               tasks.HOLDOUT10_PATH, tasks.HOLDOUT11_PATH, tasks.HOLDOUT12_PATH][
         :{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4, "holdout5": 5, "holdout6": 6, "holdout7": 7,
-          "holdout8": 8, "holdout9": 9, "holdout10": 10, "holdout11": 11, "holdout12": 12}[prompt_set]]
+          "holdout8": 8, "holdout9": 9, "holdout10": 10, "holdout11": 11, "holdout12": 12, "holdout13": 13}[prompt_set]]
     seen = []
     for other in earlier:
         with open(other, encoding="utf-8") as f:
