@@ -42,6 +42,16 @@ constexpr double text_pseudo = 2.0; // the text's factor starts as this many pos
 constexpr double alpha_prior_ngram[AutoPolicy::n_sources - 1] = {0.73, 0.81, 0.89, 0.94, 0.98,  // clean
                                                                  0.40, 0.50, 0.50, 0.81, 0.94,  // doubtful
                                                                  0.67, 0.74, 0.74, 0.76, 0.83}; // memory
+
+// a clean or doubtful n-gram match in the text itself (not the drafting memory's, not the draft model)
+bool text_source(int s) {
+    return s >= 1 && s <= 2 * AutoPolicy::n_buckets;
+}
+
+// an n-gram match below 16 tokens (a 16+ match is a copy in progress: planned and learned as estimated)
+bool below_copy(int s) {
+    return s >= 1 && (s - 1) % AutoPolicy::n_buckets < AutoPolicy::n_buckets - 1;
+}
 } // namespace
 
 AutoPolicy::AutoPolicy() {
@@ -74,7 +84,7 @@ void AutoPolicy::new_generation(int carry, double keep, int text_carry, double t
     alpha_forced_ = alpha_prior_forced; // how a reply lays out its text (whitespace) is its own
     n_forced_obs_ = 0;
     for (int s = 0; s < n_sources; ++s) {
-        const bool text = s >= 1 && s <= 2 * n_buckets; // clean and doubtful matches in the text itself
+        const bool text = text_source(s);
         for (int j = 0; j < n_max; ++j) {
             n_obs_[s][j] = std::min(n_obs_[s][j], std::max(0, text ? text_carry : carry));
             if (s != 0) {
@@ -143,7 +153,7 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
     // that lets a long copy try longer drafts (with chunked verification a wrong guess costs one skipped chunk)
     std::array<double, n_max> a = alpha_[source];
     double moved = a[0];
-    if (source >= 1 && source <= 2 * n_buckets) {
+    if (text_source(source)) {
         // the text's factor moves the prior's share of the position-0 estimate (1 / (observations + 1) while
         // the estimate is a running mean): what the other sources saw of this text tells this one. Lowered, the
         // unobserved positions below follow it; raised, position 0 alone: carried into them, it made a 2-token
@@ -168,7 +178,7 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::planning_alpha(int source) con
 
 std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int boundary) const {
     auto a = planning_alpha(source);
-    if (source != 0 && (source - 1) % n_buckets < n_buckets - 1) {
+    if (below_copy(source)) {
         // an n-gram estimate counts as its lower bound: some standard deviations below, times what a row adds to a
         // plain step (T(2) / T(1) - 1, at most 1). A text source's estimate is the mean of a Beta posterior whose
         // prior weighs text_prior_weight outcomes: planned one of its standard deviations below (caution_text); the
@@ -183,7 +193,7 @@ std::array<double, AutoPolicy::n_max> AutoPolicy::step_alpha(int source, int bou
         // holdout3-7 and fresh's 140, 4 -> 2 over the dev runs' 56, the geometric mean 1.2055 -> 1.2043 over all
         // 324 (code edits 1.518 -> 1.491, RAG 1.060 -> 1.063); with T(n) nearly flat 1.767 -> 1.773
         const double row = std::min(1.0, std::max(0.0, t_verify_[2] / t_verify_[1] - 1.0));
-        const bool text = source <= 2 * n_buckets;
+        const bool text = text_source(source);
         // the count in the spread: a Beta posterior's (observations + the prior's weight + 1) for the text's sources
         const double counted = text ? text_prior_weight + 1.0 : 2.0;
         const double sds = text ? caution_text : caution_memory;
@@ -350,8 +360,8 @@ void AutoPolicy::update(const StepOutcome & o) {
     }
     const int j_last = std::min(o.n_accepted, o.n_drafted - 1); // the last position with an outcome
     // a clean or doubtful match of the text below 16 tokens (16+: a copy in progress, learned at full speed)
-    const bool text = s >= 1 && s <= 2 * n_buckets && (s - 1) % n_buckets < n_buckets - 1;
-    const auto carried = planning_alpha(s);
+    const bool text = text_source(s) && below_copy(s);
+    const auto carried = text ? planning_alpha(s) : alpha_[s]; // only the text's sources start from it
     for (int j = 0; j <= j_last; ++j) {
         if (j == b) {
             continue;
@@ -397,7 +407,7 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
     }
     const int s = source_of(true, ngram_match, doubtful, memory);
     observe_text(s, would_accept);
-    const bool text = s <= 2 * n_buckets; // the memory's sources carry their record instead (new_generation's carry)
+    const bool text = text_source(s); // the memory's sources carry their record instead (new_generation's carry)
     const double w = learn_rate(s, 0, text ? text_prior_weight : 1.0);
     alpha_[s][0] = (1.0 - w) * alpha_[s][0] + w * (would_accept ? 1.0 : 0.0);
     for (int j = 1; j < n_max; ++j) {
@@ -406,7 +416,7 @@ void AutoPolicy::observe_shadow(int ngram_match, bool doubtful, bool would_accep
 }
 
 void AutoPolicy::observe_text(int source, bool accepted) {
-    if (source >= 1 && source <= 2 * n_buckets) { // matches in the text itself (not the memory, not the model)
+    if (text_source(source)) {
         text_hits_ += accepted ? 1.0 : 0.0;
         text_expected_ += alpha_prior_ngram[source - 1];
     }
