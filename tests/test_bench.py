@@ -308,11 +308,8 @@ def test_holdout_prompts(prompt_set, path, per_task):
         assert len(p.turns) == (2 if p.task == "multi_turn" else 1) and all(t.strip() for t in p.turns), p.id
         assert len(p.turns[0]) >= FRESH_MIN_CHARS.get(p.task, 1), (p.id, len(p.turns[0]))
         assert p.task != "code" or p.turns[0].startswith("Complete the following Python function."), p.id
-    earlier = [tasks.FRESH_PATH, tasks.HOLDOUT_PATH, tasks.HOLDOUT2_PATH, tasks.HOLDOUT3_PATH, tasks.HOLDOUT4_PATH,
-               tasks.HOLDOUT5_PATH, tasks.HOLDOUT6_PATH, tasks.HOLDOUT7_PATH, tasks.HOLDOUT8_PATH, tasks.HOLDOUT9_PATH,
-               tasks.HOLDOUT10_PATH, tasks.HOLDOUT11_PATH, tasks.HOLDOUT12_PATH][
-        :{"holdout": 1, "holdout2": 2, "holdout3": 3, "holdout4": 4, "holdout5": 5, "holdout6": 6, "holdout7": 7,
-          "holdout8": 8, "holdout9": 9, "holdout10": 10, "holdout11": 11, "holdout12": 12, "holdout13": 13}[prompt_set]]
+    names = list(tasks.SET_PATHS)  # in the order the sets were written: fresh, holdout, holdout2, ...
+    earlier = [tasks.SET_PATHS[name] for name in names[:names.index(prompt_set)]]
     seen = []
     for other in earlier:
         with open(other, encoding="utf-8") as f:
