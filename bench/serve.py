@@ -262,6 +262,10 @@ def main(argv=None) -> int:
     args.task_names = checks.names_in(p, "--tasks", args.tasks, tasks.ALL_TASKS)
     prompts, questions = read_prompts(args, parts)
     checks.out_dir(args.out)
+    from bench.run import resolve_model  # a name the registry does not know fails here, not in the server's log
+    args.target = resolve_model(args.target)
+    if args.draft.lower() not in ("none", "ngram"):  # as the CLI reads --draft
+        args.draft = resolve_model(args.draft, "--draft")
 
     import openai
     import specllm

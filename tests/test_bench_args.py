@@ -85,6 +85,9 @@ BAD = [
     ([*SERVE, "--tasks", "bogus"], 2),
     ([*SERVE, "--parts", "overhead", "--tasks", ""], 2),
     ([*SERVE, "--parts", "soak", "--out", "{d}/afile"], 1),
+    # a name the registry does not know: said before the server starts (it was a "see the server's log" after)
+    (["bench.serve", "--target", "qwen2.5-coder-1.5bb", "--draft", "ngram", "--parts", "conversation"], 1),
+    (["bench.serve", "--target", TARGET, "--draft", "/nope/x.gguf", "--parts", "conversation"], 1),
     *[([f"bench.{tool}", "--model", TARGET, "--threads", "1", "--rounds", rounds], 2)
       for tool in ("fim", "logprobs", "grammar", "prompt_cache", "prompt_store", "editor") for rounds in ("0", "-1")],
     (["bench.kv_cache", *PAIR, "--tasks", "bogus"], 2),
