@@ -94,6 +94,8 @@ BAD = [
     (["bench.spread", "record", *PAIR, "--prompts", "bogus", "--out", "{d}/spread.json"], 2),
     (["bench.prompt_cache", "--model", TARGET, "--file", "/nope/file.py"], 2),
     (["bench.draft_overhead", "--model", TARGET, "--prompts", "bogus"], 2),
+    (["bench.profile_spread", "--target", TARGET, "--loads", "0"], 2),
+    (["bench.profile_spread", "--target", "/nope/x.gguf"], 1),
 ]
 
 
@@ -328,3 +330,14 @@ def test_sigterm_to_bench_serve_stops_its_server(tiny, tmp_path, when):
         if server is not None and os.path.exists(f"/proc/{server}"):  # not left behind when this test fails
             os.kill(server, signal.SIGKILL)
         log.close()
+
+
+def test_bench_profile_spread_measures_each_load_in_a_process_of_its_own(tiny, tmp_path):
+    r = bench(tmp_path, "bench.profile_spread", "--target", tiny["target"], "--threads", "1", "--loads", "2",
+              "--times", "2", timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == ["load 1", "load 1", "load 2", "load 2"]
+    assert all(" 16:" in line for line in lines[:4])
+    assert lines[4].startswith("T(2)/T(1): within each load ") and lines[4].count("median") == 3
+    assert lines[5].startswith("T(8)/T(1): ")
