@@ -356,9 +356,12 @@ def test_the_text_a_grammar_forces_is_drafted_and_the_output_stays_plain_decodin
                                          ('root ::= root "a"', "left recursion"),
                                          ('root ::= "a" b', "Undefined rule identifier 'b'"),
                                          ('root ::= "<a>" [<] b', "Undefined rule identifier 'b'"),
-                                         ("root ::= " + "(" * 3000 + '"a"' + ")" * 3000, "nests groups 3000 deep")],
+                                         ("root ::= " + "(" * 3000 + '"a"' + ")" * 3000, "nests groups 3000 deep"),
+                                         ('root ::= "a"{5,2}', "repeats something {5,2} times"),
+                                         ('root ::= ("a" | [b]){ 10 , 009 } "{1,2}"', "{ 10 , 009 }"),
+                                         ("root ::= [a]{" + "9" * 30 + ",3}", "maximum is below its minimum")],
                          ids=["unclosed", "no-root", "left-recursion", "undefined-rule", "angle-brackets-in-literals",
-                              "deep"])
+                              "deep", "backward-repeat", "backward-repeat-spaced", "backward-repeat-huge"])
 def test_a_grammar_is_checked_without_a_model_as_with_one(tiny, make_llm, gbnf, words):
     """_core.gbnf_error reads a grammar before any model is loaded (the CLI's --grammar file) and says what the
     loaded model's check says."""
@@ -373,3 +376,11 @@ def test_a_grammar_is_checked_without_a_model_as_with_one(tiny, make_llm, gbnf, 
 def test_a_grammar_naming_tokens_is_left_to_the_model(gbnf):
     from specllm import _core
     assert _core.gbnf_error(gbnf) == ""  # tokens need a vocabulary: read once the model is loaded
+
+
+@pytest.mark.parametrize("gbnf", ['root ::= "a"{2,5}', 'root ::= "a"{3,3} [b]{0,} "c"{4}', 'root ::= "{5,2}"',
+                                  'root ::= [{5,2}] "x"', 'root ::= "a"  # not a repeat: {5,2}'])
+def test_counts_that_are_not_backward_are_left_to_llama_cpp(gbnf):
+    """The check for a repeat {m,n} with n < m reads rules only, not strings, classes or comments."""
+    from specllm import _core
+    assert _core.gbnf_error(gbnf) == ""

@@ -487,6 +487,15 @@ def test_inputs_a_fuzzer_found_get_typed_errors_and_the_server_lives(server):
         ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2,
                                   "tools": [{"type": "function", "function": {"name": ["f"]}}]},
          400, "tools[0].function.name must be a string"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2,
+                                  "tools": [{"type": "function", "function": {"name": ""}}]},
+         400, "tools[0].function.name is empty"),
+        # a repeat whose maximum is below its minimum: llama.cpp's parser added rules until the kernel killed the
+        # server (a bare bad_alloc under a memory limit)
+        ("/completion", {"prompt": "Hi", "n_predict": 2, "grammar": 'root ::= "a"{5,2}'}, 400,
+         "maximum is below its minimum"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "grammar": "root ::= [a-z]{9,3}"}, 400,
+         "maximum is below its minimum"),
         ("/v1/embeddings", {"input": ["hello"] * 3000}, 400, "at most 2048"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
          "a text part without its text"),

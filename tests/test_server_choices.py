@@ -75,6 +75,8 @@ def test_echo(client, local):
     ({"prompt": ["a", ""]}, "prompt"),
     ({"prompt": [[1, 10**9]]}, "prompt"),
     ({"prompt": [[1, "a"]]}, "prompt"),
+    ({"prompt": [True]}, "prompt"),  # was token 1: pydantic's lax int took JSON's true
+    ({"prompt": [[2, False]]}, "prompt"),
     ({"prompt": ["a", "b"], "suffix": "c"}, "prompt"),
     ({"prompt": "a", "best_of": 2}, "best_of"),
 ])

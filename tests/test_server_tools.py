@@ -168,6 +168,10 @@ def test_a_forced_opening_and_the_models_rest_make_a_call():
 
 @pytest.mark.parametrize("choice, tool_list, message", [
     ("required", None, "no tools"),
+    # hosted tools only, or a function tool without its function: "required" opened a call no grammar could close
+    # and answered 200 with max_tokens thrown away
+    ("required", [{"type": "web_search"}], "no function tools"),
+    ("required", [{"type": "function"}], "no function tools"),
     ({"type": "function", "function": {"name": "get_weather"}}, [], "no tools"),
     ({"type": "function", "function": {"name": "nope"}}, [WEATHER], "not among"),
     ({"type": "function"}, [WEATHER], "must be"),

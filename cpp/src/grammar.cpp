@@ -149,6 +149,41 @@ size_t group_depth(const std::string & gbnf) {
     return deepest;
 }
 
+// the first repetition x{m,n} of GBNF text whose n is below its m ("" if none): llama.cpp's parser subtracts them
+// unsigned and added rules until the process ran out of memory (a server request killed it)
+std::string backward_repetition(const std::string & gbnf) {
+    std::string found, inside;
+    bool open = false;
+    for_each_rule_char(gbnf, [&](char c) {
+        if (c == '{') {
+            open = true;
+            inside.clear();
+        } else if (c == '}' && open) {
+            open = false;
+            const size_t comma = inside.find(',');
+            const auto digits = [](const std::string & s, std::string & out) { // a count, without leading zeros
+                const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+                if (a == std::string::npos || s.find_first_not_of("0123456789", a) <= b) {
+                    return false;
+                }
+                const size_t z = s.find_first_not_of('0', a);
+                out = z > b ? "0" : s.substr(z, b - z + 1);
+                return true;
+            };
+            std::string lo, hi; // compared as numbers of any length: by their digits' count, then their digits
+            if (comma != std::string::npos && digits(inside.substr(0, comma), lo) &&
+                digits(inside.substr(comma + 1), hi) &&
+                (hi.size() < lo.size() || (hi.size() == lo.size() && hi < lo))) {
+                found = "{" + inside + "}";
+            }
+        } else if (open) {
+            inside += c;
+        }
+        return found.empty();
+    });
+    return found;
+}
+
 // whether GBNF text names a token (<|tok|>, <[id]>): only a model's vocabulary reads those
 bool names_tokens(const std::string & gbnf) {
     bool found = false;
@@ -174,6 +209,10 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
         throw InvalidArgument("the grammar nests groups " + std::to_string(depth) + " deep; at most " +
                               std::to_string(max_group_depth) + " (llama.cpp's parser recurses per level): write "
                               "long repetitions as x{m,n}, or a JSON schema's maxLength / maxItems below 2000");
+    }
+    if (const std::string rep = backward_repetition(gbnf); !rep.empty()) {
+        throw InvalidArgument("the grammar repeats something " + rep + " times: its maximum is below its minimum; "
+                              "write x{m,n} with m <= n");
     }
     if (gbnf.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw InvalidArgument("the grammar is empty; pass GBNF rules with a 'root' rule (e.g. root ::= \"yes\" | "

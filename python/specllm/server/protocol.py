@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 
 class _Request(BaseModel):
@@ -73,7 +73,8 @@ class ChatRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, List[Union[str, List[int]]], List[int]]  # a text, texts, token ids, or token id lists
+    # a text, texts, token ids, or token id lists; strict: [true] was token 1 (pydantic's lax int)
+    prompt: Union[str, List[Union[str, List[StrictInt]]], List[StrictInt]]
     max_tokens: Optional[int] = Field(None, ge=0)  # 0: no reply (with echo and logprobs: the prompt scored)
     echo: Optional[bool] = None
     best_of: Optional[int] = None

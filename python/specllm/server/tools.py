@@ -42,6 +42,8 @@ def check_names(tools: Optional[list]) -> None:
         if isinstance(fn, dict) and not isinstance(fn.get("name"), str):
             raise ValueError(f"tools[{i}].function.name must be a string (the function's name), got "
                              f"{type(fn.get('name')).__name__}")
+        if isinstance(fn, dict) and not fn["name"]:
+            raise ValueError(f"tools[{i}].function.name is empty; give the function's name")
 
 
 def template_call(call: dict) -> dict:
@@ -100,6 +102,10 @@ def forced_opening(tool_choice, tools: Optional[list]) -> str:
                          f"{{'name': ...}}}}, got {tool_choice!r}")
     if not tools:
         raise ValueError("tool_choice asks for a tool call but the request has no tools")
+    if not names_of(tools):  # hosted tools only ({"type": "web_search"}), or a function without its object: the
+        # reply was made to open a call no grammar could close, and max_tokens of it were thrown away
+        raise ValueError("tool_choice asks for a tool call but the request has no function tools ({'type': "
+                         "'function', 'function': {'name': ...}}) for it to call")
     if tool_choice == "required" and len(names_of(tools)) == 1:
         name = next(iter(names_of(tools)))
     elif tool_choice == "required":  # the model names the tool (and a name not among them is not a call)
