@@ -70,3 +70,13 @@ def test_a_path_that_is_not_a_regular_file_is_refused_not_replaced(tmp_path):
         assert e.value.filename == str(path)
     assert fifo.is_fifo() and link.is_symlink() and folder.is_dir() and not any(folder.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "link"]
+
+
+@pytest.mark.parametrize("length", [243, 255])
+def test_a_name_as_long_as_the_file_system_allows_is_written(tmp_path, length):
+    """The temporary file was the name + ".xxxxxxxx.tmp": a name of 243-255 bytes, which the file could have, was
+    "File name too long" (a memory file, a saved chat)."""
+    path = tmp_path / ("m" * length)
+    files.write_atomic(path, b"new")
+    files.write_atomic(path, b"newer")
+    assert path.read_bytes() == b"newer" and [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -34,7 +34,9 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
             raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
                           "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file, not replaced", given)
         mode = stat.S_IMODE(st.st_mode) & 0o777
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    # named apart from the file's own name: path + a suffix made a name past the file system's limit (255 bytes)
+    # for a name of 243+ that the file itself could have
+    tmp = os.path.join(os.path.dirname(path), f".{secrets.token_hex(8)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), new_mode)  # and umask
     except OSError as e:  # a missing directory, no permission, a full disk
