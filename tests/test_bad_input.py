@@ -2,6 +2,7 @@
 inside, or a file left half-written."""
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -302,6 +303,22 @@ def test_a_draft_name_of_another_vocabulary_is_refused_before_its_download(tiny,
         llm.close()
 
 
+def test_a_path_with_a_nul_character_is_a_typed_error_that_names_it(tiny, tmp_path):
+    """os's ValueError("embedded null byte") named no argument (model, draft, memory_file, save_memory, set_draft)."""
+    bad = str(tmp_path / "a\x00b")
+    for kwargs, name in [({"model": bad}, "model"), ({"draft": bad}, "draft"), ({"memory_file": bad}, "memory_file"),
+                         ({"embedding_model": bad}, "embedding_model"), ({"prompt_cache_dir": bad}, "prompt_cache_dir")]:
+        with pytest.raises(specllm.InvalidOptionError, match=f"^{name} .* holds a NUL character"):
+            specllm.LLM(**dict({"model": tiny["target"], "draft": "ngram", "n_ctx": 256, "profile_costs": False},
+                               **kwargs))
+    with specllm.LLM(tiny["target"], draft="ngram", n_ctx=256, profile_costs=False) as llm:
+        for call in (llm.save_memory, llm.load_memory, llm.set_draft):
+            with pytest.raises(specllm.InvalidOptionError, match="holds a NUL character"):
+                call(bad)
+        assert llm.draft == "ngram" and llm.generate("hi", max_tokens=2).tokens
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_generate_takes_stdin_that_is_not_utf8(tiny, tmp_path):
     env = dict(os.environ, SPECLLM_PROFILES=str(tmp_path / "profiles"), NO_COLOR="1")
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "generate", "--model", tiny["target"], "--draft", "none",
@@ -372,6 +389,17 @@ def test_the_generation_options_are_make_options_and_suffix(llm):
     from specllm import options
 
     assert set(inspect.signature(options.make_options).parameters) | {"suffix"} == options.GENERATE_KEYS
-    llm.check_options(suffix="def f():", max_tokens=4)  # said "unknown generation option 'suffix'"
+    # said "unknown generation option 'suffix'"; then nothing where generate refused it (no FIM tokens here)
+    with pytest.raises(specllm.InvalidOptionError, match=r"suffix \(fill in the middle\) needs a model trained"):
+        llm.check_options(suffix="def f():", max_tokens=4)
+    with pytest.raises(specllm.InvalidOptionError, match=r"suffix \(fill in the middle\) needs a model trained"):
+        llm.generate("x", suffix="def f():", max_tokens=4)
+    # check_options said nothing of an id past the vocabulary, which generate refused
+    n = llm._engine.target.n_vocab
+    for bias in ({n: 1.0}, {-1: 1.0}):
+        for call in (llm.check_options, functools.partial(llm.generate, "x")):
+            with pytest.raises(specllm.InvalidOptionError, match=r"logit_bias: token id -?\d+ is not in the model's "
+                                                                 r"vocabulary"):
+                call(logit_bias=bias, max_tokens=2)
     with pytest.raises(TypeError, match=r"unknown generation option 'sufix'; did you mean 'suffix'\?"):
         llm.check_options(sufix="x")

@@ -60,6 +60,12 @@ def test_a_system_prompt_the_template_refuses_is_refused_and_one_can_be_removed(
                                                   str(tmp_path / "nosys.jinja"))],
                        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "takes no such system prompt" in r.stderr, r.stderr
+    # generate said "llama.cpp does not know this model's chat template" for any refusal, the template's word lost
+    r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hello", "--system", "be nice",
+                                                  "--chat-template-file", str(tmp_path / "nosys.jinja"))],
+                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "System role not supported" in r.stderr, r.stderr
+    assert "does not know" not in r.stderr and "--raw" in r.stderr
 
 
 def test_a_message_starting_with_a_path_is_a_message_and_commands_take_a_tab(tiny, env, tmp_path):
@@ -114,3 +120,30 @@ def test_a_value_the_library_refuses_is_named_by_its_flag(tiny, env):
     r = subprocess.run([sys.executable, *cli_args(tiny, "generate", "hi", "--presence-penalty", "1e308")], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "--presence-penalty must be a finite number" in r.stderr, r.stderr
+
+
+def test_a_system_prompt_that_leaves_no_room_is_refused(tiny, env):
+    """/system took a prompt longer than the context; then every message failed with "the message alone is longer
+    than the context" (a 2-token "hi") and /stats showed 1249 of 256 tokens."""
+    long = " ".join(["word"] * 400)
+    child = chat(tiny, env, "--max-tokens", "8", "--ctx", "256")
+    out = ask(child, f"/system {long}")
+    assert "the system prompt is" in out and "n_ctx" not in out and "--ctx" in out, out
+    assert "no system prompt" in ask(child, "/system")  # not taken
+    assert "tok/s" in ask(child, "hi")  # the chat goes on
+    child.sendeof()
+    exits_cleanly(child)
+    r = subprocess.run([sys.executable, *cli_args(tiny, "chat", "--ctx", "256", "--system", long)],
+                       env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "the system prompt is" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["/save {d}/a\x00b.json", "/load {d}/a\x00b.json", "/draft {d}/a\x00b.gguf"])
+def test_a_path_with_a_nul_character_is_an_error_line_not_a_crash(tiny, env, tmp_path, command):
+    """A NUL in a /save or /draft path (a scripted chat on a pipe) ended the chat with a traceback ("embedded null
+    byte"); /load called it "not JSON"."""
+    r = subprocess.run([sys.executable, *cli_args(tiny, "chat", "--max-tokens", "4")], env=env,
+                       input=command.format(d=tmp_path) + "\n/stats\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert "holds a NUL character" in r.stdout and "not JSON" not in r.stdout, r.stdout
+    assert "conversation: 0 messages" in r.stdout  # the chat went on to the next command

@@ -193,9 +193,10 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
         print(("" if ends_line[0] else "\n") + style.red(f"{'context full' if full else 'error'}: {in_flags(str(e))}"))
         if full and session.turns:
             print(style.dim(f"/reset forgets the conversation (or restart with a larger --ctx than {session.n_ctx})"))
-        elif full:  # the message alone does not fit: /reset cannot help
-            print(style.dim(f"the message alone is longer than the context: shorten it, or restart with a larger "
-                            f"--ctx than {session.n_ctx}"))
+        elif full:  # the message (with the system prompt) alone does not fit: /reset cannot help
+            print(style.dim(f"the message{' with the system prompt' if session.system else ' alone'} is longer than "
+                            f"the context: shorten it{' or /system off' if session.system else ''}, or restart with a "
+                            f"larger --ctx than {session.n_ctx}"))
         return
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional
 from . import files
 from .errors import ContextOverflowError, InvalidOptionError
 from .llm import DEFAULT, LLM, default_draft
+from .options import path as _path
 from .options import text as _text
 from .results import Stats
 
@@ -117,16 +118,22 @@ class ChatSession:
 
     def set_system(self, value: Optional[str]) -> None:
         """The system prompt (None: none), refused (InvalidOptionError, the old one kept) when the chat template
-        refuses it (Gemma's: "System role not supported"): taken, it failed every message after it."""
+        refuses it (Gemma's: "System role not supported") or it leaves no room in the context for a message and a
+        reply: taken, either failed every message after it (the second as if the message were too long)."""
         before = self._system
         self.system = value
         if value is not None:
+            probe = [{"role": "system", "content": value}, {"role": "user", "content": "x"}]
             try:
-                self.llm.apply_chat_template([{"role": "system", "content": value}, {"role": "user", "content": "x"}],
-                                             add_generation_prompt=True)
+                n = self.n_tokens(probe)
             except InvalidOptionError as e:
                 self._system = before
                 raise InvalidOptionError(f"the model's chat template takes no such system prompt: {e}") from None
+            if n >= self.n_ctx:
+                self._system = before
+                raise InvalidOptionError(f"the system prompt is {n} tokens with a one-word message, more than the "
+                                         f"context window (n_ctx={self.n_ctx}) holds with a reply: shorten it, or "
+                                         f"use a larger context")
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays). The drafting memory and the prompt states on disk stay
@@ -143,7 +150,7 @@ class ChatSession:
 
     def save(self, path: str) -> None:
         """Write the conversation (the system prompt and the messages, as JSON) to path atomically, for load()."""
-        path = os.fspath(path)
+        path = _path("the file", os.fspath(path))
         body = json.dumps({"specllm_chat": 1, "system": self.system, "messages": self.turns}, ensure_ascii=False,
                           indent=1)
         try:
@@ -156,7 +163,7 @@ class ChatSession:
         assistant, with string contents). The next reply sends it whole: with LLM(prompt_cache_dir=...) a
         conversation this model had before is read back instead of decoded. InvalidOptionError (the conversation
         unchanged) for a file that is not one."""
-        path = os.fspath(path)
+        path = _path("the file", os.fspath(path))
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO hung the chat, /dev/zero filled the memory
                 raise InvalidOptionError(f"cannot read {path}: not a regular file; give a file /save wrote")

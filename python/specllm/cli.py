@@ -174,9 +174,9 @@ def _generate(args) -> int:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         try:
             prompt = llm.apply_chat_template(system + [{"role": "user", "content": prompt.strip()}])
-        except InvalidOptionError:
-            raise SpecLLMError("llama.cpp does not know this model's chat template; --raw completes the prompt "
-                               "as given") from None
+        except InvalidOptionError as e:  # the template's own word: it refuses a system prompt, llama.cpp does not
+            # know it, ... (every one was "llama.cpp does not know this model's chat template")
+            raise SpecLLMError(f"{e}; --raw completes the prompt as given") from None
     elif args.system is not None:
         raise SpecLLMError("this model has no chat template to put --system in; without --system, generate "
                            "completes the prompt as given")

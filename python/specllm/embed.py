@@ -13,6 +13,7 @@ import numpy as np
 from . import _core, gguf_check, logs
 from .errors import Cancelled, ContextOverflowError, InvalidOptionError, ModelLoadError
 from .options import flag
+from .options import path as _path
 from .options import text as _text
 from .stream import Call
 
@@ -103,7 +104,7 @@ def check_path(path: Union[str, os.PathLike]) -> str:
     is not there or that llama.cpp would abort the process on."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"embedding_model must be a path or None, got {type(path).__name__}")
-    path = _text("embedding_model", os.fspath(path))
+    path = _path("embedding_model", os.fspath(path))
     if not os.path.exists(path):
         raise ModelLoadError(f"embedding_model file not found: {path!r}; check the path")
     gguf_check.check_gguf(path)

@@ -28,6 +28,16 @@ REPO = "myproject\n"  # llama-server's project name (the requests carry none)
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator for models without <FIM_SEP>
 
 
+def check_model(model) -> None:
+    """InvalidOptionError for a model (a _core.Model) without the FIM tokens a suffix needs."""
+    fim = model.fim_tokens
+    missing = [name for name in ("pre", "suf", "mid") if fim[name] < 0]
+    if missing:
+        raise InvalidOptionError(f"suffix (fill in the middle) needs a model trained for it, with FIM tokens; this one "
+                                 f"has no {'/'.join(missing)} token (code models such as Qwen2.5-Coder, CodeLlama, "
+                                 f"StarCoder or DeepSeek-Coder have them)")
+
+
 def prompt(model, prefix: str, suffix: str, room: int, extra: Optional[Sequence[Tuple[str, str]]] = None,
            middle: str = "") -> List[int]:
     """The FIM prompt's tokens for `model` (a _core.Model), at most `room` of them. extra: (filename, text) chunks
@@ -35,12 +45,8 @@ def prompt(model, prefix: str, suffix: str, room: int, extra: Optional[Sequence[
     whose repo header the model sees on every request); middle: text the middle starts with (llama-server's
     `prompt`). Raises InvalidOptionError for a model without FIM tokens or a room too small for them and one token
     of text."""
+    check_model(model)
     fim = model.fim_tokens
-    missing = [name for name in ("pre", "suf", "mid") if fim[name] < 0]
-    if missing:
-        raise InvalidOptionError(f"suffix (fill in the middle) needs a model trained for it, with FIM tokens; this one "
-                                 f"has no {'/'.join(missing)} token (code models such as Qwen2.5-Coder, CodeLlama, "
-                                 f"StarCoder or DeepSeek-Coder have them)")
     bos = model.tokenize("", True, False)  # [bos] when the model adds one
     pre = model.tokenize(prefix, False, False)
     suf = model.tokenize(suffix, False, False)

@@ -11,7 +11,7 @@ from . import _core, gguf_check, memory
 from .errors import IncompatibleDraftError, ModelLoadError
 from . import chat_template as chat_templates
 from .options import check_load, flag, kv_cache
-from .options import text as _text
+from .options import path as _path
 
 DEFAULT = "default"  # draft=DEFAULT: a registry target's known draft, n-gram lookup for a path
 
@@ -42,7 +42,7 @@ def draft_arg(model: str, draft, ngram):
     flag("ngram", ngram)  # ngram="no" would have drafted with n-grams
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
-    return (_text("draft", os.fspath(draft)) if draft is not None else None), ngram
+    return (_path("draft", os.fspath(draft)) if draft is not None else None), ngram
 
 
 def checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_template, chat_template_kwargs,
@@ -50,7 +50,7 @@ def checked(model, *, memory_file, cache_type_k, cache_type_v, flash_attn, chat_
     """LLM(...)'s arguments checked before anything loads: (model, prompt_cache_dir, MemoryFile or None,
     kv_cache(...), the chat template's check_load_args)."""
     model, prompt_cache_dir = check_load(model, memory_file=memory_file, **load)
-    memory_file = None if memory_file is None else memory.MemoryFile(_text("memory_file", os.fspath(memory_file)))
+    memory_file = None if memory_file is None else memory.MemoryFile(_path("memory_file", os.fspath(memory_file)))
     kv = kv_cache(cache_type_k, cache_type_v, flash_attn)
     return model, prompt_cache_dir, memory_file, kv, chat_templates.check_load_args(chat_template, chat_template_kwargs)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import files
 from .errors import MemoryFileError
-from .options import text as _text
+from .options import path as _path
 from .stream import Call
 
 log = logging.getLogger("specllm.memory")  # specllm-cli shows this one on stderr
@@ -135,7 +135,7 @@ class MemoryMethods:
     def save_memory(self, path: Union[str, os.PathLike]) -> None:
         """Write the drafting memory to a file (atomically), for load_memory in another process; OSError (naming
         path) where it cannot be written."""
-        path = _text("path", os.fspath(path))
+        path = _path("path", os.fspath(path))
         with Call(self._gate):
             tokens = self._engine.memory()
         save(path, tokens, self._engine.target.n_vocab, self.model_path)  # OSError names path
@@ -145,7 +145,7 @@ class MemoryMethods:
         larger than memory_tokens keeps its newest outputs; what "auto" learned about the memory it replaces starts
         over. Raises MemoryFileError for a file that is not one (a FIFO or a directory too), is damaged, or fits
         another vocabulary; OSError (FileNotFoundError...) for one that cannot be read."""
-        path = _text("path", os.fspath(path))
+        path = _path("path", os.fspath(path))
         tokens = load(path, self._engine.target.n_vocab)
         with Call(self._gate):
             self._engine.set_memory(tokens)

@@ -43,6 +43,16 @@ def text(name: str, value) -> str:
     return value
 
 
+def path(name: str, value) -> str:
+    """A path given as a str, checked as text() does and for a NUL character, which no file name can hold (os's
+    "embedded null byte" ValueError named no argument, and crashed the chat's /save and /draft)."""
+    value = text(name, value)
+    if "\x00" in value:
+        raise InvalidOptionError(f"{name} {value!r} holds a NUL character, which no file name can; give the path "
+                                 "without it")
+    return value
+
+
 FLOAT32_TINY = 1.401298464324817e-45  # the smallest float32 above 0
 
 
@@ -269,7 +279,7 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
     if prompt_cache_dir is not None:
         if not isinstance(prompt_cache_dir, (str, os.PathLike)):
             raise TypeError(f"prompt_cache_dir must be a path or None, got {type(prompt_cache_dir).__name__}")
-        prompt_cache_dir = text("prompt_cache_dir", os.fspath(prompt_cache_dir))
+        prompt_cache_dir = path("prompt_cache_dir", os.fspath(prompt_cache_dir))
         if not prompt_cache_dir:
             raise InvalidOptionError("prompt_cache_dir is empty: give a directory (made if missing), or None "
                                      "for no prompt states on disk")
@@ -299,4 +309,4 @@ def check_load(model, *, n_ctx, n_batch, n_gpu_layers, draft_n_gpu_layers, n_thr
         raise InvalidOptionError(f"stream_idle_timeout must be > 0 seconds, got {stream_idle_timeout}")
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a path or a registry name, got {type(model).__name__}")
-    return text("model", os.fspath(model)), prompt_cache_dir
+    return path("model", os.fspath(model)), prompt_cache_dir
