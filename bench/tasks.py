@@ -17,7 +17,9 @@ holdout11 (4 per task) was written after it, from sources no earlier set used, a
 (run once, bench/results/holdout11-caution). holdout12 (4 per task) was written after holdout11 had been run, from
 sources no earlier set used, to check the next change to the policy: every set before it has been run, and holdout12
 was unused when it was written. holdout13 (4 per task) was written after holdout12 had been run twice, from sources no
-earlier set used, to check the same change on 4 more prompts per task (with holdout12, 8 per task).
+earlier set used, to check the same change on 4 more prompts per task (with holdout12, 8 per task). holdout14 (4 per
+task) was written on 2026-12-07 (stop 68) after holdout13 had been run, from sources no earlier set used, to check
+the default once more on prompts nobody had looked at (no policy change since holdout12-13).
 """
 from __future__ import annotations
 
@@ -51,12 +53,14 @@ HOLDOUT11_PATH = BENCH_DIR / "prompts" / "holdout11.jsonl"
 HOLDOUT12_PATH = BENCH_DIR / "prompts" / "holdout12.jsonl"
 # 4 per task, written 2026-12-07 (stop 67) after holdout12 had been run, only to check
 HOLDOUT13_PATH = BENCH_DIR / "prompts" / "holdout13.jsonl"
+# 4 per task, written 2026-12-07 (stop 68) after holdout13 had been run, only to check
+HOLDOUT14_PATH = BENCH_DIR / "prompts" / "holdout14.jsonl"
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
 SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH,
              "holdout4": HOLDOUT4_PATH, "holdout5": HOLDOUT5_PATH, "holdout6": HOLDOUT6_PATH,
              "holdout7": HOLDOUT7_PATH, "holdout8": HOLDOUT8_PATH,
              "holdout9": HOLDOUT9_PATH, "holdout10": HOLDOUT10_PATH, "holdout11": HOLDOUT11_PATH,
-             "holdout12": HOLDOUT12_PATH, "holdout13": HOLDOUT13_PATH}
+             "holdout12": HOLDOUT12_PATH, "holdout13": HOLDOUT13_PATH, "holdout14": HOLDOUT14_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"
