@@ -289,7 +289,8 @@ def test_offline_error_is_clear(reg, tmp_path):
     assert leftovers(reg) == []
 
 
-def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
+def other_bytes_from_hf(reg, monkeypatch) -> list:
+    """Hugging Face's downloader replaced by one that writes b"other bytes"; the (repo_id, filename) it was asked."""
     calls = []
 
     def fake_hf(repo_id, filename, dest_dir):
@@ -299,6 +300,11 @@ def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
         return str(path)
 
     monkeypatch.setattr(reg, "hf_download", fake_hf)
+    return calls
+
+
+def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
+    calls = other_bytes_from_hf(reg, monkeypatch)
     with pytest.warns(UserWarning, match="integrity not checked"):
         path = reg.pull("toy", progress=False, sources=("huggingface",))
     assert calls == [("someone/toy-GGUF", "toy-q8_0.gguf")]
@@ -308,15 +314,7 @@ def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
 def test_a_model_from_a_source_of_unknown_size_is_whole_and_not_pulled_again(reg, monkeypatch):
     """Hugging Face's file (another quantization: other bytes, no size in the registry) was judged by PyPI's size:
     "damaged" in the listing and downloaded again at every resolve, i.e. every load of the model by name."""
-    calls = []
-
-    def fake_hf(repo_id, filename, dest_dir):
-        calls.append(filename)
-        path = pathlib.Path(dest_dir) / filename
-        path.write_bytes(b"other bytes")
-        return str(path)
-
-    monkeypatch.setattr(reg, "hf_download", fake_hf)
+    calls = other_bytes_from_hf(reg, monkeypatch)
     with pytest.warns(UserWarning, match="integrity not checked"):
         path = reg.pull("toy", progress=False, sources=("huggingface",))
     assert reg.resolve("toy", pull=False) == reg.resolve("toy") == path and len(calls) == 1
