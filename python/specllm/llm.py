@@ -363,16 +363,17 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
         if suffix is not None:
             _text("suffix", suffix)
             infill.check_model(self._engine.target)  # a model without FIM tokens: generate's error, said here too
-        self._options(options)
+        opts = self._options(options)
+        n_vocab = self._engine.target.n_vocab
+        for t, _ in opts.sampling.logit_bias:  # generate's error (Engine::start says it), which nothing said here
+            if not 0 <= t < n_vocab:
+                raise InvalidOptionError(f"logit_bias: token id {t} is not in the model's vocabulary "
+                                         f"(0..{n_vocab - 1})")
 
     def _options(self, options: dict):
         check_names(options)
         opts = make_options(**self._with_seed(options))
         n_vocab = self._engine.target.n_vocab
-        for t, _ in opts.sampling.logit_bias:  # as Engine::start says it: check_options said nothing
-            if not 0 <= t < n_vocab:
-                raise InvalidOptionError(f"logit_bias: token id {t} is not in the model's vocabulary "
-                                         f"(0..{n_vocab - 1})")
         if len({t for t, b in opts.sampling.logit_bias if b == float("-inf") and t < n_vocab}) == n_vocab:
             raise InvalidOptionError(f"logit_bias bans every token of the vocabulary (-inf on all {n_vocab}): nothing "
                                      "could be generated (token 0 was, every step); lift the ban on some")
