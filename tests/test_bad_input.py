@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specllm
-from specllm import profile
+from specllm import profile_files
 
 BAD_TEXT = "caf\udce9"  # what Python makes of the bytes b"caf\xe9" read with errors="surrogateescape"
 
@@ -228,7 +228,7 @@ def test_a_profile_file_with_values_the_engine_refuses_is_measured_again(tiny, t
 
 def test_an_empty_profiles_variable_is_unset_not_the_current_directory(monkeypatch):
     monkeypatch.setenv("SPECLLM_PROFILES", "")
-    assert profile._cache_dir() == Path.home() / ".cache" / "specllm" / "profiles"  # "" wrote profiles into cwd
+    assert profile_files.cache_dir() == Path.home() / ".cache" / "specllm" / "profiles"  # "" wrote profiles into cwd
 
 
 def test_an_unwritable_model_cache_is_a_pull_error(tmp_path, monkeypatch):

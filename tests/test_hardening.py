@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import specllm
-from specllm import _core, profile
+from specllm import _core, profile, profile_files
 
 
 # --- the cost curve of "auto"
@@ -104,7 +104,7 @@ def test_a_profile_that_stays_noisy_is_measured_again_at_later_loads(tiny, tmp_p
     assert llm.profile["noisy"] == 1 and llm.profile["verify_ms"][:2] == [50.0, 10.0]
     # the policy reads it padded: a plain step costs T(2) = 10 (and is never padded: only drafts are)
     assert llm._engine.verify_costs()[0] == 10.0
-    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
+    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile_files.kernel_key(llm._opts.target), llm._opts.verify_rows)
     assert profile.cached(*key) is None  # not taken as it is by the next load
     for n in range(2, profile.NOISY_LOADS + 1):
         assert load().profile["noisy"] == n and len(calls) == profile.MAX_MEASURES + n - 1  # one more try per load
@@ -134,7 +134,7 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     monkeypatch.setattr(_core.Engine, "profile_verify", lambda self, sizes, n_reps, n_prefix=32: slow[:max(sizes)])
     llm = load()
     assert profile.plausible(llm.profile["verify_ms"]) and "stale" not in llm.profile
-    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
+    key = (llm.model_path, "", 1, llm._opts.target.n_gpu_layers, profile_files.kernel_key(llm._opts.target), llm._opts.verify_rows)
     assert profile.cached(*key) is not None
     monkeypatch.undo()
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
@@ -159,7 +159,7 @@ def test_a_profile_measured_while_the_machine_was_slower_is_measured_again(tiny,
     def full_disk(path, prof):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(profile, "_write", full_disk)
+    monkeypatch.setattr(profile_files, "write", full_disk)
     unmarked = {k: v for k, v in on_file.items() if k != "stale"}
     path.write_text(json.dumps(unmarked))
     assert profile.mark_stale(llm.profile, 0.1, llm.model_path, [""], 1, *key[3:]) == []
@@ -212,7 +212,7 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     shape, batches = llm._engine.batch_shape()  # the real engine reports it (no steps yet: 1, none)
     assert (shape, batches) == (1.0, 0)
-    args = (llm.model_path, [""], 1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
+    args = (llm.model_path, [""], 1, llm._opts.target.n_gpu_layers, profile_files.kernel_key(llm._opts.target), llm._opts.verify_rows)
     key = (llm.model_path, "") + args[2:]
     (path,) = tmp_path.glob("*.json")
     plain = json.loads(path.read_text())
@@ -240,7 +240,7 @@ def test_a_profile_whose_batches_are_too_cheap_is_measured_again(tiny, tmp_path,
     assert profile.mark_if_stale(Steps(profile.STALE_SHAPE_LEVEL, 100, 1.3, 40), dict(plain), *args) is not None
     assert "busy_batches" not in json.loads(path.read_text())
     # a drafter set later takes these costs with both marks: from its own file holding them, or from the profile
-    pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args[2:])
+    pair_file = profile_files.path(llm.model_path, str(tiny["draft"]), *args[2:])
     pair_file.write_text(json.dumps(dict(plain, draft_token_ms=0.05)))
     llm._costs.known = judged  # as Costs.check keeps it
     llm.set_draft(tiny["draft"], ngram=True)
@@ -282,13 +282,13 @@ def test_a_stale_mark_follows_a_new_drafter_and_stops_after_a_few_loads(tiny, tm
 
     monkeypatch.setattr(_core.Engine, "profile_verify", busy)
     llm = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
-    args = (1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
+    args = (1, llm._opts.target.n_gpu_layers, profile_files.kernel_key(llm._opts.target), llm._opts.verify_rows)
     (ngram_file,) = tmp_path.glob("*.json")
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert "stale" in json.loads(ngram_file.read_text()) and llm._costs.stale_checked
     llm.set_draft(tiny["draft"], ngram=True)  # the pair's costs: the target's known ones, not measured
     assert len(measured) == 1 and llm.profile["verify_ms"] == slow[:len(llm.profile["verify_ms"])]
-    pair_file = profile._path(llm.model_path, llm.draft_path, *args)
+    pair_file = profile_files.path(llm.model_path, llm.draft_path, *args)
     assert "stale" in llm.profile and "stale" in json.loads(pair_file.read_text()) and llm._costs.stale_checked
     assert profile.cached(llm.model_path, llm.draft_path, *args) is None  # measured again at the next load
 
@@ -327,7 +327,7 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
         return specllm.LLM(tiny["target"], draft, n_threads=1, n_ctx=256)
 
     llm = load()
-    args = (1, llm._opts.target.n_gpu_layers, profile.kernel_key(llm._opts.target), llm._opts.verify_rows)
+    args = (1, llm._opts.target.n_gpu_layers, profile_files.kernel_key(llm._opts.target), llm._opts.verify_rows)
     (ngram_file,) = tmp_path.glob("*.json")
 
     def rewrite(**changes):
@@ -377,7 +377,7 @@ def test_stale_counts_and_marks_across_drafters_and_loads(tiny, tmp_path, monkey
     ngram_file.write_text(json.dumps({k: v for k, v in json.loads(ngram_file.read_text()).items()
                                       if k not in ("stale", "stale_loads")}))
     llm = load()
-    pair_file = profile._path(llm.model_path, str(tiny["draft"]), *args)
+    pair_file = profile_files.path(llm.model_path, str(tiny["draft"]), *args)
     pair_file.write_text(json.dumps(dict(json.loads(ngram_file.read_text()), draft_token_ms=0.05)))
     llm.generate("the cat sat on the mat", max_tokens=60, ignore_eos=True)
     assert "stale" in json.loads(ngram_file.read_text())

@@ -84,16 +84,16 @@ def test_prompt_states_on_disk_are_read_back_by_the_same_cache_only(head32, make
 
 
 def test_a_profile_is_kept_per_cache_type(head32):
-    from specllm import _core, amx, profile
+    from specllm import _core, amx, profile_files
 
     o = _core.ModelOptions()
     o.repack = True
     # the defaults' profiles keep the keys they had before cache types (another where AMX is left out: specllm/amx.py)
-    assert profile.kernel_key(o) == ("True|amx=off" if amx.left_out() else True)
+    assert profile_files.kernel_key(o) == ("True|amx=off" if amx.left_out() else True)
     keys = set()
     for k, v, fa in CACHES + [("f16", "f16", -1)]:
         o.cache_type_k, o.cache_type_v, o.flash_attn = k, v, {"auto": -1, "off": 0, "on": 1}.get(fa, fa)
-        keys.add(profile._key(head32["target"], "", 1, 0, profile.kernel_key(o), 0))
+        keys.add(profile_files.key(head32["target"], "", 1, 0, profile_files.kernel_key(o), 0))
     assert len(keys) == len(CACHES) + 1
 
 

@@ -1,6 +1,6 @@
 """The cost profile an LLM drafts by: taken from the cache (or measured) when a drafter is set, judged after each
 generation (profile.mark_if_stale), and measured again on request (LLM.measure_costs). profile.py measures and
-keeps the files; Costs is the LLM's part: which profile is in use, whether its steps judged it stale, and the
+judges it, profile_files.py keeps the files; Costs is the LLM's part: which profile is in use, whether its steps judged it stale, and the
 measurement another thread may interrupt."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Optional
 
-from . import compute_threads, logs, profile
+from . import compute_threads, logs, profile, profile_files
 from .errors import Cancelled
 
 
@@ -87,7 +87,7 @@ class Costs:
 
     def _args(self) -> tuple:
         o = self._opts.target
-        return o.n_threads, o.n_gpu_layers, profile.kernel_key(o), self._opts.verify_rows
+        return o.n_threads, o.n_gpu_layers, profile_files.kernel_key(o), self._opts.verify_rows
 
     def drafter_loaded(self, draft_path: Optional[str], has_drafter: bool, swapped: bool) -> None:
         """A drafter was set (at load, or swapped in under a live KV cache): its profile from the cache, or measured."""

@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import logging
-import os
-import platform
 from pathlib import Path
 
-from . import _core, amx, files
-from .errors import Cancelled
+from . import profile_files
 
 log = logging.getLogger("specllm.profile")  # specllm-cli shows this one on stderr
 
@@ -120,38 +116,6 @@ def sizes_for(verify_rows: int) -> list[int]:
     return [n for n in SIZES if n <= verify_rows] if verify_rows > 0 else SIZES
 
 
-def _cache_dir() -> Path:
-    # an empty SPECLLM_PROFILES is unset (Path("") is the current directory), as SPECLLM_CACHE is
-    return Path(os.environ.get("SPECLLM_PROFILES") or Path.home() / ".cache" / "specllm" / "profiles")
-
-
-def kernel_key(opts) -> object:
-    """What, beside threads and layers, sets the target's kernels and so its costs (a ModelOptions): weight repacking
-    (and, where llama.cpp offers AMX, whether the repacked weights are AMX's: specllm/amx.py), and the KV cache's
-    types and flash attention when not the defaults (so the defaults' profiles keep their keys)."""
-    repack = bool(opts.repack)
-    if repack and amx.left_out():
-        repack = "True|amx=off"  # not a key an AMX-off profile had before 2026-12-06 (no repacking then: False)
-    if (opts.cache_type_k, opts.cache_type_v, opts.flash_attn) == ("f16", "f16", -1):
-        return repack
-    return f"{repack}|kv={opts.cache_type_k}/{opts.cache_type_v}|fa={opts.flash_attn}"
-
-
-def _key(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, verify_rows: int) -> str:
-    # verify_rows: exact mode (chunks of 3 rows) and fast mode load the same weights but measure other sizes
-    parts = [platform.machine(), platform.node(), _core.llama_cpp_version, str(n_threads), str(n_gpu_layers),
-             str(kernels), str(verify_rows)]
-    for path in (target, draft):
-        if path:
-            st = os.stat(path)
-            parts += [os.path.abspath(path), str(st.st_size), str(int(st.st_mtime))]
-    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
-
-
-def _path(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels, verify_rows: int) -> Path:
-    return _cache_dir() / f"{_key(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)}.json"
-
-
 def _read(path: Path, verify_rows: int) -> dict | None:
     """The profile in path, or None (none yet, unreadable, damaged, or for other batch sizes): measured again."""
     try:
@@ -188,7 +152,7 @@ def cached(target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
            verify_rows: int = 0, busy_ok: bool = False) -> dict | None:
     """The cached profile of this pair and settings if it can be used as it is: plausible, or found busy at
     NOISY_LOADS loads, or busy_ok (any profile on file); else None."""
-    prof = _read(_path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows), verify_rows)
+    prof = _read(profile_files.path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows), verify_rows)
     if prof is not None and (busy_ok or ((plausible(prof["verify_ms"]) or noisy_loads(prof) >= NOISY_LOADS)
                                          and "stale" not in prof)):
         return prof
@@ -243,7 +207,8 @@ def mark_if_stale(engine, prof: dict, target: str, drafts: list, n_threads: int,
     count = max(stale_loads(prof), prof.get("stale_loads_cleared", 0))
     if count >= STALE_LOADS:
         log.warning("%s, and it was measured again at %d loads in a row already (each while the machine was busy?): "
-                    "kept as it is; delete the profile files in %s to measure again", why, count, _cache_dir())
+                    "kept as it is; delete the profile files in %s to measure again", why, count,
+                    profile_files.cache_dir())
         return prof
     marks = {"stale_shape": round(shape, 3)} if level >= STALE_LEVEL else {}
     if "stale_loads_cleared" in prof:  # the count the level's agreement cleared from the files, written back
@@ -271,51 +236,16 @@ def _update(prof: dict, target: str, drafts: list, n_threads: int, n_gpu_layers:
     change(on_file) says (None: left as it is). Returns the paths written."""
     written = []
     for draft in dict.fromkeys(drafts):
-        try:  # a model file moved or deleted since the load (os.stat in _path), a full disk: left as it is
-            path = _path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
+        try:  # a model file moved or deleted since the load (os.stat in profile_files.path), a full disk: left as it is
+            path = profile_files.path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
             on_file = _read(path, verify_rows)
             new = None if on_file is None or on_file["verify_ms"] != prof["verify_ms"] else change(on_file)
             if new is not None:
-                _write(path, new)
+                profile_files.write(path, new)
                 written.append(path)
         except OSError:
             pass
     return written
-
-
-def _write(path: Path, prof: dict) -> None:
-    """Writes prof to path whole or not at all (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(path, json.dumps(prof).encode())
-
-
-LOCK_WAIT_S = 300  # the longest a load waits for another process measuring costs, then measures too
-MEASURING_LOCK = "measuring.lock"  # in the profile directory: held while a process measures
-
-
-@contextlib.contextmanager
-def _measuring(engine, target: str):
-    """One load at a time measures costs on this machine: two measuring at once (two servers started together, a chat
-    beside a server's first load, two LLMs of one process, whatever their models or thread counts) each time the
-    other's work and both keep a busy profile (an flock: each open of the lock file is its own holder, threads too). Within it this process holds the profile directory's lock; Cancelled when the engine is
-    interrupted while it waits (a stopped load, Ctrl-C); after LOCK_WAIT_S it measures too, as before."""
-    def waiting() -> None:
-        log.info("another load (in this process or another) is measuring verify costs on this machine: waiting "
-                 "for it (up to %d s) before measuring those of %s (or taking its profile, if it measures the same)",
-                 LOCK_WAIT_S, os.path.basename(target))
-
-    def stopped() -> bool:
-        if engine.interrupted:
-            raise Cancelled("the load was stopped while it waited for another process's cost measurement")
-        return False
-
-    directory = _cache_dir()
-    with contextlib.suppress(OSError):  # a directory that cannot be made: no lock (the write says what to do)
-        directory.mkdir(parents=True, exist_ok=True)
-    with files.exclusive(directory / MEASURING_LOCK, LOCK_WAIT_S, waiting, stopped) as held:
-        if held is None:
-            log.warning("another load has measured costs on this machine for %d s; measuring here too", LOCK_WAIT_S)
-        yield
 
 
 def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
@@ -327,7 +257,7 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
     profile on file is taken as it is even if busy (a busy one is measured again at a load, never here). measure:
     measured now whatever is on file (LLM.measure_costs), counted as a load that measured a stale profile again."""
     sizes = sizes_for(verify_rows)
-    path = _path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
+    path = profile_files.path(target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
     prof = None if measure else cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
     if prof is not None and known is not None and "stale" in known and "stale" not in prof:
         shape_mark = {"stale_shape": known["stale_shape"]} if "stale_shape" in known else {}
@@ -335,8 +265,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                       **shape_mark):
             prof = dict(prof, stale=known["stale"], **shape_mark)  # the same costs, judged stale under another drafter
     if prof is None and (known is None or known.get("sizes") != sizes):  # measured here: one process at a time
-        target_only = _path(target, "", n_threads, n_gpu_layers, kernels, verify_rows)
-        with _measuring(engine, target):
+        target_only = profile_files.path(target, "", n_threads, n_gpu_layers, kernels, verify_rows)
+        with profile_files.measuring(engine, target):
             if not measure:  # what another process measured meanwhile (waited for, or ended just before the lock)
                 prof = cached(target, draft, n_threads, n_gpu_layers, kernels, verify_rows, busy_ok=swapped)
                 if prof is None and known is None:  # another drafter's: its verify costs are the target's
@@ -348,8 +278,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                     # the target's verify costs for the n-gram drafter (and, through it, for any other): a load of
                     # another drafter takes them instead of measuring a minute again
                     with contextlib.suppress(OSError):
-                        _write(target_only, {k: prof[k] for k in ("sizes", "verify_ms", "context_row_ms")}
-                               | {"draft_token_ms": 0.0})
+                        kept = {k: prof[k] for k in ("sizes", "verify_ms", "context_row_ms")}
+                        profile_files.write(target_only, kept | {"draft_token_ms": 0.0})
     elif prof is None:
         prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows, known)
     engine.set_verify_costs(prof["verify_ms"])
@@ -398,7 +328,7 @@ def _measure(engine, path: Path, sizes: list, target: str, draft: str, n_threads
     if not plausible(verify_ms):
         prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
     try:
-        _write(path, prof)
+        profile_files.write(path, prof)
     except OSError as e:  # a read-only home or a full disk: measured again at the next load
         log.warning("the cost profile could not be saved to %s (%s); set SPECLLM_PROFILES to a directory this "
                     "process may write (unsaved, the costs are measured again at later loads)", path,
