@@ -1,7 +1,7 @@
 """The cost profile an LLM drafts by: taken from the cache (or measured) when a drafter is set, judged after each
 generation (profile.mark_if_stale), and measured again on request (LLM.measure_costs). profile.py measures and
-judges it, profile_files.py keeps the files; Costs is the LLM's part: which profile is in use, whether its steps judged it stale, and the
-measurement another thread may interrupt."""
+judges it, profile_files.py keeps the files; Costs is the LLM's part: which profile is in use, whether its steps
+judged it stale, and the measurement another thread may interrupt."""
 from __future__ import annotations
 
 import atexit
