@@ -305,6 +305,71 @@ def test_bad_memory_files_fail_at_load_and_are_never_overwritten(tiny, make_llm,
         assert path.read_bytes() == before
 
 
+def test_a_path_that_ends_like_a_directory_or_runs_through_a_file_is_refused_and_the_file_kept(tiny, make_llm,
+                                                                                              tmp_path):
+    """"notes.txt/" (or "notes.txt/.", "notes.txt/x"): the system says ENOTDIR, which exists() and isfile() read as
+    "no file yet", and the empty memory written then replaced notes.txt (realpath drops the "/")."""
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"my precious notes\n")
+    llm = make(make_llm, tiny)
+    llm.generate(PROMPT, max_tokens=8)
+    for given in (f"{notes}/", f"{notes}/.", f"{notes}/x", f"{notes}/.."):
+        with pytest.raises(specllm.MemoryFileError, match="directory|is not a file"):
+            make(make_llm, tiny, memory_file=given)
+        with pytest.raises(OSError):
+            llm.save_memory(given)
+        assert notes.read_bytes() == b"my precious notes\n", given
+    with pytest.raises(OSError, match="ends like a directory"):
+        llm.save_memory(f"{tmp_path}/missing/")  # wrote a file named "missing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+LARGE_FILES = """
+import os, resource, sys
+import numpy as np
+import specllm
+from specllm import memory
+resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))  # 2 GiB of address space: the file is 4 GiB
+model, d = sys.argv[1], sys.argv[2]
+big = os.path.join(d, "model.gguf")  # a model given by mistake: refused after its first bytes
+with open(big, "wb") as f:
+    f.write(b"GGUF")
+    f.truncate(4 << 30)
+for call in (lambda: memory.load(big, None), lambda: specllm.LLM(model, "ngram", n_threads=1, n_ctx=512,
+                                                                  profile_costs=False, memory_file=big)):
+    try:
+        call()
+    except specllm.MemoryFileError as e:
+        assert "is not a specllm drafting memory" in str(e), e
+n = 1 << 30  # a memory of a billion tokens (saved with a larger bound): only the newest ones read
+saved = os.path.join(d, "memory.bin")
+memory.save(saved, [5, 6, -1, 7], 299, "m")
+with open(saved, "r+b") as f:
+    data = f.read()
+    head = data[:data.index(b"\\n", len(memory.MAGIC)) + 1].replace(b'"n_tokens": 4', b'"n_tokens": %d' % n)
+    f.seek(0)
+    f.write(head)
+    f.truncate(len(head) + 4 * n)
+    f.seek(len(head) + 4 * (n - 4))
+    f.write(np.asarray([5, 6, -1, 7], dtype="<i4").tobytes())
+assert memory.load(saved, 299, keep=2) == [6, -1, 7]
+llm = specllm.LLM(model, "ngram", n_threads=1, n_ctx=512, profile_costs=False, memory_tokens=16, memory_file=saved)
+assert llm._engine.memory() == [7, -1], llm._engine.memory()  # the newest whole output
+print("ok")
+"""
+
+
+def test_a_large_file_is_refused_or_read_only_in_the_part_kept(tiny, tmp_path):
+    """A model given as the memory file was read whole before its first bytes were checked (1.1 GB of RSS for the
+    1.5B model; MemoryError where it did not fit), and a memory saved with a larger memory_tokens was read and
+    indexed whole, then cut (8 million tokens: 24 s, 1 GB). Under a 2 GiB address space limit, files of 4 GiB."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", LARGE_FILES, str(tiny["target"]), str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_a_memory_file_that_cannot_be_written_later_is_logged_once_not_raised(tiny, make_llm, tmp_path, caplog):
     where = tmp_path / "d"
     where.mkdir()

@@ -116,6 +116,20 @@ NgramMatch NgramIndex::lookup(const llama_token * q, size_t n_q, int n_draft, st
     return best;
 }
 
+// where the newest n of tokens begin, at a separator so that no document is kept in part; with keep_part, when the
+// newest document alone is longer than n, its newest part (as add() keeps of an output longer than the memory)
+size_t NgramMemory::first_kept(const std::vector<llama_token> & all, size_t n, bool keep_part) {
+    if (all.size() <= n) {
+        return 0;
+    }
+    size_t from = all.size() - n;
+    size_t whole = from;
+    while (whole < all.size() && whole > 0 && all[whole - 1] != NgramIndex::separator) {
+        ++whole;
+    }
+    return whole < all.size() || !keep_part ? whole : from;
+}
+
 void NgramMemory::set_max_tokens(size_t n) {
     max_tokens_ = n;
     shrink_to(n, true);
@@ -140,13 +154,19 @@ void NgramMemory::add(const llama_token * tokens, size_t n) {
 
 void NgramMemory::assign(const std::vector<llama_token> & tokens) {
     index_.clear();
+    std::vector<llama_token> all;
+    all.reserve(tokens.size() + 1);
     for (llama_token t : tokens) {
-        index_.push(t < 0 ? NgramIndex::separator : t);
+        all.push_back(t < 0 ? NgramIndex::separator : t);
     }
     if (!tokens.empty() && tokens.back() >= 0) {
-        index_.push(NgramIndex::separator);
+        all.push_back(NgramIndex::separator);
     }
-    shrink_to(max_tokens_, true);
+    // only what shrink_to(max_tokens_, true) would keep is indexed: a memory saved with a larger bound costs what
+    // this one keeps (indexing 8 million tokens to keep 32 thousand took 24 s and 1 GB)
+    for (size_t i = first_kept(all, max_tokens_, true); i < all.size(); ++i) {
+        index_.push(all[i]);
+    }
 }
 
 void NgramMemory::shrink_to(size_t n, bool keep_part) {
@@ -154,17 +174,7 @@ void NgramMemory::shrink_to(size_t n, bool keep_part) {
     if (all.size() <= n) {
         return;
     }
-    // the newest n tokens, starting after a separator so that no document is kept in part; with keep_part, when the
-    // newest document alone is longer than n, its newest part (as add() keeps of an output longer than the memory)
-    size_t from = all.size() - n;
-    size_t whole = from;
-    while (whole < all.size() && whole > 0 && all[whole - 1] != NgramIndex::separator) {
-        ++whole;
-    }
-    if (whole < all.size() || !keep_part) {
-        from = whole;
-    }
-    std::vector<llama_token> keep(all.begin() + (long) from, all.end());
+    std::vector<llama_token> keep(all.begin() + (long) first_kept(all, n, keep_part), all.end());
     index_.clear();
     for (llama_token t : keep) {
         index_.push(t);

@@ -21,9 +21,18 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     one, not an empty one), renamed over it. An interruption (an OSError, Ctrl-C) leaves the old file as it was and
     no temporary file behind. A symbolic link is followed (the file it names is replaced, the link stays); a replaced
     file keeps its permissions (not its set-id bits), a new one gets new_mode under the umask; a path that is not a
-    regular file (a device, a FIFO, a directory) is an OSError, never replaced. An OSError names the path given, not
+    regular file (a device, a FIFO, a directory) is an OSError, never replaced, and so is a path that ends like a
+    directory's ("notes.txt/") or runs through a file ("notes.txt/x"). An OSError names the path given, not
     the temporary file."""
     given = os.fspath(path)
+    if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)) or os.path.basename(given) in (".", ".."):
+        raise OSError(errno.EISDIR, "ends like a directory's path, not a file's", given)  # realpath drops the "/"
+    try:
+        os.stat(given)
+    except NotADirectoryError:  # "notes.txt/x", "notes.txt/.": realpath made them notes.txt's siblings or itself
+        raise OSError(errno.ENOTDIR, "a part of the path before its last is a file, not a directory", given) from None
+    except OSError:
+        pass
     path = os.path.realpath(given)
     try:
         st = os.stat(path)

@@ -215,7 +215,7 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
                 self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
                 self._drafter_loaded(draft, swapped=False)
                 if self._memory_file is not None:
-                    saved = self._memory_file.read(self._engine.target.n_vocab)
+                    saved = self._memory_file.read(self._engine.target.n_vocab, keep=self._engine.memory_tokens)
                     if saved:
                         self._engine.set_memory(saved)
                     else:  # no file yet: one now, so that a place that cannot be written fails at load

@@ -30,10 +30,15 @@ def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
     files.write_atomic(path, MAGIC + header + np.asarray(tokens, dtype="<i4").tobytes(), new_mode=0o600)  # outputs
 
 
-def load(path: str, n_vocab: Optional[int]) -> List[int]:
-    """The tokens of a saved memory. n_vocab None: the file's form only (before a model is loaded). OSError when it
-    cannot be read; MemoryFileError for what is not a memory this vocabulary takes (a FIFO or a device too: a FIFO
-    hung the read)."""
+HEADER_MAX = 1 << 16  # the header line's most bytes (one written is ~100): a file with no line end soon is not one
+
+
+def load(path: str, n_vocab: Optional[int], keep: Optional[int] = None) -> List[int]:
+    """The tokens of a saved memory; keep: at most the newest keep + 1 of them are read (an LLM keeps memory_tokens:
+    a file saved with a larger bound costs no more to load; the one before them tells where an output began).
+    n_vocab None: the file's form only (before a model is loaded). OSError when it cannot be read; MemoryFileError for
+    what is not a memory this vocabulary takes (a FIFO or a device too: a FIFO hung the read). Reads only the magic,
+    the header and the tokens it keeps: a model file given by mistake is refused after its first bytes."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -43,31 +48,53 @@ def load(path: str, n_vocab: Optional[int]) -> List[int]:
         os.close(fd)
         raise
     with f:
-        data = f.read()
-    if not data.startswith(MAGIC):
-        raise MemoryFileError(f"{path} is not a specllm drafting memory (save one with LLM.save_memory)")
-    end = data.find(b"\n", len(MAGIC))
-    try:
-        header = json.loads(data[len(MAGIC):end])
-        n = int(header["n_tokens"])
-        version, saved_vocab = header["version"], int(header["n_vocab"])
-    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # OverflowError: a count of 1e999
-        raise MemoryFileError(f"{path}: the drafting memory's header is damaged; delete the file") from None
-    if version != VERSION:
-        raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}; delete the "
-                              "file (the memory is rebuilt as it generates)")
-    if n_vocab is not None and saved_vocab != n_vocab:
-        raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has {saved_vocab} tokens "
-                              f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model family; "
-                              "give this model a file of its own (or delete this one)")
-    body = data[end + 1:]
-    if end < 0 or len(body) != 4 * n:
-        raise MemoryFileError(f"{path}: the drafting memory is truncated ({len(body)} bytes of tokens, the header "
-                              f"says {4 * n}); delete the file")
+        if f.read(len(MAGIC)) != MAGIC:
+            raise MemoryFileError(f"{path} is not a specllm drafting memory (save one with LLM.save_memory)")
+        line = f.readline(HEADER_MAX)
+        try:
+            if not line.endswith(b"\n"):
+                raise ValueError("no header line")
+            header = json.loads(line)
+            n = int(header["n_tokens"])
+            version, saved_vocab = header["version"], int(header["n_vocab"])
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # OverflowError: a count of 1e999
+            raise MemoryFileError(f"{path}: the drafting memory's header is damaged; delete the file") from None
+        if version != VERSION:
+            raise MemoryFileError(f"{path}: drafting memory version {version}, this specllm reads {VERSION}; delete "
+                                  "the file (the memory is rebuilt as it generates)")
+        if n_vocab is not None and saved_vocab != n_vocab:
+            raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has {saved_vocab} tokens "
+                                  f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model "
+                                  "family; give this model a file of its own (or delete this one)")
+        start = f.tell()
+        size = os.fstat(f.fileno()).st_size - start
+        if n < 0 or size != 4 * n:
+            raise MemoryFileError(f"{path}: the drafting memory is truncated ({size} bytes of tokens, the header "
+                                  f"says {4 * n}); delete the file")
+        skip = 0 if keep is None else max(0, n - keep - 1)
+        f.seek(start + 4 * skip)
+        body = f.read(4 * (n - skip))
+    if len(body) != 4 * (n - skip):  # cut while it was read
+        raise MemoryFileError(f"{path}: the drafting memory was cut short while it was read; save it again")
     tokens = np.frombuffer(body, dtype="<i4")
-    if n and (tokens.min() < -1 or tokens.max() >= (saved_vocab if n_vocab is None else n_vocab)):
+    if len(tokens) and (tokens.min() < -1 or tokens.max() >= (saved_vocab if n_vocab is None else n_vocab)):
         raise MemoryFileError(f"{path}: the drafting memory holds token ids outside the vocabulary; delete the file")
     return tokens.tolist()
+
+
+def _check_place(path: str, what: str) -> None:
+    """A path that names a directory by its form (a trailing separator, '.' or '..' last), or runs through a file
+    ("notes.txt/" or "notes.txt/x": the system says ENOTDIR, which exists() and isfile() read as "no file yet"):
+    MemoryFileError. Writing there replaced notes.txt with a memory."""
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) or os.path.basename(path) in (".", ".."):
+        raise MemoryFileError(f"{what} {path} ends like a directory's path; give the path of a file")
+    try:
+        os.stat(path)
+    except NotADirectoryError:
+        raise MemoryFileError(f"{what} {path}: a part of the path before its last is a file, not a directory; "
+                              "give the path of a file in a directory") from None
+    except OSError:
+        pass
 
 
 class MemoryFile:
@@ -80,6 +107,7 @@ class MemoryFile:
         if not path.strip():
             raise MemoryFileError("memory_file is empty: give a file's path, or None for no file")
         self.path = path
+        _check_place(path, "memory_file")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise MemoryFileError(f"memory_file {path}: the directory {parent} does not exist; create it or give "
@@ -89,14 +117,14 @@ class MemoryFile:
         if os.path.exists(path) and not os.path.isfile(path):  # a FIFO hung the load, a device would be overwritten
             raise MemoryFileError(f"memory_file {path} is not a regular file; give the path of a file")
         self._failing = False
-        self.read(None)  # a file that is not a drafting memory fails now, before the models load
+        self.read(None, keep=0)  # a file that is not a drafting memory fails now, before the models load
 
-    def read(self, n_vocab: Optional[int]) -> List[int]:
-        """The saved memory, or [] when the file does not exist yet."""
+    def read(self, n_vocab: Optional[int], keep: Optional[int] = None) -> List[int]:
+        """The saved memory (its newest keep + 1 tokens at most), or [] when the file does not exist yet."""
         if not os.path.exists(self.path):
             return []
         try:
-            return load(self.path, n_vocab)
+            return load(self.path, n_vocab, keep)
         except OSError as e:
             raise MemoryFileError(f"memory_file {self.path} cannot be read: {e.strerror or e}") from None
         except MemoryFileError as e:
@@ -146,7 +174,7 @@ class MemoryMethods:
         over. Raises MemoryFileError for a file that is not one (a FIFO or a directory too), is damaged, or fits
         another vocabulary; OSError (FileNotFoundError...) for one that cannot be read."""
         path = _path("path", os.fspath(path))
-        tokens = load(path, self._engine.target.n_vocab)
+        tokens = load(path, self._engine.target.n_vocab, self._engine.memory_tokens)
         with Call(self._gate):
             self._engine.set_memory(tokens)
             self._memory_changed()

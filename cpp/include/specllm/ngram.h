@@ -80,6 +80,7 @@ class NgramMemory {
     // keep at most the newest n tokens, from a document boundary; with keep_part, the newest part of the newest
     // document when it alone is longer than n (a memory loaded into a smaller one)
     void shrink_to(size_t n, bool keep_part);
+    static size_t first_kept(const std::vector<llama_token> & all, size_t n, bool keep_part); // where shrink_to cuts
     NgramIndex index_;
     size_t max_tokens_ = 0; // 0 = off
     bool ambiguous_drafts_ = false;
