@@ -280,6 +280,80 @@ def test_reset_removes_this_models_states(tiny, make_llm, tmp_path):
     assert c.stats.n_cached == 0
 
 
+def test_reset_removes_the_states_other_llms_wrote_after_this_one_loaded(tiny, make_llm, tmp_path):
+    """reset() removed only the files this LLM knew of (found at its load, or its own): a conversation another
+    process wrote later stayed on disk, and a new LLM restored it."""
+    later = make_llm(tiny["target"], prompt_cache_dir=tmp_path)  # scans an empty directory
+    with make_llm(tiny["target"], prompt_cache_dir=tmp_path) as writer:
+        a = long_prompt(writer, "Hello world ")
+        writer.generate(a, max_tokens=N)
+    assert states(tmp_path)
+    later.reset()
+    assert states(tmp_path) == []
+    assert make_llm(tiny["target"], prompt_cache_dir=tmp_path).generate(a + [5], max_tokens=2).stats.n_cached == 0
+
+
+def test_a_state_written_with_a_larger_context_leaves_the_live_prefix_alone(tiny, make_llm, tmp_path):
+    """An LLM with a smaller n_ctx chose the longer state on disk, llama.cpp refused it (not enough cells) after the
+    live cache had been cleared for it, and the shared prefix was decoded again, at every prompt that shared it."""
+    with make_llm(tiny["target"], prompt_cache_dir=tmp_path, n_ctx=2048) as big:
+        p = long_prompt(big, "Hello world ", times=60)
+        assert len(p) > 512
+        big.generate(p, max_tokens=4)
+    (kept,) = states(tmp_path)
+    small = make_llm(tiny["target"], prompt_cache_dir=tmp_path, n_ctx=512, prompt_cache_mb=0)
+    small.generate(p[:150], max_tokens=1)
+    c = small.generate(p[:300] + [5], max_tokens=1)
+    assert c.stats.n_cached == 150 and not c.stats.restored_from_disk
+    assert small.generate(p[:301] + [6], max_tokens=1).stats.n_cached == 300
+    assert kept in states(tmp_path)  # the other LLM's state stays
+
+
+def _forge_positions(path, mode):
+    """Rewrites the cell positions of a state file (llama.cpp's sequence state: a cell count at byte 12, then 12
+    bytes per cell, its position first) and its checksum (prompt_file.cpp's mix), as a hand-made file would."""
+    import struct
+    prime, basis, mask = 0x100000001b3, 0xcbf29ce484222325, (1 << 64) - 1
+
+    def mix(data, h):
+        i = 0
+        while i + 8 <= len(data):
+            h = ((h ^ int.from_bytes(data[i:i + 8], "little")) * prime) & mask
+            h ^= h >> 29
+            i += 8
+        for b in data[i:]:
+            h = ((h ^ b) * prime) & mask
+        return h
+
+    b = Path(path).read_bytes()
+    ident, n, _, n_state, _ = struct.unpack("<QIIQQ", b[8:40])
+    toks, state = b[40:40 + 4 * n], bytearray(b[40 + 4 * n:])
+    assert len(state) == n_state
+    cells = struct.unpack("<I", state[12:16])[0]
+    assert cells == n
+    for i in range(cells):
+        pos = 0 if mode == "zero" else (-5 if i == cells - 1 else i)
+        state[16 + 12 * i:20 + 12 * i] = struct.pack("<i", pos)
+    Path(path).write_bytes(b[:8] + struct.pack("<QIIQQ", ident, n, 0, n_state, mix(state, mix(toks, basis))) + toks +
+                           state)
+
+
+@pytest.mark.parametrize("mode", ["zero", "negative"])
+def test_a_state_whose_positions_are_not_its_tokens_is_not_restored(tiny, make_llm, tmp_path, mode):
+    """A state file with a right checksum whose cells sit at other positions than 0..n-1: all at 0 failed every
+    later decode ("inconsistent sequence positions"), one at -5 stayed in the cache after a refused restore and the
+    reply was read after it."""
+    with make_llm(tiny["target"], prompt_cache_dir=tmp_path) as first:
+        p = long_prompt(first, "Hello world ")
+        first.generate(p, max_tokens=4)
+    (name,) = states(tmp_path)
+    _forge_positions(tmp_path / name, mode)
+    q = p + [5, 6, 7]
+    c = make_llm(tiny["target"], prompt_cache_dir=tmp_path).generate(q, max_tokens=8)
+    assert not c.stats.restored_from_disk
+    assert c.tokens == make_llm(tiny["target"]).generate(q, max_tokens=8).tokens
+
+
 def test_a_write_that_fails_later_is_logged_once_and_the_replies_stand(tiny, make_llm, tmp_path, caplog):
     d = tmp_path / "states"
     llm = make_llm(tiny["target"], prompt_cache_dir=d)

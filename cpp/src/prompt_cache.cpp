@@ -65,11 +65,15 @@ int PromptCache::prepare(Model & model, const std::vector<llama_token> & seq) {
     // a state on disk, if it shares more again (reading it costs more than copying one in RAM)
     Entry chosen;
     std::string file;
-    if (store_ && store_->best(seq, chosen.tokens, file) >= best_n + (size_t) min_tokens) {
+    if (store_ && store_->best(seq, chosen.tokens, file) >= best_n + (size_t) min_tokens &&
+        chosen.tokens.size() <= (size_t) model.n_ctx()) {
         best_n = common_prefix(chosen.tokens, seq);
         best = entries_.end();
         from_disk_ = true;
     } else {
+        if (!chosen.tokens.empty() && chosen.tokens.size() > (size_t) model.n_ctx()) {
+            store_->set_aside(file); // an LLM with a larger context wrote it: restoring it here failed, after the
+        }                            // live cache was cleared for it, at every prompt that shared it
         chosen.tokens.clear();
     }
     // taken out first: saving the live state below may evict the least recently used. Not put back: the live
@@ -92,6 +96,9 @@ int PromptCache::prepare(Model & model, const std::vector<llama_token> & seq) {
     if (!model.set_state(chosen.state, chosen.tokens)) {
         log_note(2, "a saved prompt state of " + std::to_string(chosen.tokens.size()) +
                         " tokens could not be restored; the prompt is decoded instead");
+        if (from_disk_) {
+            store_->set_aside(file); // not tried again at every prompt that shares it
+        }
         from_disk_ = false;
         return 0;
     }

@@ -150,6 +150,11 @@ void PromptStore::forget(const std::string & file) {
                    entries_.end());
 }
 
+void PromptStore::set_aside(const std::string & file) {
+    std::lock_guard<std::mutex> lock(mu_);
+    forget(file);
+}
+
 bool PromptStore::read(const std::string & file, const std::vector<llama_token> & tokens,
                        std::vector<uint8_t> & state) {
     if (forked()) {
@@ -294,6 +299,16 @@ void PromptStore::remove_all() {
         fs::remove(e.file, ec);
     }
     entries_.clear();
+    // and this model's states that other processes wrote since this one scanned the directory (entries_ holds only
+    // those it found then and its own): reset() promises none of its conversations is left on disk
+    const std::string mine = state_name_prefix(identity_);
+    for (const auto & de : fs::directory_iterator(dir_, ec)) {
+        const std::string name = de.path().filename().string();
+        std::error_code e2;
+        if (is_state_name(name) && name.compare(0, mine.size(), mine) == 0 && de.is_regular_file(e2)) {
+            fs::remove(de.path(), e2);
+        }
+    }
 }
 
 int PromptStore::n_entries() const {

@@ -50,6 +50,9 @@ class PromptStore {
     // the state in file, checked against its header, tokens and checksum; false (and the file forgotten, removed
     // if damaged) when it cannot be used
     bool read(const std::string & file, const std::vector<llama_token> & tokens, std::vector<uint8_t> & state);
+    // a state this process cannot restore (written by an LLM with a larger context, or refused by llama.cpp): not
+    // offered again by best(); its file stays, another process's LLM may restore it
+    void set_aside(const std::string & file);
     // queue a state to be written
     void write(std::vector<llama_token> tokens, std::vector<uint8_t> state);
     void flush();        // wait until the queued writes are done
