@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specllm
-from specllm import profile_files
+from specllm import profile, profile_files
 
 BAD_TEXT = "caf\udce9"  # what Python makes of the bytes b"caf\xe9" read with errors="surrogateescape"
 
@@ -223,6 +223,27 @@ def test_a_profile_file_with_values_the_engine_refuses_is_measured_again(tiny, t
     again = json.loads(path.read_text())
     assert llm.profile["verify_ms"][0] > 0 and again["verify_ms"] == llm.profile["verify_ms"], again
     assert len(again["verify_ms"]) == n and again.get("noisy", 1) == 1, again  # the damaged file's mark is gone
+    llm.close()
+
+
+@pytest.mark.parametrize("mark", ["x", None, float("nan"), -1.0, [0.5]])
+def test_a_stale_mark_that_is_not_a_number_is_damage(tiny, tmp_path, monkeypatch, mark):
+    """The target's own profile marked stale with "x": set_draft took its costs, failed with a TypeError (round("x"))
+    after the draft model was swapped in, and left the LLM with no profile."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    sizes = profile.SIZES
+    verify = [0.0] * max(sizes)
+    for n in sizes:
+        verify[n - 1] = 0.03 * (1 + 0.2 * (n - 1))
+    base = {"sizes": sizes, "verify_ms": verify, "context_row_ms": 0.0, "draft_token_ms": 0.0}
+    llm = specllm.LLM(tiny["target"], None, n_threads=1, n_ctx=512)
+    args = llm._costs._args()
+    profile_files.write(profile_files.path(str(tiny["target"]), str(tiny["draft"]), *args),
+                        dict(base, draft_token_ms=0.01))
+    profile_files.write(profile_files.path(str(tiny["target"]), "", *args), dict(base, stale=mark))
+    llm.set_draft(tiny["draft"], ngram=False)
+    assert llm.profile is not None and llm.profile.get("stale") is None, llm.profile
+    assert llm.generate("Hello world", max_tokens=4).tokens
     llm.close()
 
 

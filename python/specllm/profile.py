@@ -129,7 +129,8 @@ def _read(path: Path, verify_rows: int) -> dict | None:
 
 def _valid(prof: dict, sizes: list) -> bool:
     """Costs the engine takes: T(n) for n = 1..max(sizes), finite, >= 0 (0: not measured), T(1) > 0; a row's
-    context cost and the draft token cost finite and >= 0. A damaged file (strings, NaN, a cut list) stopped every
+    context cost, the draft token cost and the stale marks finite and >= 0 (a mark "x" failed set_draft with a
+    TypeError after the drafter was swapped). A damaged file (strings, NaN, a cut list) stopped every
     load with an error instead of being measured again."""
     def ms(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
@@ -137,7 +138,7 @@ def _valid(prof: dict, sizes: list) -> bool:
     v = prof.get("verify_ms")
     return (prof.get("sizes") == sizes and isinstance(v, list) and len(v) == max(sizes) and all(map(ms, v))
             and v[0] > 0 and isinstance(prof.get("context_row_ms"), float) and ms(prof["context_row_ms"])
-            and ms(prof.get("draft_token_ms", 0.0)))
+            and ms(prof.get("draft_token_ms", 0.0)) and all(ms(prof[k]) for k in STALE_MARKS if k in prof))
 
 
 def noisy_loads(prof: dict | None) -> int:
