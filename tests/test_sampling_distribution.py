@@ -202,6 +202,24 @@ def test_ngram_drafts_follow_the_target_distribution(tiny, make_llm, ngram_promp
     assert stat < bound, f"sampling with n-gram drafts does not follow the target's distribution: {msg}"
 
 
+# --- under a grammar that forbids many of the draft's tokens: the draft is cut at its first forbidden token, so a
+# verified draft token was drawn from q given that the grammar allows it. Rejection sampling read it with q itself,
+# and the cut mass went to p instead of the residual: the first token's total variation from plain was 0.09
+LETTERS = dict(temperature=1.0, grammar="root ::= [a-zA-Z ]+")
+
+
+@pytest.mark.parametrize("acceptance", MODES)
+def test_a_grammar_that_cuts_drafts_keeps_the_target_distribution(tiny, make_llm, acceptance):
+    plain = sample(make_llm(tiny["target"]), PROMPT, range(N), max_tokens=2, **LETTERS)
+    spec = sample(make_llm(tiny["target"], tiny["near_draft"]), PROMPT, range(N, 2 * N), max_tokens=2,
+                  draft_length=1, acceptance=acceptance, **LETTERS)
+    first = Counter(steps[0] for _, _, steps in spec)
+    # the draft was cut (no draft left: a plain step) and kept, each often
+    assert first[(0, 0)] > 0.2 * N and first[(1, 1)] + first[(1, 0)] > 0.2 * N, first
+    stat, bound, msg = homogeneity(spec, plain, 0, 1)
+    assert stat < bound, f"{acceptance} sampling under a grammar does not follow the target's distribution: {msg}"
+
+
 # --- the deliberately wrong verifier fails the later-position and the n-gram tests
 
 # rejection: a rejected position is resampled from p instead of the residual max(0, p - q); coupled: a draft token

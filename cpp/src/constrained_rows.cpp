@@ -33,7 +33,24 @@ const float * ConstrainedRows::read(int i) {
         }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    work_.mask(logits, n_vocab_, masked_);
+    if (sampling_.rejection && sampling_.temperature > 0.0f) {
+        // the mask alone (the grammar's, on equal logits), kept for the verifier (allowed()), then the row through it
+        zeros_.assign((size_t) n_vocab_, 0.0f);
+        work_.mask(zeros_.data(), n_vocab_, allowed_);
+        allowed_row_ = i;
+        masked_.resize((size_t) n_vocab_);
+        bool any = false;
+        for (int t = 0; t < n_vocab_; ++t) {
+            masked_[(size_t) t] = allowed_[(size_t) t] > -INFINITY ? logits[t] : -INFINITY;
+            any = any || masked_[(size_t) t] > -INFINITY;
+        }
+        if (!any) { // as Grammar::mask: the end of generation when no allowed token has a finite logit
+            const llama_token eos = llama_vocab_eos(work_.vocab_);
+            masked_[(size_t) (eos >= 0 && eos < n_vocab_ ? eos : 0)] = 0.0f;
+        }
+    } else {
+        work_.mask(logits, n_vocab_, masked_);
+    }
     mask_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ++n_masks_;
     return masked_.data();

@@ -219,7 +219,9 @@ Engine::Verified Engine::verify(int n_past, int first_rows, const PenaltyWindow 
     }
     const LogitsRow read = constrained ? LogitsRow([&](int i) { return constrained->read(i); }) : raw;
     vd.verdict = greedy ? verify_greedy(draft_.tokens, read, n_vocab)
-                        : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1);
+                        : verifier_.verify(draft_.tokens, draft_.q, read, n_vocab, gen_.sampling, rng_, n_past + 1,
+                                           constrained ? LogitsRow([&](int i) { return constrained->allowed(i); })
+                                                       : LogitsRow());
     const Verdict & v = vd.verdict;
     if (constrained) {
         constrained->advance(v.n_accepted, v.next, target_->is_eog(v.next));

@@ -1,6 +1,7 @@
 #include "specllm/verifier.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace specllm {
 
@@ -45,7 +46,7 @@ Verdict SamplingVerifier::verify_coupled(const std::vector<llama_token> & draft,
 
 Verdict SamplingVerifier::verify(const std::vector<llama_token> & draft, const std::vector<Dist> & q,
                                  const LogitsRow & row, int n_vocab, const SamplingOptions & opts, Rng & rng,
-                                 int64_t pos0) {
+                                 int64_t pos0, const LogitsRow & allowed) {
     if (!opts.rejection) {
         return verify_coupled(draft, q, row, n_vocab, opts, rng, pos0);
     }
@@ -53,8 +54,27 @@ Verdict SamplingVerifier::verify(const std::vector<llama_token> & draft, const s
     for (size_t i = 0; i < draft.size(); ++i) {
         warper_.warp(row((int) i), n_vocab, opts, p_);
         const llama_token d = draft[i];
+        const Dist * qi = q.empty() ? nullptr : &q[i];
+        if (const float * mask = qi && allowed ? allowed((int) i) : nullptr) { // q given the grammar allows it
+            q_allowed_.ids.clear();
+            q_allowed_.probs.clear();
+            double z = 0.0;
+            for (size_t j = 0; j < qi->ids.size(); ++j) {
+                if (mask[qi->ids[j]] > -INFINITY) {
+                    q_allowed_.ids.push_back(qi->ids[j]);
+                    q_allowed_.probs.push_back(qi->probs[j]);
+                    z += qi->probs[j];
+                }
+            }
+            if (z > 0.0) { // d is allowed and was drawn from q: z >= q(d) > 0
+                for (float & x : q_allowed_.probs) {
+                    x = (float) (x / z);
+                }
+                qi = &q_allowed_;
+            }
+        }
         const float p_d = p_.prob(d);
-        const float q_d = q.empty() ? 1.0f : q[i].prob(d);
+        const float q_d = qi ? qi->prob(d) : 1.0f;
         // accept with probability min(1, p/q); q_d > 0 because d was drawn from q
         if (q_d > 0.0f && rng.uniform() < std::min(1.0, (double) p_d / q_d)) {
             ++v.n_accepted;
@@ -69,11 +89,11 @@ Verdict SamplingVerifier::verify(const std::vector<llama_token> & draft, const s
         for (size_t j = 0; j < p_.ids.size(); ++j) {
             dense_[p_.ids[j]] = p_.probs[j];
         }
-        if (q.empty()) {
+        if (!qi) {
             dense_[d] = 0.0f;
         } else {
-            for (size_t j = 0; j < q[i].ids.size(); ++j) {
-                dense_[q[i].ids[j]] = std::max(0.0f, dense_[q[i].ids[j]] - q[i].probs[j]);
+            for (size_t j = 0; j < qi->ids.size(); ++j) {
+                dense_[qi->ids[j]] = std::max(0.0f, dense_[qi->ids[j]] - qi->probs[j]);
             }
         }
         residual_.ids.clear();

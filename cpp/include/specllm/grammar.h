@@ -1,6 +1,7 @@
 // Constrained output: a GBNF grammar (llama.cpp's grammar sampler, e.g. JSON or a JSON schema turned into rules)
 // that the generated text must follow. The target's rows are masked by the grammar, not the drafts: a draft is cut
-// at its first token the grammar forbids (it could never be accepted), and verify row i is read through the
+// at its first token the grammar forbids (it could never be accepted; rejection sampling
+// then reads the draft's q restricted to the allowed tokens, verifier.h), and verify row i is read through the
 // grammar's state after drafts 1..i (the verifiers read row i only once those were accepted). Greedy rows whose
 // argmax the grammar allows are passed as they are (one token checked, not the vocabulary), as llama.cpp's common
 // sampler does; the output is that of masking every row, greedy or sampled.
@@ -82,6 +83,9 @@ class ConstrainedRows {
     ConstrainedRows(Grammar & grammar, const std::vector<llama_token> & draft, const LogitsRow & row, int n_vocab,
                     const SamplingOptions & sampling, int64_t pos0, bool full_mask = false);
     const float * read(int i);
+    // rejection sampling: the grammar's mask for row i (0 allowed, -inf forbidden), once read(i) has been called;
+    // nullptr where the grammar does not constrain row i (a lazy grammar still waiting)
+    const float * allowed(int i) const { return allowed_row_ == i ? allowed_.data() : nullptr; }
     void advance(int n_accepted, llama_token next, bool end); // end: next ends the generation (not accepted)
     int n_masks() const { return n_masks_; }     // rows masked whole this step
     double mask_ms() const { return mask_ms_; }  // ... and the time they took
@@ -106,6 +110,8 @@ class ConstrainedRows {
     int n_masks_ = 0;
     double mask_ms_ = 0.0;
     std::vector<float> masked_;
+    std::vector<float> zeros_, allowed_; // rejection sampling: the mask alone, which the draft's q is read through
+    int allowed_row_ = -1;
     std::vector<llama_token> order_;
     std::vector<double> key_;
     Warper warper_;
