@@ -673,6 +673,30 @@ def test_full_queue_answers_429(tiny, tmp_path_factory):
         assert s.stop(signal.SIGTERM) == 0, s.log()
 
 
+def test_requests_whose_clients_left_while_waiting_to_be_prepared_are_not_prepared(server):
+    """Clients that sent a long message (seconds of tokenizing on the one preparing thread) and gave up: each was
+    still templated and tokenized in turn (then refused as too long), holding every later request."""
+    path = "/v1/chat/completions"
+    gone = server.metric("specllm_requests_total", headers=AUTH, endpoint=path, status="499")
+    refused = server.metric("specllm_requests_total", headers=AUTH, endpoint=path, status="400")
+    # under the server's bound for a context of 2048 (64 characters a token); the tiny vocabulary tokenizes this
+    # word in time quadratic in its length: ~1 s here
+    word = "x" * 128_000
+
+    def give_up(i):
+        with pytest.raises(httpx.ReadTimeout):
+            post(server, path, {"messages": [{"role": "user", "content": word + str(i)}], "max_tokens": 4},
+                 timeout=0.3)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(give_up, range(4)))
+    # the one being tokenized when its client left is refused as too long; the others are never prepared
+    assert server.wait_metric("specllm_requests_total", gone + 3, headers=AUTH, endpoint=path,
+                              status="499") >= gone + 3, server.log()
+    assert server.metric("specllm_requests_total", headers=AUTH, endpoint=path, status="400") <= refused + 1
+    check_healthy(server)
+
+
 def test_eight_client_threads(client, local):
     # undrafted (draft_length 0), so that a reply is plain decoding's whatever came before it: which steps draft, and
     # so which batches verify a reply, depends on the measured costs and on the order the threads' requests came in

@@ -181,6 +181,46 @@ def test_cors_only_when_asked(llm):
         assert c.get("/v1/models").status_code == 401
 
 
+def test_later_choices_and_prompts_of_a_request_taken_are_not_refused_by_a_full_queue(llm, monkeypatch):
+    """Each later choice (n > 1) or prompt (a list) was queued as a new request: where other clients had filled the
+    queue meanwhile, an admitted n=3 stream ended after its first choice with queue_full (17 of 72 streams under 24
+    clients), a whole answer with a 429 after its first choice was generated. Here the queue is full for every
+    request but the first job of each."""
+    from specllm.server import worker as worker_module
+
+    real_submit = worker_module.Worker.submit
+
+    def full_for_new_requests(self, job, admitted=False):
+        if not admitted and self.n_submitted > 0:
+            raise worker_module.QueueFull
+        self.n_submitted += 1
+        return real_submit(self, job, admitted) if admitted else real_submit(self, job)
+
+    monkeypatch.setattr(worker_module.Worker, "submit", full_for_new_requests)
+    with TestClient(create_app(llm)) as c:
+        def one(path, body):
+            c.app.state.specllm.worker.n_submitted = 0  # a new request: its first job is let in
+            return c.post(path, json=body)
+
+        r = one("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "n": 3})
+        assert r.status_code == 200 and [ch["index"] for ch in r.json()["choices"]] == [0, 1, 2], r.text
+        c.app.state.specllm.worker.n_submitted = 0
+        with c.stream("POST", "/v1/chat/completions",
+                      json={"messages": MESSAGES, "max_tokens": 4, "n": 2, "stream": True}) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert not [e for e in events if "error" in e], events
+        assert {ch["index"] for e in events for ch in e["choices"] if ch.get("finish_reason")} == {0, 1}
+        r = one("/v1/completions", {"prompt": ["Hello", "Hi there"], "max_tokens": 4})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+        r = one("/completion", {"prompt": ["Hello", "Hi there"], "n_predict": 4})
+        assert r.status_code == 200 and len(r.json()) == 2, r.text
+        r = one("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})  # the cap itself still holds
+        assert r.status_code == 200
+        r = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4})
+        assert r.status_code == 429, r.text
+
+
 def test_bad_arguments(llm):
     with pytest.raises(ValueError, match="max_queue"):
         create_app(llm, max_queue=0)

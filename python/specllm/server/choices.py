@@ -76,7 +76,7 @@ async def collect_all(request: Request, first_job: Job, choices: List[Choice]) -
     gone (a job cancelled) queues no more of them."""
     out = []
     for c in choices:
-        job = first_job if c.index == 0 else jobs.submit(request, c.tokens, c.opts)
+        job = first_job if c.index == 0 else jobs.submit(request, c.tokens, c.opts, admitted=True)
         out.append(await jobs.collect(request, job))
         c.prompt_logprobs = job.prompt_logprobs
         if job.cancelled:
@@ -101,7 +101,7 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
         for c in choices:
             if c.index > 0:
                 try:
-                    job = jobs.submit(request, c.tokens, c.opts)
+                    job = jobs.submit(request, c.tokens, c.opts, admitted=True)
                 except APIError as e:
                     yield json.dumps(e.body())
                     break

@@ -4,9 +4,9 @@ when the client goes away), and turn a failed generation into the API's error.""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
@@ -52,12 +52,33 @@ async def prepared(request: Request, fn: Callable, *args):
     if state.lane is None:
         state.lane = ThreadPoolExecutor(1, thread_name_prefix="specllm-prepare")
     lane = state.lane
+    gone = threading.Event()
+
+    def run():  # on the lane: a request whose client left while it waited is not prepared (12 such long messages
+        if gone.is_set():  # held a later 4-token request 7 s)
+            raise _Gone
+        return fn(*args)
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
     try:
-        return await asyncio.get_running_loop().run_in_executor(lane, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(lane, run)
+    except _Gone:
+        raise client_gone() from None
     except asyncio.CancelledError:
         if state.lane is not lane:  # the server stopped (app.py's lifespan) while this request waited for the lane
             raise generation_error(ServerStopping()) from None
         raise
+    finally:
+        watcher.cancel()
+
+
+class _Gone(Exception):
+    """A request's client went away before the lane prepared it."""
 
 
 def check_model_name(state, model) -> None:
@@ -92,15 +113,18 @@ def speculative(stats, job: Job, draft_length) -> p.Speculative:
                          draft_length="auto" if draft_length is None else draft_length)  # 0 was "auto"
 
 
-def submit(request: Request, tokens, opts) -> Job:
+def submit(request: Request, tokens, opts, admitted: bool = False) -> Job:
+    """A generation job on the worker's queue. admitted: a later choice or prompt of a request whose first job was
+    queued, which the queue's cap does not refuse."""
     state = server_state(request)  # ready: begin checked it
-    return enqueue(state, Job(tokens, opts, asyncio.get_running_loop(), state.metrics))
+    return enqueue(state, Job(tokens, opts, asyncio.get_running_loop(), state.metrics), admitted)
 
 
-def enqueue(state, job: Job) -> Job:
-    """job on the worker's queue; a 429 when the queue is full, a 503 when the server is stopping."""
+def enqueue(state, job: Job, admitted: bool = False) -> Job:
+    """job on the worker's queue; a 429 when the queue is full (unless admitted), a 503 when the server is
+    stopping."""
     try:
-        state.worker.submit(job)
+        state.worker.submit(job, admitted)
     except QueueFull:
         raise APIError(429, f"the server is busy: {state.max_queue} requests are already waiting; retry later",
                        "rate_limit_error", None, "queue_full", headers={"Retry-After": "2"}) from None

@@ -287,7 +287,8 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
 
     def start(index: int):
         """(job, its events) of prompt `index`, queued now (the first one already is)."""
-        job = first if index == 0 else jobs.submit(request, prompts[index], dict(opts, max_tokens=budgets[index]))
+        job = first if index == 0 else jobs.submit(request, prompts[index], dict(opts, max_tokens=budgets[index]),
+                                                      admitted=True)
         limits = Limits(0 if warm else req.n_indent, 0 if warm else req.t_max_predict_ms)
         return job, limits, run(request, job, limits, warm)
 

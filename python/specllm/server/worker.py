@@ -164,12 +164,14 @@ class Worker:
         with self._cond:
             return self._live()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Job, admitted: bool = False) -> None:
+        """Queue job; QueueFull when max_queue jobs wait, unless admitted: a later choice or prompt of a request
+        whose first job was taken (refused midway, an n=3 stream ended after its first choice with queue_full)."""
         with self._cond:
             if self._stopping:
                 raise ServerStopping()
             live = self._live()
-            if live >= self.max_queue:
+            if live >= self.max_queue and not admitted:
                 raise QueueFull
             self._waiting.append(job)
             self._cond.notify()
