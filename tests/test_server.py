@@ -726,6 +726,40 @@ def test_eight_client_threads(client, local):
         assert text == want[p], p
 
 
+def test_a_stop_while_requests_wait_to_be_prepared_answers_them_at_once(tiny, tmp_path_factory):
+    """SIGTERM while one request's long word was being tokenized (seconds, on the one preparing thread) and two
+    small ones waited behind it: uvicorn cancelled all three 5 s later, each client read a plain-text 500 and the
+    log three tracebacks. Now each is told at once that the server is shutting down (a 503)."""
+    s = serve(tiny, tmp_path_factory, "--ctx", "16384")
+    word = "x" * 450_000  # under the bound for this context; ~6 s of tokenizing for the tiny vocabulary here
+    answers = {}
+
+    def ask(name, content):
+        try:
+            r = httpx.post(f"{s.url}/v1/chat/completions", timeout=60,
+                           json={"messages": [{"role": "user", "content": content}], "max_tokens": 4})
+            answers[name] = (r.status_code, r.text, time.monotonic())
+        except httpx.HTTPError as e:
+            answers[name] = (None, repr(e), time.monotonic())
+
+    threads = [threading.Thread(target=ask, args=("long", word))]
+    threads[0].start()
+    time.sleep(0.5)  # the long one holds the preparing thread
+    threads += [threading.Thread(target=ask, args=(f"small{i}", "Hi")) for i in range(2)]
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert s.stop(signal.SIGTERM, timeout=60) == 0, s.log()
+    for t in threads:
+        t.join(30)
+    assert sorted(answers) == ["long", "small0", "small1"], answers
+    for status, text, when in answers.values():
+        assert status == 503 and "server_shutting_down" in text, (status, text, s.log())
+        assert when - t0 < 4, (when - t0, s.log())  # not after uvicorn's 5 s
+    assert "Traceback" not in s.log() and "ERROR" not in s.log(), s.log()
+
+
 @pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT, signal.SIGINT)], ids=["sigterm", "ctrl-c-twice"])
 def test_a_stop_during_a_stream_exits_cleanly(tiny, tmp_path_factory, signals):
     # Ctrl-C twice: uvicorn's forced exit skipped the app's shutdown, and the cancelled lifespan was logged as a

@@ -357,8 +357,12 @@ def test_requests_are_prepared_one_at_a_time_in_order_and_a_stop_ends_the_waitin
     from specllm.server import jobs
     from specllm.server.errors import APIError
 
-    state = SimpleNamespace(lane=None)
-    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(specllm=state)))
+    state = SimpleNamespace(lane=None, worker=SimpleNamespace(stopping=False))
+
+    async def connected():
+        return False
+
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(specllm=state)), is_disconnected=connected)
     started, resumed = threading.Event(), []
 
     def work(name, seconds):

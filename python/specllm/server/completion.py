@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from .. import grammar as grammars
@@ -159,7 +158,7 @@ async def tokenize(request: Request, req: TokenizeRequest):
     # their JSON took 5 s on the event loop (another client's stream stalled 6 s), and other clients are served
     # meanwhile
     try:
-        return await run_in_threadpool(answer)
+        return await jobs.off_loop(request, None, answer)
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, f"content: {e}", "invalid_request_error", "content", "invalid_value") from None
 
@@ -168,7 +167,7 @@ async def tokenize(request: Request, req: TokenizeRequest):
 async def detokenize(request: Request, req: DetokenizeRequest):
     state = native.ready(request)
     try:  # in a thread: 900k ids held the event loop 0.4 s
-        return await run_in_threadpool(lambda: JSONResponse({"content": state.llm.detokenize(req.tokens)}))
+        return await jobs.off_loop(request, None, lambda: JSONResponse({"content": state.llm.detokenize(req.tokens)}))
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, f"tokens: {e}", "invalid_request_error", "tokens", "invalid_value") from None
 

@@ -47,38 +47,59 @@ async def prepared(request: Request, fn: Callable, *args):
     slow (llama.cpp tokenizes a word in time quadratic in its length), so that the event loop stays free for /health,
     streams and other clients meanwhile. One thread, first come first served: with no await between this and the
     job's submit, generation jobs reach the worker's queue in the order their requests came, as when this ran on the
-    loop (an embedding request, tokenized by the worker, is queued at once)."""
+    loop (an embedding request, tokenized by the worker, is queued at once). Ends as off_loop says."""
     state = server_state(request)
     if state.lane is None:
         state.lane = ThreadPoolExecutor(1, thread_name_prefix="specllm-prepare")
     lane = state.lane
-    gone = threading.Event()
-
-    def run():  # on the lane: a request whose client left while it waited is not prepared (12 such long messages
-        if gone.is_set():  # held a later 4-token request 7 s)
-            raise _Gone
-        return fn(*args)
-
-    async def watch() -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(DISCONNECT_POLL_S)
-        gone.set()
-
-    watcher = asyncio.create_task(watch())
     try:
-        return await asyncio.get_running_loop().run_in_executor(lane, run)
-    except _Gone:
-        raise client_gone() from None
+        return await off_loop(request, lane, fn, *args)
     except asyncio.CancelledError:
         if state.lane is not lane:  # the server stopped (app.py's lifespan) while this request waited for the lane
             raise generation_error(ServerStopping()) from None
         raise
+
+
+async def off_loop(request: Request, executor, fn: Callable, *args):
+    """fn(*args) on executor's thread (None: the loop's default threads), awaited until it returns, the client goes
+    away (a 499; not begun, fn is skipped: twelve clients' long messages left behind held a later 4-token request
+    7 s) or the server begins to stop (a 503 at once: a request waiting behind seconds of tokenizing was cancelled by
+    uvicorn 5 s later, answered a plain-text 500 and logged with a traceback). What fn still does then is dropped."""
+    state = server_state(request)
+    gone = threading.Event()
+
+    def run():
+        if gone.is_set():
+            raise _Gone
+        return fn(*args)
+
+    async def watch() -> str:
+        while True:
+            if state.worker.stopping:
+                return "stopping"
+            if await request.is_disconnected():
+                return "gone"
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    future = asyncio.get_running_loop().run_in_executor(executor, run)
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait({future, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        if not future.done():
+            gone.set()
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # read: nothing logged for it
         watcher.cancel()
+    if future.done():
+        try:
+            return future.result()
+        except _Gone:
+            raise client_gone() from None
+    raise generation_error(ServerStopping()) if watcher.result() == "stopping" else client_gone()
 
 
 class _Gone(Exception):
-    """A request's client went away before the lane prepared it."""
+    """A request's client went away before its thread began it."""
 
 
 def check_model_name(state, model) -> None:

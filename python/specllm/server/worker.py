@@ -164,6 +164,11 @@ class Worker:
         with self._cond:
             return self._live()
 
+    @property
+    def stopping(self) -> bool:
+        """stop() was called: the server is shutting down."""
+        return self._stopping
+
     def submit(self, job: Job, admitted: bool = False) -> None:
         """Queue job; QueueFull when max_queue jobs wait, unless admitted: a later choice or prompt of a request
         whose first job was taken (refused midway, an n=3 stream ended after its first choice with queue_full)."""
