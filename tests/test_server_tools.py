@@ -102,6 +102,38 @@ def test_a_reply_that_is_only_a_json_call_of_a_requested_tool_is_a_call(reply):
         assert out.strip() == "" and rest == "" and streamed[0]["function"] == calls[0]["function"]
 
 
+SAID_THEN_CALLED = 'Let me check the weather in Paris for you.\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+
+
+@pytest.mark.parametrize("reply", [SAID_THEN_CALLED, SAID_THEN_CALLED.replace("\n{", "\n```json\n{") + "```",
+                                   SAID_THEN_CALLED.replace(", ", ",\n  ").replace("\n{", "\n\n  {")])
+def test_a_json_call_on_lines_of_its_own_after_text_is_a_call(reply):
+    """What Qwen2.5-Coder 1.5B answers on a later turn of a tool conversation: a sentence, then the call as a bare
+    JSON object. It was the reply's text on every API, and the call was lost."""
+    text, calls = tools.parse(reply, {"get_weather"})
+    assert text == "Let me check the weather in Paris for you." and len(calls) == 1, (text, calls)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert tools.parse(reply) == (reply, [])  # without the request's tool names: text
+    assert tools.parse(reply, {"get_time"}) == (reply, [])  # a tool not asked for: text
+    assert tools.parse(reply.rstrip() + "\nAnd more.", {"get_weather"})[1] == []  # not at the end: text
+    for size in (1, 3, 1000):
+        s = tools.ToolStream({"get_weather"})
+        out = "".join(s.feed(reply[i:i + size]) for i in range(0, len(reply), size))
+        rest, streamed = s.finish()
+        assert out.strip() == text and rest.strip() == "" and streamed[0]["function"] == calls[0]["function"]
+
+
+@pytest.mark.parametrize("reply", ['Here is some JSON:\n{"type": "point", "x": 1}\nDone.',
+                                   'A person:\n{"name": "Alice", "age": 3}\nDone.',
+                                   'Code:\n```python\nprint(1)\n```\nDone.'])
+def test_json_after_text_that_is_not_a_call_streams_before_the_reply_ends(reply):
+    s = tools.ToolStream({"get_weather"})
+    out = "".join(s.feed(c) for c in reply)
+    assert out.startswith(reply[:reply.index("\n", reply.index("\n") + 1)])  # passed on once it cannot be a call
+    rest, calls = s.finish()
+    assert out + rest == reply and calls == [] and tools.parse(reply, {"get_weather"}) == (reply, [])
+
+
 @pytest.mark.parametrize("reply", ["```python\nprint(1)\n```", "{not json} and more", "`x` is a variable"])
 def test_a_reply_that_only_looks_like_a_call_comes_out_whole(reply):
     s = tools.ToolStream({"get_weather"})
@@ -348,7 +380,7 @@ def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
         "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
         "additionalProperties": False}}}
     rules, lazy = tools.call_grammar("auto", [clock, FORECAST])
-    (pattern,) = lazy["grammar_trigger_patterns"]
+    pattern, after_text = lazy["grammar_trigger_patterns"]
     rules = re.sub(r"^root ::= .*$", "root ::= json-call", rules, flags=re.M)
     names = tools.names_of([clock, FORECAST])
     for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
@@ -367,6 +399,12 @@ def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
     for text in ('{"name": "Alice", "age": 3}', '```python\nprint({"name": "get_time"})', 'Call {"name": "get_time"}',
                  '{"city": "Paris", "name": "get_time"}', '{   "name": "get_time"'):  # last: no grammar space
         assert not re.match(pattern, text), text
+    # and one on a line of its own after text, where the grammar reads from the object (the group) on
+    m = re.search(after_text, 'Let me check the time.\n{"name": "get_time", "arguments"')
+    assert m and m.group(1) == '{"name": "get_time"'
+    assert re.search(after_text, 'Sure.\n\n```json\n{\n  "name": "get_forecast",')
+    for text in ('Call {"name": "get_time"}', 'Data:\n{"name": "Alice"}', 'x\n```python\nprint({"name": "get_time"'):
+        assert not re.search(after_text, text), text
 
 
 def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
@@ -380,7 +418,7 @@ def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
                  for n in names]
     rules, lazy = tools.call_grammar("auto", tool_list)
     llm.check_options(grammar=rules, **lazy)  # parses, and the pattern compiles as llama.cpp's regex
-    (pattern,) = lazy["grammar_trigger_patterns"]
+    pattern, after_text = lazy["grammar_trigger_patterns"]
     for n in names:
         assert re.match(pattern, '```json\n{\n  "name": ' + json.dumps(n, ensure_ascii=False)), n
     assert not re.match(pattern, '{"name": "a"}')

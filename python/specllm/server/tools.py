@@ -5,12 +5,16 @@ not a JSON object with a string name stays in the reply's text, as llama-server 
 
 Small models often answer a tool prompt with the call alone, as a JSON object (bare or in a ```json fence) instead
 of the tagged block (Qwen2.5-Coder 1.5B does): a reply that is nothing but such an object, naming one of the
-request's tools, is a call too.
+request's tools, is a call too, and so is one that ends with such an object on lines of its own after some text
+("Let me check the weather in Paris for you.\n{"name": "get_weather", ...}", as the 1.5B model answers later turns;
+llama-server's Hermes parser finds a call there too): the text is the reply's content, the object its call.
 
 `ToolStream` does the same for a streamed reply: text is passed on until a block may begin (a tail that could be
 the start of "<tool_call>" is held back), and everything from the first block on is held and parsed at the end; a
 reply that begins like a JSON object, or with a bare or json code fence, is held whole until it ends (then passed on
-if it is not a call); a fence of another language (```python) is passed on as it comes, and is not a call."""
+if it is not a call); a fence of another language (```python) is passed on as it comes, and is not a call. After
+some text, a line that may begin a call of one of the tools (`{"name": "` and a tool's name, bare or fenced) is held
+from its line end on while it may, and to the reply's end once it names a tool."""
 from __future__ import annotations
 
 import copy
@@ -62,6 +66,10 @@ def template_call(call: dict) -> dict:
 
 _FENCE_OPEN = r"```[ \t]*(?i:json)?[ \t]*\n"  # a bare or json fence's first line: the fences a call may be in
 _FENCE = re.compile(r"^" + _FENCE_OPEN + r"(.*)\n```$", re.S)
+
+
+# where a call may begin after text: a line that opens a JSON object or a fence
+_LINE_OPENS = re.compile(r"\n[ \t]*(?=\{|```)")
 
 
 def _call(body: str, names=None) -> Optional[dict]:
@@ -123,7 +131,8 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
     end; not lazy. "auto": a lazy grammar, as llama-server's: the reply is free until it writes "<tool_call>", and
     from there it is one or more blocks calling the request's tools with arguments that follow their schemas (one
     unless parallel); or until it opens with a bare or ```json-fenced JSON object whose "name" is one of the tools
-    (Qwen2.5-Coder's habit; llama-server's Hermes format triggers on it too), which then goes on as that call
+    (Qwen2.5-Coder's habit; llama-server's Hermes format triggers on it too), or writes one on a line after some
+    text, which then goes on as that call
     (whitespace as the model writes it) and ends the reply. (None, {}) for "none" or no tools. A schema the
     converter cannot express lets that tool's arguments be any JSON object (the call is still JSON)."""
     if not tools or tool_choice == "none":
@@ -169,7 +178,9 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         # whitespace the grammar's own, so that whatever it finds the grammar reads (else it would stay waiting)
         sp = r"(?: |\n{1,2}[ \t]{0,20})?"
         opens = rf'^\s*((?:```(?:json)?\n)?{sp}\{{{sp}"name"{sp}:{sp}"(?:{names})")'
-        return _json_space(conv.format_grammar()), {"grammar_triggers": [OPEN], "grammar_trigger_patterns": [opens]}
+        after = rf'\n[ \t]*((?:```(?:json)?\n)?{sp}\{{{sp}"name"{sp}:{sp}"(?:{names})")'  # on a line after text
+        return _json_space(conv.format_grammar()), {"grammar_triggers": [OPEN],
+                                                    "grammar_trigger_patterns": [opens, after]}
     if opening.endswith('"arguments": '):  # a named function (or the only tool): its arguments
         name = json.loads(opening[len(OPEN):] + "0}")["name"]
         call = arguments(0, fns[name])
@@ -177,6 +188,26 @@ def call_grammar(tool_choice, tools: Optional[list], parallel: bool = True) -> T
         call = named_call([arguments(i, fn) for i, fn in enumerate(fns.values())], ' ", \\"arguments\\": " ')
     conv._add_rule("root", call + ' "}" ( "\\n"? ' + gbnf_literal(CLOSE) + " )?")
     return conv.format_grammar(), {}
+
+
+def _opens_call(text: str, names) -> Optional[bool]:
+    """Whether text (from a line end on) begins a JSON call of one of names, bare or in a bare or json fence: True
+    once its name is written, None while it may still, False once it cannot."""
+    s = text.lstrip()
+    if not s or "```".startswith(s):
+        return None
+    if s.startswith("```"):
+        fence = re.match(_FENCE_OPEN, s)
+        if fence is None:
+            return None if "\n" not in s else False  # the fence's language not known yet, or another language
+        s = s[fence.end():].lstrip()
+        if not s:
+            return None
+    squeezed = re.sub(r"\s+", "", s[:400])
+    wants = ['{"name":"' + re.sub(r"\s+", "", _json_body(n)) + '"' for n in names if isinstance(n, str)]
+    if any(squeezed.startswith(w) for w in wants):
+        return True
+    return None if any(w.startswith(squeezed) for w in wants) else False
 
 
 def _json_body(name: str) -> str:
@@ -220,6 +251,12 @@ def parse(text: str, names=None, strict: bool = False) -> Tuple[str, List[dict]]
             call = _call(fenced.group(1).strip() if fenced else body, names)
             if call is not None:
                 return "", [call]
+            for m in _LINE_OPENS.finditer(text):  # a call on lines of its own that end the reply, after text
+                tail = text[m.start():].strip()
+                fenced = _FENCE.match(tail)
+                call = _call(fenced.group(1).strip() if fenced else tail, names)
+                if call is not None:
+                    return text[:m.start()].rstrip(), [call]
         return text, []
     calls = [_call(m.group(1).strip(), names if strict else None) for m in blocks]
     if any(c is None for c in calls):
@@ -258,6 +295,7 @@ class ToolStream:
         self.held = ""       # a tail that may be the start of OPEN, or everything from the first OPEN on
         self.in_call = False
         self.started = False  # some text was passed on
+        self.line_start = False  # ... and it ended a line (a JSON call may begin with the next piece)
 
     def feed(self, piece: str) -> str:
         if self.in_call:
@@ -284,6 +322,14 @@ class ToolStream:
             self.in_call, self.held = True, text[at:]
             self.started = self.started or bool(before)
             return before
+        # a line after text that may begin a JSON call: held from its start while it may, to the end once it does
+        starts = ([0] if self.line_start else []) + [m.end() for m in re.finditer(r"\n", text)] if self.names else []
+        for at in starts:
+            if text[at:].strip(" \t") and _opens_call(text[at:], self.names) is not False:
+                self.in_call, self.held = bool(_opens_call(text[at:], self.names)), text[at:]
+                self.started = self.started or at > 0
+                self.line_start = self.line_start if at == 0 else True
+                return text[:at]
         keep = 0  # the longest tail of text that is a proper prefix of OPEN
         for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
             if OPEN.startswith(text[-n:]):
@@ -295,6 +341,8 @@ class ToolStream:
             return ""
         self.held = text[len(text) - keep:]
         self.started = self.started or len(text) > keep
+        if out:
+            self.line_start = re.search(r"\n[ \t]*\Z", out) is not None
         return out
 
     def pass_on(self, piece: str, finished: bool) -> Tuple[str, List[dict]]:
