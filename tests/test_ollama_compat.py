@@ -42,7 +42,8 @@ def generate(client, **fields):
 
 
 def n_prompt(body: dict) -> int:
-    return body["prompt_eval_count"] + body["speculative"]["prompt_tokens_cached"]
+    assert body["prompt_eval_cached_count"] == body["speculative"]["prompt_tokens_cached"]
+    return body["prompt_eval_count"]
 
 
 def error(r, status: int = 400) -> str:

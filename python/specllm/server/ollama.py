@@ -48,7 +48,9 @@ def _final(state, model: str, last, job, t0: float, draft_length) -> dict:
     return {"model": model, "created_at": _now(), "done": True,
             "done_reason": {"length": "length"}.get(last.finish_reason, "stop"),
             "total_duration": int((time.monotonic() - t0) * 1e9), "load_duration": 0,
-            "prompt_eval_count": s.n_prompt - s.n_cached, "prompt_eval_duration": int(s.prefill_ms * 1e6),
+            # as Ollama since 0.3x (ollama#17943): every prompt token, and those read from the cache beside it
+            "prompt_eval_count": s.n_prompt, "prompt_eval_cached_count": s.n_cached,
+            "prompt_eval_duration": int(s.prefill_ms * 1e6),
             "eval_count": s.n_generated, "eval_duration": int(s.generate_ms * 1e6),
             "speculative": jobs.speculative(s, job, draft_length).model_dump()}
 
