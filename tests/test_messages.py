@@ -54,6 +54,15 @@ def test_a_reply_is_the_chat_reply_of_the_same_conversation(client, local):
         {"role": "user", "content": ASK}]).input_tokens == want.stats.n_prompt
 
 
+def test_the_clients_models_list_reads_this_model(client):
+    """/v1/models answered OpenAI's objects only: the anthropic client's ModelInfo had no type, display_name or
+    created_at (None where it declares them required), and the page no has_more or last_id."""
+    page = client.models.list()
+    (info,) = [m for m in page.data if m.id == MODEL]
+    assert info.type == "model" and info.display_name == MODEL and info.created_at is not None
+    assert page.has_more is False and page.last_id == page.data[-1].id
+
+
 def test_a_streamed_reply_through_the_clients_helper(client, local):
     want = local.chat([{"role": "user", "content": ASK}], max_tokens=24).text
     with client.messages.stream(model=MODEL, max_tokens=24, messages=[{"role": "user", "content": ASK}]) as s:

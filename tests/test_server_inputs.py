@@ -177,6 +177,10 @@ def test_a_streamed_call_ends_its_arguments_in_the_openai_clients_stream_helper(
     assert "tool_calls.function.arguments.done" in kinds, kinds
     assert final.choices[0].finish_reason == "tool_calls"
     assert json.loads(final.choices[0].message.tool_calls[0].function.arguments).keys() == {"city"}
+    # a call-only reply has no content, streamed as whole (the first chunk's content "" made it '' in the helper)
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=40)
+    assert whole.choices[0].message.content is None and final.choices[0].message.content is None
 
 
 def test_a_tool_schema_nested_hundreds_of_levels_deep_is_not_a_server_error(server):

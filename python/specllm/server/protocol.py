@@ -201,15 +201,34 @@ class TextCompletion(_Response):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's model object, with the fields of Anthropic's beside it (its client's models.list reads the same
+    path and required type, display_name and created_at)."""
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "specllm"
+    type: Literal["model"] = "model"
+    display_name: str = ""
+    created_at: str = ""
+
+    def model_post_init(self, _context) -> None:
+        import datetime
+        self.display_name = self.display_name or self.id
+        self.created_at = self.created_at or datetime.datetime.fromtimestamp(
+            self.created, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class ModelList(BaseModel):
+    """OpenAI's list, with Anthropic's paging fields (one page)."""
     object: Literal["list"] = "list"
     data: List[ModelCard]
+    has_more: bool = False
+    first_id: Optional[str] = None
+    last_id: Optional[str] = None
+
+    def model_post_init(self, _context) -> None:
+        if self.data:
+            self.first_id, self.last_id = self.data[0].id, self.data[-1].id
 
 
 class ErrorBody(BaseModel):

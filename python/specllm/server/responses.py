@@ -75,7 +75,7 @@ class Answer:
     def body(self, status: str, output: list, last=None, job=None, error: Optional[APIError] = None) -> dict:
         req, stats = self.req, last.stats if last is not None else None
         usage = None if stats is None else {
-            "input_tokens": stats.n_prompt, "input_tokens_details": {"cached_tokens": stats.n_cached},
+            "input_tokens": stats.n_prompt, "input_tokens_details": {"cached_tokens": stats.n_cached, "cache_write_tokens": 0},
             "output_tokens": stats.n_generated, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": stats.n_prompt + stats.n_generated}
         body = {"id": self.id, "object": "response", "created_at": self.created, "status": status,

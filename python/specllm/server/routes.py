@@ -56,8 +56,10 @@ async def chat_completions(request: Request, req: p.ChatRequest):
                 # call's arguments (tool_calls.function.arguments.done) on the finish it reads before the call
                 return [chunk, p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[
                     p.ChunkChoice(index=c.index, delta=p.Delta(), finish_reason=finish_reason)])]
+            # content "" opens a text reply as OpenAI's; a reply that may be a call opens without it (null), or a
+            # call-only reply read content '' through the openai client's stream helper and None whole
             head = p.ChatCompletionChunk(id=rid, created=created, model=state.model_id, choices=[
-                p.ChunkChoice(index=c.index, delta=p.Delta(role="assistant", content=""))])
+                p.ChunkChoice(index=c.index, delta=p.Delta(role="assistant", content=None if tools else ""))])
             return head, make_chunk
         return choices.respond_stream(request, first_job, runs, chunker, req)
     results = await choices.collect_all(request, first_job, runs)
