@@ -222,7 +222,6 @@ BAD = [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "not among"),
     ({"text": {"format": {"type": "xml"}}}, "text.format", None),
     ({"text": {"format": "json"}}, "text.format", "text.format must be an object"),
-    ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "text.format", "cannot be combined"),
     ({"max_output_tokens": 0}, "max_output_tokens", None),
     ({"max_output_tokens": 5000}, "input", "lower max_output_tokens"),
     ({"temperature": -1}, "temperature", None),

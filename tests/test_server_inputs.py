@@ -231,3 +231,49 @@ def test_responses_truncation_auto_leaves_out_the_oldest_items(server, local):
     alone = [{"role": "user", "content": words * 6}]  # the last item alone is too long: still the 400
     r = httpx.post(server.url + "/v1/responses", json=dict(body, input=alone, truncation="auto"), timeout=TIMEOUT)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+COLOUR = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+          "required": ["colour"], "additionalProperties": False}
+WEATHER_FLAT = {"type": "function", **WEATHER["function"]}
+ANTHROPIC_WEATHER = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+FORMAT_AND_TOOLS = {  # each API's structured output beside its tools, and how its answer says which it gave
+    "/v1/chat/completions": ({"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+                              "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": COLOUR}}},
+                             lambda r: (r["choices"][0]["message"]["content"], r["choices"][0]["message"].get("tool_calls"),
+                                        r["choices"][0]["finish_reason"])),
+    "/v1/responses": ({"input": "hi", "tools": [WEATHER_FLAT],
+                       "text": {"format": {"type": "json_schema", "name": "c", "schema": COLOUR}}},
+                      lambda r: (r["output"][-1]["content"][0]["text"] if r["output"][-1]["type"] == "message"
+                                 else None, [o for o in r["output"] if o["type"] == "function_call"], r["status"])),
+    "/v1/messages": ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [ANTHROPIC_WEATHER],
+                      "output_config": {"format": {"type": "json_schema", "schema": COLOUR}}},
+                     lambda r: ("".join(b["text"] for b in r["content"] if b["type"] == "text") or None,
+                                [b for b in r["content"] if b["type"] == "tool_use"], r["stop_reason"])),
+    "/api/chat": ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+                   "format": COLOUR, "stream": False},
+                  lambda r: (r["message"]["content"] or None, r["message"].get("tool_calls"), r["done_reason"])),
+}
+
+
+@pytest.mark.parametrize("path", list(FORMAT_AND_TOOLS))
+def test_structured_output_beside_tools_is_a_call_or_that_json(server, path):
+    """A JSON format with tools was a 400 on every API ("cannot be combined with tools"): the OpenAI Agents SDK sends
+    both on every turn of an agent with an output type. The reply is now a call of one of the tools or JSON of the
+    format (this random model writes calls here; test_server_tools.py makes it write both)."""
+    body, read = FORMAT_AND_TOOLS[path]
+    kinds = set()
+    for seed in range(8):
+        fields = {"options": {"seed": seed, "temperature": 1.0, "num_predict": 120}} if path == "/api/chat" else {
+            "seed": seed, "temperature": 1.0, ("max_output_tokens" if "responses" in path else "max_tokens"): 120}
+        r = httpx.post(server.url + path, json={**body, **fields}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        text, calls, end = read(r.json())
+        if end in ("length", "incomplete", "max_tokens"):
+            continue  # cut: neither form whole
+        if calls:
+            kinds.add("call")
+        else:
+            assert set(json.loads(text)) == {"colour"}, (path, text)
+            kinds.add("json")
+    assert kinds, path  # at least one whole answer

@@ -427,6 +427,41 @@ def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
         (None, {})
 
 
+def test_a_format_beside_tools_lets_the_reply_be_a_call_or_that_json(tiny, make_llm):
+    """call_or_format: the call grammar's rules and the format's, named apart under one root. With the tokens that
+    open a call's other forms banned (a tagged block, a fence, leading whitespace), the tiny model writes both: a bare
+    JSON call of a tool, or the format's object (5 and 11 of 16 seeds); each whole reply is one of them, read as
+    parse() reads it."""
+    from specllm import grammar
+    colour = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
+              "additionalProperties": False}
+    rules, lazy = tools.call_or_format(tools.call_grammar("auto", [FORECAST]),
+                                       grammar.response_format({"type": "json_schema",
+                                                                "json_schema": {"name": "c", "schema": colour}}))
+    assert lazy == {} and rules.count("root ::=") == 3  # the call's, the format's, and theirs
+    llm = make_llm(tiny["target"])
+    target = llm._engine.target
+    ban = {t: -100.0 for t in range(target.n_vocab) if target.piece(t)[:1] in (b"<", b"`", b" ", b"\n", b"\t")}
+    # ... and "c" raised: after '{"' this random model all but always wrote "name" (a call), never "colour"
+    ban.update({t: 8.0 for t in range(target.n_vocab) if target.piece(t) == b"c"})
+    kinds = []
+    for seed in range(16):
+        c = llm.generate("Hello world", max_tokens=120, grammar=rules, temperature=1.0, seed=seed, logit_bias=ban)
+        if c.finish_reason != "stop":
+            continue
+        text, calls = tools.parse(c.text, {"get_forecast"})
+        if calls:
+            assert text == "" and follows_forecast(calls[0]), c.text
+            kinds.append("call")
+        else:
+            assert json.loads(c.text)["colour"] in ("red", "green", "blue"), c.text
+            kinds.append("json")
+    assert "call" in kinds and "json" in kinds, kinds
+    # a forced call stays that call
+    forced = tools.call_grammar("required", [FORECAST])
+    assert tools.call_or_format(forced, "root ::= \"x\"") == forced
+
+
 def test_llm_chat_hands_tools_to_the_template(tools_local):
     """llm.chat(messages, tools=...) raised "make_options() got an unexpected keyword argument 'tools'"; the tools
     now go to the chat template, as apply_chat_template takes them."""

@@ -90,9 +90,11 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
         state.llm.check_options(**opts)
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
-    rules, param = _grammar(req)  # with tools, a response_format or grammar is a 400 here
+    rules, param = _grammar(req)  # with tools, a GBNF grammar is a 400 here
     lazy = {}
     if call_rules[0] is not None:
+        if rules is not None:  # a JSON response format beside the tools: a call or that JSON
+            call_rules = tool_calls.call_or_format(call_rules, rules)
         (rules, lazy), param = call_rules, "tools"
     if rules is not None:
         try:  # parsed now: a grammar that is not one is the caller's 400
@@ -117,8 +119,8 @@ def _grammar(req: p.SamplingFields) -> tuple:
     if rules is None and req.grammar is None:
         return None, None
     param = "response_format" if rules is not None else "grammar"
-    if isinstance(req, p.ChatRequest) and req.tools and req.tool_choice != "none":
-        raise APIError(400, f"{param} cannot be combined with tools (a tool call is read from the reply's text): "
+    if isinstance(req, p.ChatRequest) and req.tools and req.tool_choice != "none" and rules is None:
+        raise APIError(400, "grammar cannot be combined with tools (a tool call is read from the reply's text): "
                             "leave out one of them, or set tool_choice \"none\"", "invalid_request_error", param,
                        "invalid_value")
     return (rules if rules is not None else req.grammar), param

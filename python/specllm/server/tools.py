@@ -210,6 +210,49 @@ def _opens_call(text: str, names) -> Optional[bool]:
     return None if any(w.startswith(squeezed) for w in wants) else False
 
 
+def call_or_format(call_rules: tuple, fmt: str) -> tuple:
+    """(GBNF, lazy options) of a reply that calls a tool or answers in a JSON format (response_format, Responses'
+    text.format, Anthropic's output_config.format, Ollama's format: structured output beside tools, which the OpenAI
+    Agents SDK sends on every turn of an agent with an output type; it was a 400): "auto"'s call forms (a tagged
+    block, or a bare or fenced JSON call) or the format's JSON, from the reply's start; not lazy. A forced call
+    (call_rules not lazy) stays as it is: the reply is that call."""
+    gbnf, lazy = call_rules
+    if not lazy:
+        return call_rules
+    return (_named_apart(gbnf, "call-") + "\n" + _named_apart(fmt, "format-") +
+            "\nroot ::= call-root | format-root\n", {})
+
+
+def _named_apart(gbnf: str, prefix: str) -> str:
+    """GBNF text with each of its rules' names (where defined and where used) prefixed, so that two grammars can be
+    joined: names outside "strings", [classes], <tokens> and # comments."""
+    defined = set(re.findall(r"^([A-Za-z0-9_-]+)\s*::=", gbnf, re.M))
+    out, i = [], 0
+    while i < len(gbnf):
+        c = gbnf[i]
+        if c in "\"[<":
+            end = {'"': '"', "[": "]", "<": ">"}[c]
+            j = i + 1
+            while j < len(gbnf) and gbnf[j] != end:
+                j += 2 if gbnf[j] == "\\" else 1
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = gbnf.find("\n", i)
+            j = len(gbnf) if j < 0 else j
+            out.append(gbnf[i:j])
+            i = j
+        elif re.match(r"[A-Za-z0-9_-]", c):
+            m = re.compile(r"[A-Za-z0-9_-]+").match(gbnf, i)
+            word = m.group(0)
+            out.append(prefix + word if word in defined else word)
+            i = m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
 def _json_body(name: str) -> str:
     """A name as JSON writes it between its quotes."""
     return json.dumps(name, ensure_ascii=False)[1:-1]
