@@ -123,6 +123,21 @@ def test_a_json_call_on_lines_of_its_own_after_text_is_a_call(reply):
         assert out.strip() == text and rest.strip() == "" and streamed[0]["function"] == calls[0]["function"]
 
 
+@pytest.mark.parametrize("pieces", [
+    ["Let me check.\n", "  ", '{"name": "get_weather", "arguments": {"city": "Paris"}}'],  # indentation alone
+    ["Let me check.", "\n", "\t", '{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+    ["Let me check.\n", '{"arguments": {"city": "Paris"}, "name": "get_weather"}']])  # the name after
+def test_a_call_after_text_streams_as_a_call_however_its_pieces_fall(pieces):
+    """The stream passed these on as text (a piece of indentation alone lost the line's start; the arguments before
+    the name did not look like a call), while the whole reply was a call."""
+    text, calls = tools.parse("".join(pieces), {"get_weather"})
+    assert text == "Let me check." and len(calls) == 1
+    s = tools.ToolStream({"get_weather"})
+    out = "".join(s.feed(p) for p in pieces)
+    rest, streamed = s.finish()
+    assert (out + rest).strip() == text and [c["function"] for c in streamed] == [c["function"] for c in calls]
+
+
 @pytest.mark.parametrize("reply", ['Here is some JSON:\n{"type": "point", "x": 1}\nDone.',
                                    'A person:\n{"name": "Alice", "age": 3}\nDone.',
                                    'Code:\n```python\nprint(1)\n```\nDone.'])

@@ -177,10 +177,13 @@ std::vector<uint8_t> Model::state() const {
 
 bool Model::set_state(const std::vector<uint8_t> & state, const std::vector<llama_token> & tokens) {
     clear();
-    // and the cache must hold the tokens' positions: a state file whose cells say otherwise (positions all 0, or past
-    // its tokens) restored "fine" and then failed the next decode, or silently generated from the wrong context
+    // and the cache must span the tokens' positions, from 0 (a sliding-window cache keeps only its window) to n-1: a
+    // state file whose cells say otherwise (positions all 0, one at -5, past its tokens) restored "fine" and then
+    // failed every later decode, or the reply read a cell left behind. Cells at repeated positions inside that span
+    // are not seen (the checksum guards the files against damage, not against a forged one)
+    const bool window = llama_model_n_swa(model_.get()) > 0;
     if (state.empty() || llama_state_seq_set_data(ctx_.get(), state.data(), state.size(), 0) == 0 ||
-        memory_pos_max() != (int) tokens.size() - 1 || memory_pos_min() > memory_pos_max()) {
+        memory_pos_max() != (int) tokens.size() - 1 || memory_pos_min() < 0 || (!window && memory_pos_min() != 0)) {
         // llama.cpp clears the sequence when it fails part way; and a cell at a negative position is not one that
         // removing positions 0.. removes (it stayed, and the next prompt was read after it): the whole memory
         llama_memory_clear(llama_get_memory(ctx_.get()), true);

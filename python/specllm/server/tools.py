@@ -205,6 +205,7 @@ def _opens_call(text: str, names) -> Optional[bool]:
             return None
     squeezed = re.sub(r"\s+", "", s[:400])
     wants = ['{"name":"' + re.sub(r"\s+", "", _json_body(n)) + '"' for n in names if isinstance(n, str)]
+    wants.append('{"arguments":')  # the name after them, as parse() reads a call too
     if any(squeezed.startswith(w) for w in wants):
         return True
     return None if any(w.startswith(squeezed) for w in wants) else False
@@ -384,8 +385,9 @@ class ToolStream:
             return ""
         self.held = text[len(text) - keep:]
         self.started = self.started or len(text) > keep
-        if out:
-            self.line_start = re.search(r"\n[ \t]*\Z", out) is not None
+        if out:  # indentation alone after a line's end (a piece of its own) keeps the line's start
+            self.line_start = (re.search(r"\n[ \t]*\Z", out) is not None or
+                               (self.line_start and not out.strip(" \t")))
         return out
 
     def pass_on(self, piece: str, finished: bool) -> Tuple[str, List[dict]]:
