@@ -726,6 +726,7 @@ def test_eight_client_threads(client, local):
         assert text == want[p], p
 
 
+@pytest.mark.slow  # seconds of tokenizing, which the process waits for at exit: minutes under .ci/sanitize's ASan
 def test_a_stop_while_requests_wait_to_be_prepared_answers_them_at_once(tiny, tmp_path_factory):
     """SIGTERM while one request's long word was being tokenized (seconds, on the one preparing thread) and two
     small ones waited behind it: uvicorn cancelled all three 5 s later, each client read a plain-text 500 and the
