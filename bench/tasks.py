@@ -19,7 +19,8 @@ sources no earlier set used, to check the next change to the policy: every set b
 was unused when it was written. holdout13 (4 per task) was written after holdout12 had been run twice, from sources no
 earlier set used, to check the same change on 4 more prompts per task (with holdout12, 8 per task). holdout14 (4 per
 task) was written on 2026-12-07 (stop 68) after holdout13 had been run, from sources no earlier set used, to check
-the default once more on prompts nobody had looked at (no policy change since holdout12-13).
+the default once more on prompts nobody had looked at (no policy change since holdout12-13). holdout15 (4 per task)
+was written on 2026-12-07 (stop 69) after holdout14 had been run, from sources no earlier set used, the same way.
 """
 from __future__ import annotations
 
@@ -55,12 +56,15 @@ HOLDOUT12_PATH = BENCH_DIR / "prompts" / "holdout12.jsonl"
 HOLDOUT13_PATH = BENCH_DIR / "prompts" / "holdout13.jsonl"
 # 4 per task, written 2026-12-07 (stop 68) after holdout13 had been run, only to check
 HOLDOUT14_PATH = BENCH_DIR / "prompts" / "holdout14.jsonl"
+# 4 per task, written 2026-12-07 (stop 69) after holdout14 had been run, only to check
+HOLDOUT15_PATH = BENCH_DIR / "prompts" / "holdout15.jsonl"
 # dev: Spec-Bench dev half + HumanEval + code_edit.jsonl; the others one file each, in the fresh set's format
 SET_PATHS = {"fresh": FRESH_PATH, "holdout": HOLDOUT_PATH, "holdout2": HOLDOUT2_PATH, "holdout3": HOLDOUT3_PATH,
              "holdout4": HOLDOUT4_PATH, "holdout5": HOLDOUT5_PATH, "holdout6": HOLDOUT6_PATH,
              "holdout7": HOLDOUT7_PATH, "holdout8": HOLDOUT8_PATH,
              "holdout9": HOLDOUT9_PATH, "holdout10": HOLDOUT10_PATH, "holdout11": HOLDOUT11_PATH,
-             "holdout12": HOLDOUT12_PATH, "holdout13": HOLDOUT13_PATH, "holdout14": HOLDOUT14_PATH}
+             "holdout12": HOLDOUT12_PATH, "holdout13": HOLDOUT13_PATH, "holdout14": HOLDOUT14_PATH,
+             "holdout15": HOLDOUT15_PATH}
 PROMPT_SETS = ("dev",) + tuple(SET_PATHS)
 # shared/ sits beside the repository (the dev machines and CI); override with --specbench or SPECLLM_SPECBENCH
 DEFAULT_SPECBENCH_PATH = BENCH_DIR.parent.parent / "shared" / "specbench" / "dev.jsonl"

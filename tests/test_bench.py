@@ -294,7 +294,8 @@ def test_fresh_prompts():
                                                         ("holdout11", tasks.HOLDOUT11_PATH, 4),
                                                         ("holdout12", tasks.HOLDOUT12_PATH, 4),
                                                         ("holdout13", tasks.HOLDOUT13_PATH, 4),
-                                                        ("holdout14", tasks.HOLDOUT14_PATH, 4)])
+                                                        ("holdout14", tasks.HOLDOUT14_PATH, 4),
+                                                        ("holdout15", tasks.HOLDOUT15_PATH, 4)])
 def test_holdout_prompts(prompt_set, path, per_task):
     # the sets written later, to check on prompts the policy was never tuned on: whole, sourced, long where Spec-Bench
     # is long, and sharing no text with the sets written before them
