@@ -224,10 +224,12 @@ def test_json_replies_through_the_openai_client(real_models, tmp_path):
             model="qwen2.5-coder-1.5b", messages=ask, max_tokens=200, response_format=fmt, stream=True)
             if c.choices)
         assert set(json.loads(streamed)) == {"name", "age", "languages"}
-        with pytest.raises(openai.BadRequestError) as e:  # a tool call is read from the text: not both
-            client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
-                                           response_format={"type": "json_object"}, max_tokens=16)
-        assert e.value.body["param"] == "response_format", e.value.body
+        # beside tools (an agent with an output type): a call of the tool, or JSON; the weather question gets the call
+        r = client.chat.completions.create(model="qwen2.5-coder-1.5b", messages=ASK, tools=[WEATHER],
+                                           response_format={"type": "json_object"}, max_tokens=60)
+        message = r.choices[0].message
+        assert message.tool_calls or isinstance(json.loads(message.content), dict), message
+        assert r.choices[0].finish_reason in ("tool_calls", "stop"), r.choices[0]
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
 
