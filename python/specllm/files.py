@@ -15,6 +15,20 @@ except ImportError:  # Windows: no locks between processes here
     fcntl = None
 
 
+def check_file_path(given: str) -> None:
+    """OSError for a path that names a directory by its form (a trailing separator, '.' or '..' last) or runs through
+    a file ("notes.txt/x"): the system says ENOTDIR there, which exists() and isfile() read as "no file yet", and
+    realpath drops the "/" (a write there replaced notes.txt)."""
+    if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)) or os.path.basename(given) in (".", ".."):
+        raise OSError(errno.EISDIR, "ends like a directory's path, not a file's", given)
+    try:
+        os.stat(given)
+    except NotADirectoryError:
+        raise OSError(errno.ENOTDIR, "a part of the path before its last is a file, not a directory", given) from None
+    except OSError:
+        pass
+
+
 def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     """Writes data to path whole or not at all: into a temporary file beside it (one of its own per call, so that two
     threads saving to one path do not share it), flushed to the disk (a power cut leaves the old file or the new
@@ -25,14 +39,7 @@ def write_atomic(path, data: bytes, new_mode: int = 0o666) -> None:
     directory's ("notes.txt/") or runs through a file ("notes.txt/x"). An OSError names the path given, not
     the temporary file."""
     given = os.fspath(path)
-    if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)) or os.path.basename(given) in (".", ".."):
-        raise OSError(errno.EISDIR, "ends like a directory's path, not a file's", given)  # realpath drops the "/"
-    try:
-        os.stat(given)
-    except NotADirectoryError:  # "notes.txt/x", "notes.txt/.": realpath made them notes.txt's siblings or itself
-        raise OSError(errno.ENOTDIR, "a part of the path before its last is a file, not a directory", given) from None
-    except OSError:
-        pass
+    check_file_path(given)
     path = os.path.realpath(given)
     try:
         st = os.stat(path)

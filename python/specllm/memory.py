@@ -83,18 +83,11 @@ def load(path: str, n_vocab: Optional[int], keep: Optional[int] = None) -> List[
 
 
 def _check_place(path: str, what: str) -> None:
-    """A path that names a directory by its form (a trailing separator, '.' or '..' last), or runs through a file
-    ("notes.txt/" or "notes.txt/x": the system says ENOTDIR, which exists() and isfile() read as "no file yet"):
-    MemoryFileError. Writing there replaced notes.txt with a memory."""
-    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) or os.path.basename(path) in (".", ".."):
-        raise MemoryFileError(f"{what} {path} ends like a directory's path; give the path of a file")
+    """files.check_file_path's refusal as a MemoryFileError (a memory written there replaced notes.txt)."""
     try:
-        os.stat(path)
-    except NotADirectoryError:
-        raise MemoryFileError(f"{what} {path}: a part of the path before its last is a file, not a directory; "
-                              "give the path of a file in a directory") from None
-    except OSError:
-        pass
+        files.check_file_path(path)
+    except OSError as e:
+        raise MemoryFileError(f"{what} {path}: {e.strerror}; give the path of a file") from None
 
 
 class MemoryFile:
