@@ -369,8 +369,9 @@ class ToolStream:
         # a line after text that may begin a JSON call: held from its start while it may, to the end once it does
         starts = ([0] if self.line_start else []) + [m.end() for m in re.finditer(r"\n", text)] if self.names else []
         for at in starts:
-            if text[at:].strip(" \t") and _opens_call(text[at:], self.names) is not False:
-                self.in_call, self.held = bool(_opens_call(text[at:], self.names)), text[at:]
+            verdict = _opens_call(text[at:], self.names) if text[at:].strip(" \t") else False
+            if verdict is not False:
+                self.in_call, self.held = bool(verdict), text[at:]
                 self.started = self.started or at > 0
                 self.line_start = self.line_start if at == 0 else True
                 return text[:at]
