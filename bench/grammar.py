@@ -89,9 +89,9 @@ def main(argv=None) -> None:
     cost = {}      # (kind, system) -> extra sample_ms per token, constrained minus not
     parsed = []
     if args.tools:
-        from specllm.server import tools as tool_calls
+        from specllm.server import tool_grammar, tools as tool_calls
 
-        rules, lazy = tool_calls.call_grammar("auto", TOOLS)
+        rules, lazy = tool_grammar.call_grammar("auto", TOOLS)
         cases = [(kind, prompt, None) for kind, prompt in TOOL_PROMPTS]
     else:
         cases = PROMPTS

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from specllm.server import tools
+from specllm.server import tool_grammar, tools
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 TWO = CALL + "\n" + '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
@@ -183,7 +183,7 @@ def test_a_call_in_a_fence_of_another_language_is_text_whole_and_streamed_alike(
 
 def test_a_forced_call_cut_short_is_not_text_of_the_servers_opening():
     # max_tokens ended a forced call: the reply was the opening the server put in the prompt plus the model's piece
-    opening = tools.forced_opening("required", [WEATHER])
+    opening = tool_grammar.forced_opening("required", [WEATHER])
     assert tools.reply_parts([WEATHER], opening, '{"city":') == ("", [])
     s = tools.reply_stream([WEATHER], opening)
     assert s.pass_on('{"city":', True) == ("", [])
@@ -196,10 +196,10 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
 
 
 def test_a_forced_opening_and_the_models_rest_make_a_call():
-    required = tools.forced_opening("required", [WEATHER, TIME])
+    required = tool_grammar.forced_opening("required", [WEATHER, TIME])
     _, calls = tools.parse(required + 'get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
     assert [c["function"]["name"] for c in calls] == ["get_time"]
-    named = tools.forced_opening({"type": "function", "function": {"name": "get_weather"}}, [WEATHER, TIME])
+    named = tool_grammar.forced_opening({"type": "function", "function": {"name": "get_weather"}}, [WEATHER, TIME])
     assert named.startswith("<tool_call>") and '"get_weather"' in named
     # the model may end its turn without closing the block: the call is taken all the same
     text, calls = tools.parse(named + '{"city": "Paris"}}')
@@ -209,8 +209,8 @@ def test_a_forced_opening_and_the_models_rest_make_a_call():
     assert [c["function"]["name"] for c in s.finish()[1]] == ["get_weather"]
     # a rest that is not JSON stays text, as the model (and the opening) wrote it
     assert tools.parse(named + "I cannot") == (named + "I cannot", [])
-    assert tools.forced_opening("auto", [WEATHER]) == tools.forced_opening("none", [WEATHER]) == ""
-    assert tools.forced_opening(None, None) == ""
+    assert tool_grammar.forced_opening("auto", [WEATHER]) == tool_grammar.forced_opening("none", [WEATHER]) == ""
+    assert tool_grammar.forced_opening(None, None) == ""
 
 
 @pytest.mark.parametrize("choice, tool_list, message", [
@@ -227,11 +227,11 @@ def test_a_forced_opening_and_the_models_rest_make_a_call():
 ])
 def test_a_tool_choice_that_cannot_be_honoured(choice, tool_list, message):
     with pytest.raises(ValueError, match=message):
-        tools.forced_opening(choice, tool_list)
+        tool_grammar.forced_opening(choice, tool_list)
 
 
 def test_a_forced_call_must_name_one_of_the_tools():
-    required = tools.forced_opening("required", [WEATHER, TIME])
+    required = tool_grammar.forced_opening("required", [WEATHER, TIME])
     reply = required + 'say_hello", "arguments": {}}\n</tool_call>'
     names = tools.names_of([WEATHER, TIME])
     assert tools.parse(reply, names, strict=True) == (reply, [])
@@ -240,7 +240,7 @@ def test_a_forced_call_must_name_one_of_the_tools():
     s.feed(reply)
     assert s.finish() == ("", [])  # no call made: nothing of the server's opening is the model's text
     # one tool: "required" names it
-    assert tools.forced_opening("required", [WEATHER]) == tools.forced_opening(
+    assert tool_grammar.forced_opening("required", [WEATHER]) == tool_grammar.forced_opening(
         {"type": "function", "function": {"name": "get_weather"}}, [WEATHER])
 
 
@@ -263,7 +263,7 @@ def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
     of the tools whose arguments follow that tool's schema, with or without drafting."""
     tool_list = [FORECAST] if choice == "required-one" else [WEATHER, FORECAST]
     tool_choice = {"type": "function", "function": {"name": "get_forecast"}} if choice == "named" else "required"
-    opening, (rules, lazy) = tools.forced_opening(tool_choice, tool_list), tools.call_grammar(tool_choice, tool_list)
+    opening, (rules, lazy) = tool_grammar.forced_opening(tool_choice, tool_list), tool_grammar.call_grammar(tool_choice, tool_list)
     assert lazy == {}  # the grammar holds from the forced opening on
     names = tools.names_of(tool_list)
     for llm in (make_llm(tiny["target"]), make_llm(tiny["target"], tiny["near_draft"])):
@@ -285,13 +285,13 @@ def test_a_forced_call_follows_the_tools_schemas(tiny, make_llm, choice):
 
 def test_a_tool_schema_the_converter_cannot_express_lets_its_arguments_be_any_object(tiny, make_llm):
     odd = {"type": "function", "function": {"name": "odd", "parameters": {"$ref": "#/nowhere"}}}
-    rules, _ = tools.call_grammar("required", [odd])
+    rules, _ = tool_grammar.call_grammar("required", [odd])
     assert "arguments-0-any" in rules
     make_llm(tiny["target"]).check_options(grammar=rules)  # it parses
-    rules, lazy = tools.call_grammar("auto", [odd])
+    rules, lazy = tool_grammar.call_grammar("auto", [odd])
     assert "arguments-0-any" in rules and lazy["grammar_triggers"] == [tools.OPEN]
     make_llm(tiny["target"]).check_options(grammar=rules, **lazy)
-    assert tools.call_grammar("none", [odd]) == tools.call_grammar("auto", []) == (None, {})
+    assert tool_grammar.call_grammar("none", [odd]) == tool_grammar.call_grammar("auto", []) == (None, {})
 
 
 def test_a_forced_calls_arguments_with_backslashes_and_any_values_parse(tiny, make_llm):
@@ -301,7 +301,7 @@ def test_a_forced_calls_arguments_with_backslashes_and_any_values_parse(tiny, ma
     tool = {"type": "function", "function": {"name": "open_dir", "parameters": {
         "type": "object", "properties": {"path": {"enum": ["C:\\dir", "D:\\x\\y"]}, "extra": {"type": "array", "items": {}}},
         "required": ["path", "extra"], "additionalProperties": False}}}
-    opening, (rules, _) = tools.forced_opening("required", [tool]), tools.call_grammar("required", [tool])
+    opening, (rules, _) = tool_grammar.forced_opening("required", [tool]), tool_grammar.call_grammar("required", [tool])
     assert "arguments-0-any" not in rules
     llm, done = make_llm(tiny["target"]), 0
     for seed in range(6):
@@ -324,7 +324,7 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
     clock = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
         "additionalProperties": False}}}
-    rules, lazy = tools.call_grammar("auto", [clock, FORECAST])
+    rules, lazy = tool_grammar.call_grammar("auto", [clock, FORECAST])
     assert lazy["grammar_triggers"] == [tools.OPEN] and rules.count('"<tool_call>"') == 1
     rules = rules.replace('"<tool_call>"', '":T"')
     names = tools.names_of([clock, FORECAST])
@@ -349,7 +349,7 @@ def test_with_tool_choice_auto_the_reply_is_free_until_it_opens_a_call_then_the_
                 args = json.loads(calls[0]["function"]["arguments"])
                 assert follows_forecast(calls[0]) or args in ({"tz": "UTC"}, {"tz": "CET"}), calls
     # parallel_tool_calls false (Anthropic's disable_parallel_tool_use): one block, then the end
-    one, _ = tools.call_grammar("auto", [clock, FORECAST], parallel=False)  # the tagged blocks' trigger alone
+    one, _ = tool_grammar.call_grammar("auto", [clock, FORECAST], parallel=False)  # the tagged blocks' trigger alone
     c = make_llm(tiny["target"]).generate("Hello world", max_tokens=200, grammar=one.replace('"<tool_call>"', '":T"'),
                                           grammar_triggers=[":T"])
     assert c.finish_reason == "stop" and c.text.count(":T") == 1, c.text
@@ -394,7 +394,7 @@ def test_a_whole_reply_json_call_follows_the_schemas_and_parses(tiny, make_llm):
     clock = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
         "additionalProperties": False}}}
-    rules, lazy = tools.call_grammar("auto", [clock, FORECAST])
+    rules, lazy = tool_grammar.call_grammar("auto", [clock, FORECAST])
     pattern, after_text = lazy["grammar_trigger_patterns"]
     rules = re.sub(r"^root ::= .*$", "root ::= json-call", rules, flags=re.M)
     names = tools.names_of([clock, FORECAST])
@@ -431,14 +431,14 @@ def test_odd_tool_lists_give_a_grammar_that_parses_or_none(tiny, make_llm):
     schema = {"$defs": {"tz": {"enum": ["UTC", "CET"]}}, "type": "object", "properties": {"tz": {"$ref": "#/$defs/tz"}}}
     tool_list = [{"type": "function", "function": {"name": n, "parameters": json.loads(json.dumps(schema))}}
                  for n in names]
-    rules, lazy = tools.call_grammar("auto", tool_list)
+    rules, lazy = tool_grammar.call_grammar("auto", tool_list)
     llm.check_options(grammar=rules, **lazy)  # parses, and the pattern compiles as llama.cpp's regex
     pattern, after_text = lazy["grammar_trigger_patterns"]
     for n in names:
         assert re.match(pattern, '```json\n{\n  "name": ' + json.dumps(n, ensure_ascii=False)), n
     assert not re.match(pattern, '{"name": "a"}')
     assert all(t["function"]["parameters"] == schema for t in tool_list)
-    assert tools.call_grammar("auto", [{"type": "web_search"}, {"type": "function", "function": {"name": 5}}]) == \
+    assert tool_grammar.call_grammar("auto", [{"type": "web_search"}, {"type": "function", "function": {"name": 5}}]) == \
         (None, {})
 
 
@@ -450,7 +450,7 @@ def test_a_format_beside_tools_lets_the_reply_be_a_call_or_that_json(tiny, make_
     from specllm import grammar
     colour = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
               "additionalProperties": False}
-    rules, lazy = tools.call_or_format(tools.call_grammar("auto", [FORECAST]),
+    rules, lazy = tool_grammar.call_or_format(tool_grammar.call_grammar("auto", [FORECAST]),
                                        grammar.response_format({"type": "json_schema",
                                                                 "json_schema": {"name": "c", "schema": colour}}))
     assert lazy == {} and rules.count("root ::=") == 3  # the call's, the format's, and theirs
@@ -473,8 +473,8 @@ def test_a_format_beside_tools_lets_the_reply_be_a_call_or_that_json(tiny, make_
             kinds.append("json")
     assert "call" in kinds and "json" in kinds, kinds
     # a forced call stays that call
-    forced = tools.call_grammar("required", [FORECAST])
-    assert tools.call_or_format(forced, "root ::= \"x\"") == forced
+    forced = tool_grammar.call_grammar("required", [FORECAST])
+    assert tool_grammar.call_or_format(forced, "root ::= \"x\"") == forced
 
 
 def test_llm_chat_hands_tools_to_the_template(tools_local):

@@ -6,8 +6,9 @@ request's prompt tokens and options (a chat's messages in the template), routes.
 endpoints, responses.py OpenAI's Responses API (responses_request.py its requests, response_store.py the responses
 it keeps), messages.py Anthropic's Messages API, ollama.py Ollama's API (ollama_request.py its requests,
 ollama_models.py its model list, ollama_context.py fitting a long chat), truncate.py leaving out a long
-conversation's oldest messages, infill.py llama-server's /infill, tools.py the tool calls in replies, app.py
-assembles the FastAPI app (errors, auth, CORS, body cap), metrics.py the Prometheus metrics.
+conversation's oldest messages, infill.py llama-server's /infill, tools.py the tool calls in replies
+(tool_grammar.py the grammars that keep them well formed), app.py assembles the FastAPI app (errors, auth, CORS,
+body cap), metrics.py the Prometheus metrics.
 Needs the `server` extra: pip install "specllm[server]".
 """
 from .app import DEFAULT_MAX_BODY, create_app, serve

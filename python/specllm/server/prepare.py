@@ -12,6 +12,7 @@ from ..errors import InvalidOptionError
 from . import bias, jobs
 from . import logprobs as lp
 from . import protocol as p
+from . import tool_grammar
 from . import tools as tool_calls
 from .errors import APIError
 
@@ -67,7 +68,7 @@ def messages_of(messages: List[p.Message]) -> List[dict]:
 def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Optional[int],
                     logprobs: Optional[int], call_rules: tuple = (None, {})) -> dict:
     """The generation options of a request (a 400 for a bad one). call_rules: the tool calls' grammar and the
-    options that make it lazy (tools.call_grammar)."""
+    options that make it lazy (tool_grammar.call_grammar)."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (max_tokens or 1) > n_ctx:
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
@@ -94,7 +95,7 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     lazy = {}
     if call_rules[0] is not None:
         if rules is not None:  # a JSON response format beside the tools: a call or that JSON
-            call_rules = tool_calls.call_or_format(call_rules, rules)
+            call_rules = tool_grammar.call_or_format(call_rules, rules)
         (rules, lazy), param = call_rules, "tools"
     if rules is not None:
         try:  # parsed now: a grammar that is not one is the caller's 400
@@ -201,7 +202,7 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
                        "unsupported_parameter")
     try:  # the reply begins with the opening (and its grammar, below, makes the rest a call with valid arguments)
-        forced = tool_calls.forced_opening(req.tool_choice, tools)
+        forced = tool_grammar.forced_opening(req.tool_choice, tools)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
     if prefill_of(messages) is not None and (forced or _grammar(req)[0] is not None):
@@ -213,7 +214,7 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
     tokens = tokens_of(state, prompt, "messages")
     if count_only:  # the tools' grammar is not needed to count
         return Chat(tokens, None, tools, forced, None)
-    call_rules = tool_calls.call_grammar(req.tool_choice, tools,  # "auto": lazy, from "<tool_call>" on
+    call_rules = tool_grammar.call_grammar(req.tool_choice, tools,  # "auto": lazy, from "<tool_call>" on
                                          parallel=req.parallel_tool_calls is not False)
     n_logprobs = lp.chat_request(req)
     opts = request_options(state, req, len(tokens), req.max_completion_tokens or req.max_tokens, n_logprobs,

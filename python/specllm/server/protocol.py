@@ -68,7 +68,7 @@ class SamplingFields(_Request):
 class ChatRequest(SamplingFields):
     messages: List[Message]
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    parallel_tool_calls: Optional[bool] = None  # false: at most one call (tools.call_grammar)
+    parallel_tool_calls: Optional[bool] = None  # false: at most one call (tool_grammar.call_grammar)
     chat_template_kwargs: Optional[dict] = None  # the template's own variables (llama-server's), over the server's
 
 
