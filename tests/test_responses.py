@@ -182,12 +182,56 @@ def test_the_store_keeps_the_newest():
 
     store = ResponseStore(max_responses=2)
     for i in range(3):
-        store.put(f"r{i}", [{"role": "user", "content": str(i)}], {"id": f"r{i}"})
-    assert store.conversation("r0") is None and store.body("r2") == {"id": "r2"} and len(store) == 2
-    store.conversation("r1")[0]["content"] = "changed"  # a copy: the kept one stays
-    assert store.conversation("r1") == [{"role": "user", "content": "1"}]
-    store.put("r3", [], {})  # r2 is now the least recently used (r1 was read)
+        store.put(f"r{i}", [{"role": "user", "content": str(i)}], {"id": f"r{i}", "output": []}, [{"id": f"m{i}"}])
+    assert store.context("r0") is None and store.body("r2")["id"] == "r2" and len(store) == 2
+    assert store.item("m0") is None and store.item("m1") == {"id": "m1"}
+    store.context("r1")[0][0]["content"] = "changed"  # a copy: the kept one stays
+    store.input_items("r1")[0]["id"] = "changed"
+    assert store.context("r1") == ([{"role": "user", "content": "1"}], [{"id": "m1"}])
+    assert store.input_items("r1") == [{"id": "m1"}]
+    store.put("r3", [], {"output": []}, [])  # r2 is now the least recently used (r1 was read)
     assert store.body("r2") is None and store.body("r1") is not None
+
+
+def test_input_items_lists_a_chains_items_and_an_item_reference_names_a_kept_one(client, server, local):
+    r1 = client.responses.create(model="tiny-tools", input=ASK, tools=[WEATHER], tool_choice="required",
+                                 max_output_tokens=40)
+    call = r1.output[0]
+    r2 = client.responses.create(model="tiny-tools", previous_response_id=r1.id, tools=[WEATHER],
+                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
+                                 max_output_tokens=4)
+    # newest first by default: r2's own input, then r1's output (the call), then r1's input (the question)
+    page = client.responses.input_items.list(r2.id)
+    assert [i.type for i in page.data] == ["function_call_output", "function_call", "message"]
+    assert page.data[1].id == call.id and page.data[1].call_id == call.call_id
+    assert page.data[2].role == "user" and page.data[2].content[0].type == "input_text"
+    assert page.data[2].content[0].text == ASK and page.data[2].id.startswith("msg_") and not page.has_more
+    assert page.data[0].output == "rain" and page.first_id == page.data[0].id and page.last_id == page.data[2].id
+    asc = client.responses.input_items.list(r2.id, order="asc", limit=2)
+    assert [i.id for i in asc.data] == [page.data[2].id, call.id] and asc.has_more
+    rest = client.responses.input_items.list(r2.id, order="asc", after=call.id)
+    assert [i.id for i in rest.data] == [page.data[0].id] and not rest.has_more
+    # the SDK's pager follows has_more / last_id through them all
+    assert [i.id for i in client.responses.input_items.list(r2.id, order="asc", limit=1)] == \
+        [i.id for i in reversed(page.data)]
+    # the call named by its id (as Codex resends earlier items): the same prompt as the call itself sent
+    by_ref = client.responses.create(model="tiny-tools", tools=[WEATHER], max_output_tokens=2, input=[
+        {"role": "user", "content": ASK}, {"type": "item_reference", "id": call.id},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "rain"}])
+    assert by_ref.usage.input_tokens == r2.usage.input_tokens
+    referred = client.responses.input_items.list(by_ref.id, order="asc")
+    assert [i.type for i in referred.data] == ["message", "function_call", "function_call_output"]
+    assert referred.data[1].id == call.id  # listed as the item it names
+    for query, param in [({"order": "up"}, "order"), ({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
+                         ({"limit": "x"}, "limit"), ({"after": "msg_nothing"}, "after")]:
+        r = httpx.get(f"{server.url}/v1/responses/{r2.id}/input_items", params=query, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nothing")
+    with pytest.raises(openai.BadRequestError) as e:  # a reference to nothing kept
+        client.responses.create(model="tiny-tools", input=[{"type": "item_reference", "id": "fc_nothing"}],
+                                max_output_tokens=2)
+    assert e.value.body["param"] == "input.0.id" and "send the item itself" in e.value.body["message"]
 
 
 def test_hosted_tools_are_not_offered_and_not_echoed(client, local):
@@ -210,7 +254,8 @@ BAD = [
     ({"input": ["x"]}, "input", None),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
      "input.0.output.0.type", "input[0].output[0] is of type 'input_image'"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type", "keeps no items"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.id", "not kept here"),
+    ({"input": [{"type": "item_reference"}]}, "input.0.id", "not kept here"),
     ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input.0.type", "'web_search_call' is not supported"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id", "call_id"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id", "call_id"),

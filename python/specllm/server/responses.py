@@ -8,13 +8,14 @@ prompt tokens.
 
 A response is kept in memory (response_store.py: the last 256, unless `store: false`), so that the next request can
 go on from it with `previous_response_id` (its conversation and reply come before the new input; the instructions
-are the new request's), and GET / DELETE /v1/responses/{id} read or drop it."""
+are the new request's), and GET / DELETE /v1/responses/{id} read or drop it; GET /v1/responses/{id}/input_items
+lists its input items, and an `item_reference` input item names one of a kept response's items by its id."""
 from __future__ import annotations
 
 import itertools
 import time
 import uuid
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
@@ -24,11 +25,17 @@ from . import jobs, prepare, truncate
 from . import tools as tool_calls
 from .errors import APIError, SafeJSONResponse, json_text
 from .response_store import ResponseStore
-from .responses_request import ResponsesRequest, bad, chat_request, conversation_of
+from .responses_request import ResponsesRequest, bad, chat_request, conversation_of, listed, resolved
 
 router = APIRouter()
 # a chat request's parameter, as the Responses request names it (in the 400s prepare_chat raises)
 PARAMS = {"messages": "input", "prompt": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+class Kept(NamedTuple):
+    """What a response keeps of its request: its conversation (chat messages) and its input items."""
+    conversation: List[dict]
+    items: List[dict]
 
 
 def _store(request: Request) -> ResponseStore:
@@ -36,25 +43,28 @@ def _store(request: Request) -> ResponseStore:
 
 
 def _prepare(request: Request, req: ResponsesRequest, count_only: bool = False):
-    """(state, start time, the chat request, its prompt and options, the conversation) of a request, or a 400 that
-    names its field."""
-    prior = []
+    """(state, start time, the chat request, its prompt and options, what the response will keep) of a request, or
+    a 400 that names its field."""
+    prior, prior_items = [], []
     if req.previous_response_id is not None:
-        prior = _store(request).conversation(req.previous_response_id)
-        if prior is None:
+        context = _store(request).context(req.previous_response_id)
+        if context is None:
             raise APIError(404, f"the response '{req.previous_response_id}' is not kept here: specllm keeps the "
                                 f"last {_store(request).max_responses} responses of requests without store: false, "
                                 "until it stops; send the earlier items in input instead", "invalid_request_error",
                            "previous_response_id", "not_found")
+        prior, prior_items = context
     if isinstance(req.input, list) and not req.input:
         raise bad("input must hold at least one item", "input")
-    conversation = conversation_of(req, prior)
+    given = resolved(req.input, _store(request).item)
+    conversation = conversation_of(given, prior)
     chat = chat_request(req, conversation)
     state, t0 = jobs.begin(request, chat)
+    kept = Kept(conversation, prior_items + listed(given))
     try:
         if req.truncation == "auto" and not count_only:  # the oldest items left out to fit
-            return state, t0, chat, truncate.fit(state, chat, prepare.prepare_chat), conversation
-        return state, t0, chat, prepare.prepare_chat(state, chat, count_only), conversation
+            return state, t0, chat, truncate.fit(state, chat, prepare.prepare_chat), kept
+        return state, t0, chat, prepare.prepare_chat(state, chat, count_only), kept
     except APIError as e:  # named as the Responses request names it
         if e.param is not None:
             head = e.param.split(".", 1)[0]
@@ -103,10 +113,12 @@ class Answer:
     def part(text: str) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
-    def keep(self, store: ResponseStore, conversation: List[dict], content: str, calls: list, body: dict) -> None:
-        """Keep a finished response (unless store: false): its conversation and its reply, and its body."""
+    def keep(self, store: ResponseStore, kept: "Kept", content: str, calls: list, body: dict) -> None:
+        """Keep a finished response (unless store: false): its conversation and its reply, its input items, and its
+        body."""
         if self.req.store is False:
             return
+        conversation = kept.conversation
         begun = prepare.prefill_of(conversation)
         if begun is not None:  # the reply went on from the input's last message: one turn, as the model saw it
             conversation, content = conversation[:-1], begun + content
@@ -114,7 +126,7 @@ class Answer:
         reply = {"role": "assistant", "content": content or None if calls else content}
         if calls:
             reply["tool_calls"] = calls
-        store.put(self.id, conversation + [reply], body)
+        store.put(self.id, conversation + [reply], body, kept.items)
 
     @staticmethod
     def call(call: dict, status: str = "completed") -> dict:
@@ -138,6 +150,31 @@ async def get_response(request: Request, rid: str):
     return body
 
 
+@router.get("/v1/responses/{rid}/input_items")
+async def input_items(request: Request, rid: str):
+    """The response's input items (client.responses.input_items.list): those of the responses it went on from and
+    their output, then its own; newest first unless order=asc; `limit` (1-100, 20) of them after the item `after`."""
+    items = _store(request).input_items(rid)
+    if items is None:
+        raise APIError(404, f"the response '{rid}' is not kept here", "invalid_request_error", "response_id",
+                       "not_found")
+    query = request.query_params
+    order, after, limit = query.get("order", "desc"), query.get("after"), query.get("limit", "20")
+    if order not in ("asc", "desc"):
+        raise bad(f"order must be 'asc' or 'desc', got {order!r}", "order")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise bad(f"limit must be a whole number from 1 to 100, got {limit!r}", "limit")
+    items = items[::-1] if order == "desc" else items
+    if after is not None:
+        at = [i for i, item in enumerate(items) if item.get("id") == after]
+        if not at:
+            raise bad(f"after names the item {after!r}, which is not among the response's input items", "after")
+        items = items[at[0] + 1:]
+    page = items[:int(limit)]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)}
+
+
 @router.delete("/v1/responses/{rid}")
 async def delete_response(request: Request, rid: str):
     if not _store(request).delete(rid):
@@ -148,11 +185,11 @@ async def delete_response(request: Request, rid: str):
 
 @router.post("/v1/responses")
 async def responses(request: Request, req: ResponsesRequest):
-    state, t0, chat, prepared, conversation = await jobs.prepared(request, _prepare, request, req)
+    state, t0, chat, prepared, kept = await jobs.prepared(request, _prepare, request, req)
     job = jobs.submit(request, prepared.tokens, prepared.opts)
     answer = Answer(state, req, chat)
     if req.stream:
-        return EventSourceResponse(_events(request, job, answer, prepared, conversation), ping=15, sep="\n")
+        return EventSourceResponse(_events(request, job, answer, prepared, kept), ping=15, sep="\n")
     text, last, _ = await jobs.collect(request, job)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
     content, calls = tool_calls.reply_parts(prepared.tools, prepared.forced, text)
@@ -160,11 +197,11 @@ async def responses(request: Request, req: ResponsesRequest):
     output = [answer.message(content, status)] if content or not calls else []
     output += [answer.call(c) for c in calls]
     body = answer.body(status, output, last, job)
-    answer.keep(_store(request), conversation, content, calls, body)
+    answer.keep(_store(request), kept, content, calls, body)
     return SafeJSONResponse(body)
 
 
-async def _events(request: Request, job, answer: Answer, prepared: prepare.Chat, conversation: List[dict]):
+async def _events(request: Request, job, answer: Answer, prepared: prepare.Chat, kept: Kept):
     """The Responses events of a streamed reply; leaving early (the client went away) cancels the job."""
     state, t0 = answer.state, time.monotonic()
     numbers = itertools.count()
@@ -223,7 +260,7 @@ async def _events(request: Request, job, answer: Answer, prepared: prepare.Chat,
                 output.append(item)
             kind = "response.completed" if status == "completed" else "response.incomplete"
             body = answer.body(status, output, value, job)
-            answer.keep(_store(request), conversation, "".join(texts), calls, body)
+            answer.keep(_store(request), kept, "".join(texts), calls, body)
             yield event(kind, response=body)
     finally:
         job.cancel()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Dict, List, Literal, Optional, Union
+import uuid
+from typing import Any, Callable, Dict, List, Literal, Optional, Union
 
 from pydantic import Field, ValidationError
 
@@ -112,12 +113,51 @@ def _text(content, where: str, types=("input_text", "output_text")) -> str:
     return "".join(texts)
 
 
-def conversation_of(req: ResponsesRequest, prior: List[dict]) -> List[dict]:
-    """The conversation of a request: the previous response's (prior), then the input's messages."""
+def resolved(given: Union[str, List[Dict[str, Any]]], lookup: Callable[[str], Optional[dict]]):
+    """The input with each item_reference replaced by the kept item it names (lookup: an id's item or None)."""
+    if isinstance(given, str):
+        return given
+    out = []
+    for i, item in enumerate(given):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            ref = item.get("id")
+            found = lookup(ref) if isinstance(ref, str) else None
+            if found is None:
+                raise bad(f"input[{i}] refers to the item {ref!r}, which is not kept here: specllm keeps the items "
+                          "of its last responses (not with store: false) until it stops; send the item itself",
+                          f"input.{i}.id", "not_found")
+            item = found
+        out.append(item)
+    return out
+
+
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def listed(given: Union[str, List[Dict[str, Any]]]) -> List[dict]:
+    """The input's items as GET /v1/responses/{id}/input_items lists them: each with an id, a message's content as
+    parts (input_text, or output_text for the assistant's)."""
+    items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
+    out = []
+    for item in items:
+        item = dict(item, type=item.get("type") or "message")
+        item.setdefault("id", f"{_PREFIX.get(item['type'], 'item')}_{uuid.uuid4().hex}")
+        if item["type"] == "message":
+            if isinstance(item.get("content"), str):
+                kind = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": kind, "text": item["content"]}]
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def conversation_of(given: Union[str, List[Dict[str, Any]]], prior: List[dict]) -> List[dict]:
+    """The conversation of a request: the previous response's (prior), then the input's messages (item references
+    resolved)."""
     messages = prior
-    if isinstance(req.input, str):
-        return messages + [{"role": "user", "content": req.input}]
-    for i, item in enumerate(req.input):
+    if isinstance(given, str):
+        return messages + [{"role": "user", "content": given}]
+    for i, item in enumerate(given):
         kind, role, where = item.get("type"), item.get("role"), f"input.{i}"
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind in (None, "message") and role is None:
@@ -149,9 +189,6 @@ def conversation_of(req: ResponsesRequest, prior: List[dict]) -> List[dict]:
                              "content": _text(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":  # a reasoning model's thoughts, sent back by agents: not part of the prompt
             continue
-        elif kind == "item_reference":
-            raise bad("item_reference cannot be followed: specllm keeps no items; send the item itself",
-                       f"{where}.type", "unsupported_parameter")
         else:
             raise bad(f"input[{i}] of type {kind!r} is not supported: give messages ({{'role': ..., 'content': "
                        "...}), function_call and function_call_output items", f"{where}.type", "unsupported_content")
