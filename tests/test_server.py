@@ -138,6 +138,10 @@ def test_chat_logprobs_equal_llm_generate(client, local):
         assert all(abs(t.logprob - lp) < 0.01 for t, (_, lp) in zip(c.top_logprobs, w.top))
     plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert plain.choices[0].logprobs is None
+    # with logprobs the body is built on a thread (routes._answered): the same fields as without
+    for a, b in [(r, plain), (r.choices[0], plain.choices[0]), (r.usage, plain.usage)]:
+        assert a.model_dump(exclude_unset=True).keys() == b.model_dump(exclude_unset=True).keys()
+    assert r.model_extra.keys() == plain.model_extra.keys() and r.model_extra["speculative"]["steps"] >= 1
     # 1 and 0 as true and false (some clients send integers); 2 is a 400 (test_bad_requests)
     one = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, logprobs=1, top_logprobs=2)
     assert len(one.choices[0].logprobs.content) == 4 and len(one.choices[0].logprobs.content[0].top_logprobs) == 2
@@ -183,6 +187,10 @@ def test_completions_logprobs(client, local):
     assert all(abs(a - w.logprob) < 0.01 for a, w in zip(lp.token_logprobs, want.logprobs))
     assert [len(t) for t in lp.top_logprobs] == [2] * 20
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(20)]
+    plain = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20)
+    for a, b in [(r, plain), (r.choices[0], plain.choices[0]), (r.usage, plain.usage)]:  # built on a thread
+        assert a.model_dump(exclude_unset=True).keys() == b.model_dump(exclude_unset=True).keys()
+    assert r.model_extra.keys() == plain.model_extra.keys() and plain.choices[0].text == r.choices[0].text
     chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, logprobs=0,
                                             stream=True))
     assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens

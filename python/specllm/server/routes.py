@@ -16,7 +16,7 @@ from . import choices, embeddings, jobs, prepare
 from . import logprobs as lp
 from . import protocol as p
 from . import tools as tool_calls
-from .errors import APIError
+from .errors import APIError, SafeJSONResponse
 
 router = APIRouter()   # behind the API key, when there is one
 public = APIRouter()   # /health
@@ -64,18 +64,37 @@ async def chat_completions(request: Request, req: p.ChatRequest):
         return choices.respond_stream(request, first_job, runs, chunker, req)
     results = await choices.collect_all(request, first_job, runs)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    out = []
-    for c, (text, last, logprobs) in zip(runs, results):
-        logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-        content, calls = tool_calls.reply_parts(tools, forced, text)  # content: the whole text when no calls
-        finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
-        message = p.ChatMessage(content=content or None, tool_calls=calls) if calls else p.ChatMessage(content=content)
-        out.append(p.ChatChoice(index=c.index, message=message, finish_reason=finish, logprobs=lp.chat(
-            logprobs, state.llm.token_bytes) if n_logprobs is not None else None))
-    stats = [last.stats for _, last, _ in results]
-    return p.ChatCompletion(id=rid, created=created, model=state.model_id, choices=out,
-                            usage=choices.usage(runs, stats),
-                            speculative=choices.speculative(stats, first_job, req.draft_length))
+
+    def answer() -> p.ChatCompletion:
+        out = []
+        for c, (text, last, logprobs) in zip(runs, results):
+            logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
+            content, calls = tool_calls.reply_parts(tools, forced, text)  # content: the whole text when no calls
+            finish = "tool_calls" if calls and last.finish_reason == "stop" else last.finish_reason
+            message = (p.ChatMessage(content=content or None, tool_calls=calls) if calls
+                       else p.ChatMessage(content=content))
+            out.append(p.ChatChoice(index=c.index, message=message, finish_reason=finish, logprobs=lp.chat(
+                logprobs, state.llm.token_bytes) if n_logprobs is not None else None))
+        stats = [last.stats for _, last, _ in results]
+        return p.ChatCompletion(id=rid, created=created, model=state.model_id, choices=out,
+                                usage=choices.usage(runs, stats),
+                                speculative=choices.speculative(stats, first_job, req.draft_length))
+    return await _answered(request, answer, n_logprobs)
+
+
+async def _answered(request: Request, answer, n_logprobs: Optional[int]):
+    """A whole answer; with logprobs, built and written as JSON on a thread: each token's alternatives are dicts of
+    their own, and n = 8 choices of 1024 tokens with 20 alternatives (10 MB) held the event loop (other clients'
+    streams, /health) 1.8-2.0 s."""
+    if n_logprobs is None:
+        return answer()
+
+    def written():  # choice by choice: pydantic holds the GIL through a dump (all 8 at once: 0.6 s)
+        body = answer()
+        choices, body.choices = body.choices, []
+        return SafeJSONResponse(dict(body.model_dump(mode="json"), choices=[c.model_dump(mode="json")
+                                                                             for c in choices]))
+    return await jobs.off_loop(request, None, written)
 
 
 def _prompts(state, req: p.CompletionRequest) -> list:
@@ -166,20 +185,23 @@ async def completions(request: Request, req: p.CompletionRequest):
         return choices.respond_stream(request, first_job, runs, chunker, req)
     results = await choices.collect_all(request, first_job, runs)
     state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
-    out = []
-    for c, (text, last, logprobs) in zip(runs, results):
-        logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
-        body = None
-        if n_logprobs is not None:
-            body = lp.completion(logprobs, state.llm.token_bytes, len(echo[c.index]))
-            if scored:
-                body = with_prompt(c, body)
-        out.append(p.TextChoice(index=c.index, text=echo[c.index] + text, finish_reason=last.finish_reason,
-                                logprobs=body))
-    stats = [last.stats for _, last, _ in results]
-    return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=out,
-                            usage=choices.usage(runs, stats),
-                            speculative=choices.speculative(stats, first_job, req.draft_length))
+
+    def answer() -> p.TextCompletion:
+        out = []
+        for c, (text, last, logprobs) in zip(runs, results):
+            logprobs = lp.Released(state.llm.token_bytes).add(logprobs, text)
+            body = None
+            if n_logprobs is not None:
+                body = lp.completion(logprobs, state.llm.token_bytes, len(echo[c.index]))
+                if scored:
+                    body = with_prompt(c, body)
+            out.append(p.TextChoice(index=c.index, text=echo[c.index] + text, finish_reason=last.finish_reason,
+                                    logprobs=body))
+        stats = [last.stats for _, last, _ in results]
+        return p.TextCompletion(id=rid, created=created, model=state.model_id, choices=out,
+                                usage=choices.usage(runs, stats),
+                                speculative=choices.speculative(stats, first_job, req.draft_length))
+    return await _answered(request, answer, n_logprobs)
 
 
 class TemplateRequest(p._Request):
