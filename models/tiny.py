@@ -78,7 +78,8 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
                      vocab="byte", eos_token_id=None, name="tiny", n_pad=0, add_bos=True, arch="llama",
                      chat_template=None, split_max_tensors=0):
     """Write a tiny GGUF model to `path` atomically (tmp file + os.replace) and return the path.
-    chat_template: None for CHAT_TEMPLATE, "tools" for TOOLS_TEMPLATE, or a template's text.
+    chat_template: None for CHAT_TEMPLATE, "tools" for TOOLS_TEMPLATE, a template's text, or named templates
+    ({"default": ..., "tool_use": ...}, each None, "tools" or a text; as Hermes 2 Pro's GGUFs carry them).
     split_max_tensors: > 0 writes a split GGUF of at most this many tensors a file, named as llama.cpp names them
     (path "x.gguf": x-00001-of-0000N.gguf, ...; the first returned).
 
@@ -144,7 +145,11 @@ def write_tiny_model(path, *, seed=0, n_layer=2, n_embd=64, n_head=4, n_head_kv=
     w.add_eos_token_id(eos)
     w.add_add_bos_token(bool(add_bos))
     w.add_add_eos_token(False)
-    w.add_chat_template({None: CHAT_TEMPLATE, "tools": TOOLS_TEMPLATE}.get(chat_template, chat_template))
+    if isinstance(chat_template, dict):  # named templates: {"default": ..., "tool_use": ...}
+        w.add_chat_template([{"name": k, "template": {None: CHAT_TEMPLATE, "tools": TOOLS_TEMPLATE}.get(v, v)}
+                             for k, v in chat_template.items()])
+    else:
+        w.add_chat_template({None: CHAT_TEMPLATE, "tools": TOOLS_TEMPLATE}.get(chat_template, chat_template))
 
     # Weights depend only on the seed and shapes (never on eos_token_id), so models that differ only in their
     # EOS id generate the same tokens up to the EOS.

@@ -121,7 +121,8 @@ def test_tool_use_and_tool_result_blocks_are_the_chats_tool_calls_and_tool_messa
                                                                    "arguments": {"city": "Paris"}}}]},
             {"role": "tool", "tool_call_id": "toolu_1", "content": "rain"},
             {"role": "user", "content": "And tomorrow?"}]
-    prompt = local.apply_chat_template(chat)  # tool_choice none: the tools are not offered
+    # tool_choice none: the tools are still in the prompt (as llama-server renders them), no call is parsed
+    prompt = local.apply_chat_template(chat, tools=[CHAT_WEATHER])
     assert 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
     # the same prompt (the reply itself may differ from a fresh plain decoding of it: the server read the prompt's
     # start from its KV cache, computed in other batches, and a near-tie of the random tiny model can flip)

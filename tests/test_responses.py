@@ -53,12 +53,14 @@ def test_a_reply_is_the_chat_reply_of_the_same_conversation(client, local):
     assert r.model_extra["speculative"]["steps"] <= 24
     chat = client.chat.completions.create(model="tiny-tools", messages=messages, max_tokens=24)
     assert chat.choices[0].message.content == r.output_text
-    # input as a list of items, the text in parts: the same prompt
-    parts = [{"type": "input_text", "text": "You are "}, {"type": "input_text", "text": "terse."}]
+    # input as a list of items, the text in parts (joined with a line break, as llama-server joins them)
+    parts = [{"type": "input_text", "text": "You are"}, {"type": "input_text", "text": "terse."}]
     r2 = client.responses.create(model="tiny-tools", input=[{"role": "developer", "content": parts},
                                                            {"type": "message", "role": "user", "content": ASK}],
                                  max_output_tokens=24)
-    assert r2.output_text == want.text and r2.usage.input_tokens == want.stats.n_prompt
+    joined = local.chat([{"role": "system", "content": "You are\nterse."}, {"role": "user", "content": ASK}],
+                        max_tokens=24)
+    assert r2.output_text == joined.text and r2.usage.input_tokens == joined.stats.n_prompt
     count = client.responses.input_tokens.count(model="tiny-tools", instructions="You are terse.", input=ASK)
     assert count.object == "response.input_tokens" and count.input_tokens == want.stats.n_prompt
 

@@ -35,6 +35,7 @@ void register_model(py::module_ & m) {
         .def_property_readonly("n_batch", &Model::n_batch)
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("chat_template", &Model::chat_template)
+        .def_property_readonly("tool_use_template", &Model::tool_use_template)
         .def_property_readonly("n_past", &Model::n_past)
         .def_property_readonly("can_rollback", &Model::can_rollback)
         .def_property_readonly("cached", &Model::cached)

@@ -93,6 +93,11 @@ std::string Model::chat_template() const {
     return tmpl ? std::string(tmpl) : std::string();
 }
 
+std::string Model::tool_use_template() const {
+    const char * tmpl = llama_model_chat_template(model_.get(), "tool_use");
+    return tmpl ? std::string(tmpl) : std::string();
+}
+
 void Model::truncate(int n) {
     n = std::max(0, n);
     if (n >= (int) cached_.size()) {

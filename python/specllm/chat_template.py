@@ -153,7 +153,7 @@ def prompt_text(target, messages, add_generation_prompt: bool, chat_template: st
     kwargs: the template's own variables (checked); llama.cpp's built-in formats have none and ignore them."""
     msgs = check_messages(messages)
     tools = check_tools(tools)
-    template = "" if chat_template == LLAMA_CPP else chat_template or target.chat_template
+    template = "" if chat_template == LLAMA_CPP else chat_template or model_template(target, tools)
     if not is_jinja(template):  # llama.cpp's formatting of the model's template, a built-in name, or none (chatml)
         if tools or any("tool_calls" in m for m in msgs):
             raise InvalidOptionError("tools and tool calls need a Jinja chat template (the model's own, or "
@@ -162,6 +162,13 @@ def prompt_text(target, messages, add_generation_prompt: bool, chat_template: st
                                           template)
     return render(template, msgs, add_generation_prompt, target.bos_text, target.eos_text,
                   "chat_template=" if chat_template else "the model's chat template", tools, kwargs)
+
+
+def model_template(target, tools) -> str:
+    """The model's own template for a conversation: with tools, the GGUF's tool_use template if it has one (Hermes 2
+    Pro and 3 carry one beside the default); the default, or the tool_use one when there is no default (as
+    llama-server chooses)."""
+    return (target.tool_use_template if tools else "") or target.chat_template or target.tool_use_template
 
 
 def check_load_args(chat_template, kwargs) -> tuple:
@@ -201,6 +208,12 @@ class ChatMethods:
         """The chat template chat() formats with: LLM(chat_template=...) when given (a Jinja template or a
         built-in name), else the model's own (the GGUF's tokenizer.chat_template; "" if it has none)."""
         return self._chat_template or self._engine.target.chat_template
+
+    def chat_template_for(self, tools: Optional[Sequence[dict]] = None) -> str:
+        """The chat template a conversation with these tools is formatted with: chat_template, except that with
+        tools a model that carries a tool_use template (tokenizer.chat_template.tool_use, as Hermes 2 Pro's and 3's
+        GGUFs do) is formatted with that one, as llama-server does."""
+        return self._chat_template or model_template(self._engine.target, tools)
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             chat_template: str = "", tools: Optional[Sequence[dict]] = None,

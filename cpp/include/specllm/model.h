@@ -36,6 +36,7 @@ class Model {
     std::string piece(llama_token token) const; // text of one token; control tokens render as ""
     bool is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
     std::string chat_template() const; // the GGUF's tokenizer.chat_template, or "" if none
+    std::string tool_use_template() const; // tokenizer.chat_template.tool_use (Hermes 2 Pro / 3), or "" if none
 
     // KV cache of sequence 0
     const std::vector<llama_token> & cached() const { return cached_; }

@@ -120,7 +120,7 @@ def _message(m: dict, i: int) -> List[dict]:
                        "unsupported_content")
     out = results
     if texts or calls or not results:
-        msg = {"role": role, "content": "".join(texts) if texts or not calls else None}
+        msg = {"role": role, "content": prepare.joined_parts(texts) if texts or not calls else None}
         if calls:
             msg["tool_calls"] = calls
         out = out + [msg]
@@ -137,9 +137,10 @@ def _tools(req: MessagesRequest) -> List[dict]:
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise _bad(f"tools[{i}] needs a name ({{'name': ..., 'description': ..., 'input_schema': {{...}}}})",
                        f"tools.{i}.name")
-        fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
+        fn = {"name": t["name"]}  # in OpenAI's order (templates write the tools out as they come)
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
+        fn["parameters"] = t.get("input_schema") or {"type": "object"}
         out.append({"type": "function", "function": fn})
     return out
 

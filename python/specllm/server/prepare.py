@@ -14,7 +14,7 @@ from . import logprobs as lp
 from . import protocol as p
 from . import tool_grammar
 from . import tools as tool_calls
-from .errors import APIError
+from .errors import APIError, json_text
 
 GENERATE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
                    "seed", "stop", "draft_length", "acceptance")
@@ -36,7 +36,16 @@ def _text_of(message: p.Message, i: int) -> str:
                                 f"{part.type!r}", "invalid_request_error", f"messages.{i}.content.{j}.type",
                            "unsupported_content")
         parts.append(part.text)
-    return "".join(parts)
+    return joined_parts(parts)
+
+
+def joined_parts(texts: List[str]) -> str:
+    """A message's text parts as one text for the template: a line break between each and the text before it (none
+    while that is empty), as llama-server joins them for a template that reads text."""
+    out = ""
+    for text in texts:
+        out += "\n" + text if out else text
+    return out
 
 
 def _message(m: p.Message, i: int) -> dict:
@@ -161,9 +170,11 @@ class Chat(NamedTuple):
 
 def prefill_of(messages: list) -> Optional[str]:
     """The start of the reply a conversation gives (its last message from the assistant, with text and no tool
-    calls: Anthropic's prefill, which llama-server continues too), or None."""
+    calls: Anthropic's prefill, which llama-server continues too; "" for an empty one: the reply from its start, not
+    an empty turn and a new one), or None."""
     last = messages[-1] if messages else None
-    if last and last.get("role") == "assistant" and not last.get("tool_calls") and last.get("content") and any(
+    if last and last.get("role") == "assistant" and not last.get("tool_calls") and isinstance(
+            last.get("content"), str) and any(
             m.get("role") not in ("system", "developer") for m in messages[:-1]):  # alone, it is the conversation
         return last["content"]
     return None
@@ -180,11 +191,36 @@ def chat_prompt(state, messages: list, tools: Optional[list], kwargs: Optional[d
         template_kwargs = chat_templates.check_kwargs(kwargs)
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, str(e), "invalid_request_error", "chat_template_kwargs", "invalid_value") from None
+
+    def render(msgs):
+        return state.llm.apply_chat_template(msgs, tools=tools, chat_template_kwargs=template_kwargs) + (prefill or "")
     try:
-        return state.llm.apply_chat_template(messages, tools=tools, chat_template_kwargs=template_kwargs) + (
-            prefill or "")
+        return render(messages)
     except (InvalidOptionError, TypeError) as e:
-        raise APIError(400, str(e), "invalid_request_error", "messages", "invalid_value") from None
+        error = e
+    as_text = _arguments_as_text(messages)
+    if as_text is not None:  # a template that writes the calls' arguments as text (DeepSeek's adds them to strings)
+        try:
+            return render(as_text)
+        except (InvalidOptionError, TypeError):
+            pass
+    raise APIError(400, str(error), "invalid_request_error", "messages", "invalid_value")
+
+
+def _arguments_as_text(messages: list) -> Optional[list]:
+    """The messages with their earlier calls' arguments as JSON text, as the request sent them (tools.template_call
+    made them objects, which most templates write out with tojson), or None if none was made an object."""
+    changed, out = False, []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls and any(isinstance(c.get("function"), dict) and isinstance(c["function"].get("arguments"), dict)
+                         for c in calls):
+            changed = True
+            m = dict(m, tool_calls=[dict(c, function=dict(c["function"], arguments=json_text(
+                c["function"]["arguments"]))) if isinstance(c.get("function"), dict) and isinstance(
+                c["function"].get("arguments"), dict) else c for c in calls])
+        out.append(m)
+    return out if changed else None
 
 
 def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
@@ -192,12 +228,17 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
     count_only: the prompt without the options (None), for the token-counting endpoints: a prompt longer than the
     context is what a client counts to find out, not an error there."""
     messages = messages_of(req.messages)
-    tools = req.tools if req.tools and req.tool_choice != "none" else None
+    # the template is given the tools whatever tool_choice says, as llama-server does ("none" only leaves the reply
+    # free: the model still sees the tools it called before, and the conversation's cached prefix stays the same)
+    offered = req.tools or None
+    tools = offered if req.tool_choice != "none" else None
     try:
         tool_calls.check_names(req.tools)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tools", "invalid_value") from None
-    if tools and not tool_calls.template_calls_tools(state.llm.chat_template):
+    if offered and not tools and not tool_calls.template_calls_tools(state.llm.chat_template_for(offered)):
+        offered = None  # "none" with a template that has no tools: left out, as before
+    if tools and not tool_calls.template_calls_tools(state.llm.chat_template_for(tools)):
         raise APIError(400, "this model's chat template does not ask for tool calls in the <tool_call> format "
                             "(Qwen2.5, Hermes), the only one specllm parses", "invalid_request_error", "tools",
                        "unsupported_parameter")
@@ -205,12 +246,12 @@ def prepare_chat(state, req: p.ChatRequest, count_only: bool = False) -> Chat:
         forced = tool_grammar.forced_opening(req.tool_choice, tools)
     except ValueError as e:
         raise APIError(400, str(e), "invalid_request_error", "tool_choice", "invalid_value") from None
-    if prefill_of(messages) is not None and (forced or _grammar(req)[0] is not None):
+    if prefill_of(messages) and (forced or _grammar(req)[0] is not None):
         # the call's opening or the grammar would start where the prefilled reply already has
         raise APIError(400, "a reply begun in the last (assistant) message cannot be continued with "
                             f"{'a forced tool call' if forced else 'a grammar or a JSON response format'}: leave "
                             "out one of them", "invalid_request_error", "messages", "invalid_value")
-    prompt = chat_prompt(state, messages, tools, req.chat_template_kwargs) + forced
+    prompt = chat_prompt(state, messages, offered, req.chat_template_kwargs) + forced
     tokens = tokens_of(state, prompt, "messages")
     if count_only:  # the tools' grammar is not needed to count
         return Chat(tokens, None, tools, forced, None)

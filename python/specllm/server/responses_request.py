@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError
 
 from . import protocol as p
 from .errors import APIError
+from .prepare import joined_parts
 from .protocol import _Request
 
 log = logging.getLogger("specllm.server")
@@ -110,7 +111,7 @@ def _text(content, where: str, types=("input_text", "output_text")) -> str:
         else:
             raise bad(f"{_name(where)}[{j}] must be a text part ({{'type': 'input_text', 'text': ...}}), got "
                        f"{part!r:.80}", f"{where}.{j}")
-    return "".join(texts)
+    return joined_parts(texts)
 
 
 def resolved(given: Union[str, List[Dict[str, Any]]], lookup: Callable[[str], Optional[dict]]):
