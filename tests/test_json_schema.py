@@ -103,3 +103,57 @@ def test_the_cli_names_the_schema_file_in_its_error(tmp_path):
     with pytest.raises(InvalidOptionError, match=rf"^--json-schema: {re.escape(str(path))}: the schema at the root "
                                                  r"allows no integer"):
         grammar.from_cli(False, str(path), None)
+
+
+def sampled(llm, schema, seeds=range(8), max_tokens=120) -> list:
+    """The JSON values generated under the schema's grammar at temperature 1 (the tiny random model writes random
+    valid strings of a grammar), each whole (the grammar ended it) and parsed."""
+    rules, out = grammar.json(schema), []
+    for seed in seeds:
+        got = llm.generate("json:", grammar=rules, max_tokens=max_tokens, temperature=1.0, seed=seed)
+        if got.finish_reason == "stop":
+            out.append(json.loads(got.text))  # a raw control character in a string was not JSON
+    assert out, "no generation ended within max_tokens"
+    return out
+
+
+def test_what_a_schema_generates_is_json_that_follows_it(tiny, make_llm):
+    """Review finds (llama-cpp-python's converter where llama.cpp's differs, or where both fail): raw control
+    characters in strings, $ref rules named after their last segment and shared (two #/$defs/Item, a property named
+    Item beside one), a property named "" taken for the root, allOf around one $ref written as {}, prefixItems beside
+    items dropped, and patterns: "." and [^...] taking quotes and backslashes unescaped, a top-level | outside the
+    quotes, lazy quantifiers misread, \\d and \\. written as GBNF escapes that do not parse."""
+    llm = make_llm(tiny["target"])
+    assert all(isinstance(v, str) for v in sampled(llm, {"type": "string"}, max_tokens=60))
+    defs = {"type": "object", "properties": {"a": {"$ref": "#/$defs/Item"}, "b": {"$ref": "#/definitions/Item"},
+                                             "Item": {"const": "x"}, "": {"type": "integer"}},
+            "required": ["a", "b", "Item", ""], "$defs": {"Item": {"enum": [1, 2]}},
+            "definitions": {"Item": {"enum": ["p", "q"]}}}
+    for v in sampled(llm, defs):
+        assert v["a"] in (1, 2) and v["b"] in ("p", "q") and v["Item"] == "x" and isinstance(v[""], int), v
+    wrapped = {"type": "object", "properties": {"s": {"allOf": [{"$ref": "#/$defs/S"}], "description": "a state"}},
+               "required": ["s"], "$defs": {"S": {"enum": ["open", "closed"]}}}
+    assert all(v["s"] in ("open", "closed") for v in sampled(llm, wrapped))
+    optional = {"type": "object", "properties": {"n": {"type": ["integer", "null"], "minimum": 5, "maximum": 7}},
+                "required": ["n"]}
+    assert all(v["n"] is None or 5 <= v["n"] <= 7 for v in sampled(llm, optional))
+    pair = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}}
+    assert all(len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str) for v in sampled(llm, pair))
+    for pattern in ["^.{3,12}$", "^[^a-z ]{3,12}$", "^ab|cd$", "^a+?b$", "^\\d+\\.\\d+$", "^(?:x|y)[\\d.]{1,3}$",
+                    "^v\\$[\\^_]$"]:
+        for v in sampled(llm, {"type": "string", "pattern": pattern}, seeds=range(4), max_tokens=40):
+            assert re.fullmatch(pattern, v), (pattern, v)
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "pattern": '^say "hi"$'}, "a quote or a backslash is not supported"),
+    ({"type": "string", "pattern": "^a\\\\b$"}, "a quote or a backslash is not supported"),
+    ({"type": "string", "pattern": "^(a$"}, "is not a valid regular expression"),
+    ({"type": "string", "pattern": "^[z-a]$"}, "is not a valid regular expression"),
+    ({"type": "string", "pattern": "^\\D$"}, "pattern escape \\D is not supported"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf is supported for objects"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 2}, "minItems 2 wants more"),
+])
+def test_what_the_converter_would_write_wrong_is_refused(schema, words):
+    with pytest.raises(InvalidOptionError, match=re.escape(words)):
+        grammar.json(schema)

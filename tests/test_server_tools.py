@@ -475,6 +475,11 @@ def test_a_format_beside_tools_lets_the_reply_be_a_call_or_that_json(tiny, make_
     # a forced call stays that call
     forced = tool_grammar.call_grammar("required", [FORECAST])
     assert tool_grammar.call_or_format(forced, "root ::= \"x\"") == forced
+    # a format with a rule named like a number: the counts of a repetition ({1,15}) are not renamed (a 400 before)
+    numbered = grammar.json({"type": "object", "properties": {"1": {"type": "integer", "minimum": 0}}})
+    from specllm import _core
+    assert _core.gbnf_error(tool_grammar.call_or_format(tool_grammar.call_grammar("auto", [FORECAST]),
+                                                        numbered)[0]) == ""
 
 
 def test_llm_chat_hands_tools_to_the_template(tools_local):

@@ -1,4 +1,4 @@
-"""JSON Schema -> GBNF: llama-cpp-python's converter (a Python port of llama.cpp's json-schema-to-grammar) with three
+"""JSON Schema -> GBNF: llama-cpp-python's converter (a Python port of llama.cpp's json-schema-to-grammar) with
 places mended where it parts from llama.cpp's C++ converter, which llama-server uses:
 
 - a literal's backslash is escaped. The port escapes only CR, LF and '"', so a schema's "C:\\dir" (enum, const, a
@@ -11,6 +11,16 @@ places mended where it parts from llama.cpp's C++ converter, which llama-server 
   to be objects;
 - a schema of false is refused with a message, not an AttributeError; where JSON Schema uses false to forbid (a
   property of false: the property must not appear; items of false: no items beyond prefixItems) it forbids.
+
+And where review found the port (or both converters) writing what the schema does not allow: a string's character
+without raw control characters (llama.cpp's rule; a raw line break made the reply not JSON); a rule per $ref never
+shared with another of the same last segment; a root property named ""; the type list ["integer", "null"] with
+its bounds; allOf around one schema (pydantic's wrapper of a $ref), other non-object allOf refused; prefixItems
+beside items as the tuple; a pattern checked as a regular expression, its escapes GBNF does not read (\\d, \\.)
+written as classes, "." and [^...] without a quote, backslash or control character, the whole pattern inside the
+string's quotes, lazy quantifiers as greedy; a pattern that would put a quote or a backslash in the string refused.
+Keywords the grammar cannot hold (a number's bounds, multipleOf, uniqueItems, minProperties...) are not enforced,
+as in llama.cpp.
 
 Imported on first use (it loads llama_cpp, and so the libllama this package already uses)."""
 from __future__ import annotations
@@ -42,18 +52,87 @@ def allows_anything(schema: Any) -> bool:
     return schema is True or (isinstance(schema, dict) and not schema.keys() - ANNOTATIONS)
 
 
+# a JSON string's character as llama.cpp's C++ converter writes it: no raw control character (the port allowed
+# them: a reply with a raw line break in a string was not JSON, and a tool call in it was lost)
+_CHAR = llama_grammar.BuiltinRule(
+    r'[^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})', [])
+_DOT = r'[^"\\\x7F\x00-\x1F]'  # a pattern's "." inside a JSON string: a character that needs no escape
+
+
 class Converter(llama_grammar.SchemaConverter):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._ref_names: dict = {}  # $ref: its rule's name
+        self._root_seen = False
+
     def _format_literal(self, literal: str) -> str:
         return gbnf_literal(literal)
 
+    def _add_primitive(self, name, rule):
+        return super()._add_primitive(name, _CHAR if name == "char" else rule)
+
+    def _resolve_ref(self, ref):
+        """A rule per $ref, named after its last segment but never after another's (the port reused any rule of
+        that name: two tools' #/$defs/Item, a property named Item beside one, #/definitions/Item beside
+        #/$defs/Item all got the first's grammar)."""
+        if ref in self._ref_names:
+            return self._ref_names[ref]
+        base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", ref.split("/")[-1]) or "ref"
+        base = base + "-" if base in llama_grammar.RESERVED_NAMES else base
+        name, i = base, 0
+        while name in self._rules or name in self._ref_names.values():
+            i += 1
+            name = f"{base}{i}"
+        self._ref_names[ref] = name  # before visiting: a recursive schema names itself
+        got = self.visit(self._refs[ref], name)
+        if got != name:  # the visit named its rule otherwise: the name stands for it
+            self._rules[name] = got
+        return name
+
+    def _visit_pattern(self, pattern, name):
+        before = set(self._rules)
+        rule = super()._visit_pattern(_pattern(pattern, name), name)
+        for key in set(self._rules) - before:  # a negated class takes no character a JSON string must escape
+            self._rules[key] = _NEGATED.sub(lambda m: m.group(0)[:-1] + '"\\\\\\x7F\\x00-\\x1F]', self._rules[key])
+        if "dot" in self._rules:
+            self._rules["dot"] = _DOT
+        body = self._rules[rule]
+        head, tail = '"\\"" ', ' "\\"" space'
+        if body.startswith(head) and body.endswith(tail):  # the whole pattern, alternatives and all, in the quotes
+            self._rules[rule] = head + "(" + body[len(head):-len(tail)] + ")" + tail
+        return rule
+
     def visit(self, schema, name):
+        if not name and self._root_seen:  # a property named "" of the root object: not the root
+            name = "empty-key"
+        self._root_seen = True
         rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
         if schema is False:
             raise SchemaError(f"the schema at {name or 'the root'} is false: no JSON value matches it")
         if isinstance(schema, dict):
             schema = _drop_forbidden(schema, name)
+            all_of = schema.get("allOf")
+            if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict) and \
+                    not schema.keys() - ANNOTATIONS - {"allOf"}:  # pydantic's wrapper of a $ref with a description
+                return self.visit(all_of[0], name)
+            if isinstance(all_of, list) and not all(
+                    isinstance(t, dict) and ("properties" in t or "anyOf" in t or "$ref" in t) for t in all_of):
+                raise SchemaError(f"the schema at {name or 'the root'}: allOf is supported for objects (each part "
+                                  "with properties) or one schema alone")
+            prefix = schema.get("prefixItems")
+            if isinstance(prefix, list) and isinstance(schema.get("minItems", 0), int) and \
+                    schema.get("minItems", 0) > len(prefix):
+                raise SchemaError(f"the schema at {name or 'the root'}: prefixItems is written as a tuple of exactly "
+                                  f"those items, and minItems {schema['minItems']} wants more")
+            if isinstance(prefix, list) and "items" in schema:  # the tuple alone (the port took items, and dropped
+                schema = {k: v for k, v in schema.items() if k != "items"}  # the tuple: [false] for [int, str])
         if allows_anything(schema):
             return self._add_rule(rule_name, self._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
+        if isinstance(schema, dict) and isinstance(schema.get("type"), list) and schema["type"]:
+            # each type with the schema's other keywords (the port wrote the bare types: an integer's bounds, a
+            # string's pattern were lost in ["integer", "null"], OpenAI's strict way to write an optional field)
+            return self._add_rule(rule_name, " | ".join(
+                self.visit(dict(schema, type=t), f"{name}{'-' if name else ''}{t}") for t in schema["type"]))
         if isinstance(schema, dict):
             _check_ranges(schema, name)
             if schema.get("type") == "integer" and schema.keys() & _BOUNDS and not schema.keys() & _BEFORE_BOUNDS:
@@ -239,6 +318,68 @@ def _drop_forbidden(schema: dict, name: str) -> dict:
         else:
             schema = dict(schema, prefixItems=prefix)
     return schema
+
+
+_NEGATED = re.compile(r"\[\^(?:[^\]\\]|\\.)*\]")
+# outside a class: the escapes GBNF does not read, as a class of their one character
+_ESCAPED_ALONE = {".": "[.]", "$": "[$]", "^": "[\\x5E]", "/": "/", "d": "[0-9]", "w": "[a-zA-Z0-9_]", "s": "[ ]"}
+_ESCAPED_IN_CLASS = {".": ".", "$": "$", "^": "\\x5E", "/": "/", "d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
+
+
+def _pattern(pattern: str, name: str) -> str:
+    """A string's `pattern` as the converter reads it, or a SchemaError: a valid regular expression (Python's reading;
+    an unbalanced parenthesis or [z-a] was a grammar whose reply dead-ended), escapes it does not know written as
+    classes (\\d \\w \\s \\. \\$ \\^ made GBNF that did not parse), lazy quantifiers as greedy ones (the same
+    strings; "+?" was read as "+" then "?"). A quote or a backslash the string would hold is not supported (the
+    converter writes them unescaped: not JSON)."""
+    where = f"the schema at {name or 'the root'}"
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise SchemaError(f"{where}: pattern {pattern!r} is not a valid regular expression ({e})") from None
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            table = _ESCAPED_IN_CLASS if in_class else _ESCAPED_ALONE
+            if nxt in ('"', "\\"):
+                raise SchemaError(f"{where}: a pattern that matches a quote or a backslash is not supported")
+            if nxt in table:
+                out.append(table[nxt])
+            elif nxt in "[]-xu" or (nxt in "(){}*+?|" and not in_class):  # GBNF's, or the converter reads them
+                out.append(c + nxt)
+            elif nxt in "(){}*+?|":
+                out.append(nxt)
+            else:  # \D \W \S \b, a back-reference, a control character (not JSON in a string)...
+                raise SchemaError(f"{where}: pattern escape \\{nxt} is not supported")
+            i += 2
+            continue
+        if c == "(" and not in_class and pattern[i + 1:i + 3] == "?:":  # a group that does not capture: a group
+            out.append("(")
+            i += 3
+            continue
+        if c == '"':
+            raise SchemaError(f"{where}: a pattern that matches a quote or a backslash is not supported")
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            if pattern[i + 1:i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1:i + 2] == "]":  # a "]" first in a class is the character
+                out.append("\\]")
+                i += 1
+        elif c == "]" and in_class:
+            in_class = False
+            out.append(c)
+        elif c == "?" and not in_class and i > 0 and pattern[i - 1] in "*+?}" and not (
+                i > 1 and pattern[i - 2] == "\\") and (out and out[-1] != "("):
+            pass  # a lazy quantifier: the same strings as the greedy one
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def to_gbnf(schema: Any) -> str:

@@ -124,13 +124,13 @@ def call_or_format(call_rules: tuple, fmt: str) -> tuple:
 
 def _named_apart(gbnf: str, prefix: str) -> str:
     """GBNF text with each of its rules' names (where defined and where used) prefixed, so that two grammars can be
-    joined: names outside "strings", [classes], <tokens> and # comments."""
+    joined: names outside "strings", [classes], <tokens>, {counts} and # comments."""
     defined = set(re.findall(r"^([A-Za-z0-9_-]+)\s*::=", gbnf, re.M))
     out, i = [], 0
     while i < len(gbnf):
         c = gbnf[i]
-        if c in "\"[<":
-            end = {'"': '"', "[": "]", "<": ">"}[c]
+        if c in "\"[<{":  # a string, a class, a token, a repetition's counts ({1,15}: not rules named 1 and 15)
+            end = {'"': '"', "[": "]", "<": ">", "{": "}"}[c]
             j = i + 1
             while j < len(gbnf) and gbnf[j] != end:
                 j += 2 if gbnf[j] == "\\" else 1
