@@ -5,6 +5,7 @@ may hold part of a UTF-8 character); its bytes are exact. Entries go out with th
 string's tokens, whose text is cut, are left out, as OpenAI's API and llama-server do."""
 from __future__ import annotations
 
+import codecs
 from typing import Callable, List, Optional
 
 from .. import _core
@@ -45,25 +46,58 @@ def completion_request(req: p.CompletionRequest) -> Optional[int]:
 
 
 class Released:
-    """Hands out logprob entries as far as the reply's text has gone: an entry once the text reaches its first byte."""
+    """Hands out logprob entries as far as the reply's text has gone: an entry once the text reaches its first
+    character. Counted in characters, the tokens' bytes decoded as the text was (with replacement): counted in
+    bytes, an invalid byte in the text (U+FFFD, three bytes) ran ahead of the tokens and let a stop string's own
+    entry out."""
 
     def __init__(self, token_bytes: Callable[[int], bytes]):
         self.token_bytes = token_bytes
         self.pending: List[TokenLogprob] = []
-        self.text_bytes = 0   # of the text released so far
-        self.token_start = 0  # where the next pending entry's bytes start
+        self.text_chars = 0  # of the text released so far
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.token_start = 0  # the character the next pending entry's bytes start in
 
     def add(self, entries: Optional[List[TokenLogprob]], text: Optional[str]) -> List[TokenLogprob]:
         if entries is None:  # not asked for (a chunk asked for carries a list, perhaps empty): nothing to count
             return []
         self.pending.extend(entries)
-        self.text_bytes += len((text or "").encode("utf-8"))
+        self.text_chars += len(text or "")
         out = []
-        while self.pending and self.token_start < self.text_bytes:
+        while self.pending and self.token_start < self.text_chars:
             e = self.pending.pop(0)
             out.append(e)
-            self.token_start += len(self.token_bytes(e.token))
+            self.token_start += len(self.decoder.decode(self.token_bytes(e.token)))
         return out
+
+
+class Offsets:
+    """Where tokens' texts begin in the text they make, in characters, token after token (a stream's chunks share
+    one): their bytes decoded one after another with replacement, a character split between tokens counted once,
+    where it begins (each token counted as its own U+FFFD put every later token a character further per split)."""
+
+    def __init__(self, start: int = 0):
+        self.at = start
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def of(self, pieces: List[bytes]) -> List[int]:
+        out = []
+        for b in pieces:
+            out.append(self.at)
+            self.at += len(self.decoder.decode(b))
+        return out
+
+    def end(self) -> int:
+        return self.at + len(self.decoder.decode(b"", final=True))
+
+
+def _key(b: bytes) -> str:
+    """A top_logprobs key: the token's text, or "bytes:\\xNN..." for part of a character, as OpenAI writes it (each
+    such token folded into one U+FFFD key, and a position listed fewer alternatives than asked for)."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
 
 
 def _entry(token_bytes: Callable[[int], bytes], token: int, logprob: float) -> dict:
@@ -80,19 +114,19 @@ def chat(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes]) -> di
     return {"content": content, "refusal": None}
 
 
-def completion(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes], text_offset: int = 0) -> dict:
-    tokens, offsets, tops = [], [], []
+def completion(entries: List[TokenLogprob], token_bytes: Callable[[int], bytes], text_offset=0) -> dict:
+    """text_offset: where the first entry's text begins (an int), or the Offsets of a stream's earlier chunks."""
+    offsets = text_offset if isinstance(text_offset, Offsets) else Offsets(text_offset)
+    pieces = [token_bytes(e.token) for e in entries]
+    tops = []
     for e in entries:
-        text = token_bytes(e.token).decode("utf-8", errors="replace")
-        tokens.append(text)
-        offsets.append(text_offset)
-        text_offset += len(text)
         top = {}
         for t, lp in e.top:  # two tokens with one text (rare) keep the likelier
-            top.setdefault(token_bytes(t).decode("utf-8", errors="replace"), lp)
+            top.setdefault(_key(token_bytes(t)), lp)
         tops.append(top)
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
-            "text_offset": offsets}
+    return {"tokens": [b.decode("utf-8", errors="replace") for b in pieces],
+            "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets.of(pieces)}
 
 
 def echoed(tokens: List[int], entries: List[Optional[TokenLogprob]], token_bytes: Callable[[int], bytes],
@@ -102,11 +136,12 @@ def echoed(tokens: List[int], entries: List[Optional[TokenLogprob]], token_bytes
     echoed. A tokenizer that adds a space before the first word (SentencePiece) gives tokens whose texts are longer
     than it: their offsets are counted back from the end, so that each token ends where it ends in the text."""
     body = completion(entries[1:], token_bytes)
-    first = token_bytes(tokens[0]).decode("utf-8", errors="replace")
-    extra = max(0, len(first) + sum(len(t) for t in body["tokens"]) - len(text))
-    offsets = [0] + [max(0, len(first) + o - extra) for o in body["text_offset"]]
-    return {"tokens": [first] + body["tokens"], "token_logprobs": [None] + body["token_logprobs"],
-            "top_logprobs": [None] + body["top_logprobs"], "text_offset": offsets}
+    counter = Offsets()
+    offsets = counter.of([token_bytes(tokens[0])] + [token_bytes(e.token) for e in entries[1:]])
+    extra = max(0, counter.end() - len(text))
+    return {"tokens": [token_bytes(tokens[0]).decode("utf-8", errors="replace")] + body["tokens"],
+            "token_logprobs": [None] + body["token_logprobs"], "top_logprobs": [None] + body["top_logprobs"],
+            "text_offset": [0] + [max(0, o - extra) for o in offsets[1:]]}
 
 
 def joined(head: dict, tail: dict) -> dict:

@@ -178,11 +178,17 @@ class Limits:
             self.checked = start
 
 
-def stop_type(state, reason: str, limited: bool, tokens: List[int], stops) -> str:
+def stop_type(state, reason: str, limited: bool, tokens: List[int], stops, content: str) -> str:
+    """"word" where a stop string follows the content in the generated tokens' text, "eos" for the rest of the stops
+    (the end-of-generation token is not among the tokens: every reply with stops given said "word")."""
     if limited or reason == "length":
         return "limit"
     if reason == "stop":
-        return "eos" if tokens and state.llm._engine.target.is_eog(tokens[-1]) or not stops else "word"
+        if stops and tokens:
+            whole = state.llm.detokenize(tokens)
+            if any(s and whole.startswith(s, len(content)) for s in stops):
+                return "word"
+        return "eos"
     return "none"
 
 
@@ -299,7 +305,8 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
                                              for e in released.add(entries, text)]}
 
     def last_body(index, job, limits, content, last, generated):
-        kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops)
+        kind = "limit" if warm else stop_type(state, last.finish_reason, limits.stopped, generated, stops,
+                                                     content)
         truncated = last.finish_reason == "length" and n_predict < 0  # the context is full
         body = final(state, req, settings, content, last.stats, kind, job, truncated)
         body["index"] = index

@@ -79,7 +79,7 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     """The generation options of a request (a 400 for a bad one). call_rules: the tool calls' grammar and the
     options that make it lazy (tool_grammar.call_grammar)."""
     n_ctx = state.llm.n_ctx
-    if n_prompt + (max_tokens or 1) > n_ctx:
+    if n_prompt + (1 if max_tokens is None else max_tokens) > n_ctx:  # 0: the prompt scored alone may fill it
         wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
         raise APIError(400, f"this request needs {n_prompt} prompt tokens{wanted}, more than the model's context "
                             f"of {n_ctx} tokens; shorten the messages or lower max_tokens", "invalid_request_error",

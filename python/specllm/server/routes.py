@@ -166,14 +166,13 @@ async def completions(request: Request, req: p.CompletionRequest):
         return lp.joined(lp.echoed(first.tokens, first.prompt_logprobs, state.llm.token_bytes, echo[c.index]), body)
     if req.stream:
         def chunker(c: choices.Choice):
-            offset = [len(echo[c.index])]  # text_offset of the next token
+            offsets = lp.Offsets(len(echo[c.index]))  # where the next token's text begins
             head = [scored]  # with logprobs the echoed prompt waits for its scores: it goes with the first chunk
 
             def make_chunk(text, finish_reason, logprobs=None, prompt_logprobs=None):
                 body = None
                 if n_logprobs is not None and logprobs is not None:
-                    body = lp.completion(logprobs, state.llm.token_bytes, offset[0])
-                    offset[0] += sum(len(t) for t in body["tokens"])
+                    body = lp.completion(logprobs, state.llm.token_bytes, offsets)
                 if head[0] and text is not None:
                     head[0] = False
                     if prompt_logprobs is not None:
