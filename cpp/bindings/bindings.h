@@ -8,6 +8,30 @@
 
 namespace py = pybind11;
 
+// Calls into llama.cpp without the GIL, counted: at interpreter exit Python waits until none is left
+// (specllm.llm._wait_for_native_calls), since a daemon thread that comes back for the GIL while Python finalizes
+// is ended in a way C++ cannot unwind (the process aborted: tokenize, memory, close from a daemon thread).
+int native_calls_inside();
+
+// Once the interpreter exits (set_exiting), a call from a thread other than the main one is refused (SpecLLMError)
+// unless it frees something (a deleter, which cannot throw).
+struct CountedCall {
+    explicit CountedCall(bool may_refuse = true);
+    ~CountedCall();
+};
+
+// py::gil_scoped_release, counted (the count taken with the GIL held, given back once it is held again)
+struct released {
+    CountedCall counted;
+    py::gil_scoped_release release;
+};
+
+// the same for a deleter: never refused
+struct released_to_free {
+    CountedCall counted{false};
+    py::gil_scoped_release release;
+};
+
 void register_errors(py::module_ & m);
 void register_options(py::module_ & m);
 void register_model(py::module_ & m);

@@ -10,7 +10,7 @@ using namespace specllm;
 namespace {
 struct EmbedderDeleter { // freeing a llama context (and model) takes time: without the GIL
     void operator()(Embedder * e) const {
-        py::gil_scoped_release release;
+        released_to_free release;
         delete e;
     }
 };
@@ -19,9 +19,9 @@ struct EmbedderDeleter { // freeing a llama context (and model) takes time: with
 void register_embed(py::module_ & m) {
     py::class_<Embedder, std::unique_ptr<Embedder, EmbedderDeleter>>(m, "Embedder")
         .def(py::init<const Model &, int, int>(), py::arg("target"), py::arg("n_ctx"), py::arg("n_threads"),
-             py::keep_alive<1, 2>(), py::call_guard<py::gil_scoped_release>(),
+             py::keep_alive<1, 2>(), py::call_guard<released>(),
              "over the target's weights (kept alive while this lives)")
-        .def(py::init<const ModelOptions &>(), py::arg("opts"), py::call_guard<py::gil_scoped_release>(),
+        .def(py::init<const ModelOptions &>(), py::arg("opts"), py::call_guard<released>(),
              "an embedding model of its own")
         .def_property_readonly("n_embd", &Embedder::n_embd)
         .def_property_readonly("n_ctx", &Embedder::n_ctx)
@@ -34,7 +34,7 @@ void register_embed(py::module_ & m) {
             const auto check = python_poll(poll); // before every decode batch
             std::vector<std::vector<float>> v;
             {
-                py::gil_scoped_release nogil;
+                released nogil;
                 v = e.embed(inputs, normalize, check);
             }
             py::array_t<float> out({(py::ssize_t) v.size(), (py::ssize_t) e.n_embd()});

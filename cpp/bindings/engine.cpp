@@ -12,7 +12,7 @@ namespace {
 // freeing the llama contexts takes time: do it without the GIL
 struct EngineDeleter {
     void operator()(Engine * e) const {
-        py::gil_scoped_release release;
+        released_to_free release;
         delete e;
     }
 };
@@ -83,7 +83,7 @@ void register_engine(py::module_ & m) {
         .def_property_readonly("logprobs", [](const StepResult & r) { return logprob_list(r.logprobs); });
 
     py::class_<Engine, std::unique_ptr<Engine, EngineDeleter>>(m, "Engine")
-        .def(py::init<const EngineOptions &>(), py::call_guard<py::gil_scoped_release>())
+        .def(py::init<const EngineOptions &>(), py::call_guard<released>())
         .def_property_readonly("target", &Engine::target, py::return_value_policy::reference_internal)
         .def_property_readonly("draft", &Engine::draft_model, py::return_value_policy::reference_internal,
                                "the draft model (None without one)")
@@ -95,45 +95,45 @@ void register_engine(py::module_ & m) {
         .def("start", [](Engine & e, const std::vector<llama_token> & prompt, const GenerateOptions & opts,
                          py::object poll) {
             const auto check = python_poll(poll); // between prefill batches
-            py::gil_scoped_release nogil;
+            released nogil;
             e.start(prompt, opts, check);
         }, py::arg("prompt"), py::arg("opts"), py::arg("poll") = py::none())
-        .def("step", &Engine::step, py::call_guard<py::gil_scoped_release>())
+        .def("step", &Engine::step, py::call_guard<released>())
         .def("set_drafter", &Engine::set_drafter, py::arg("kind"), py::arg("draft"), py::arg("ngram"),
-             py::call_guard<py::gil_scoped_release>())
-        .def("cancel", &Engine::cancel, py::call_guard<py::gil_scoped_release>())
+             py::call_guard<released>())
+        .def("cancel", &Engine::cancel, py::call_guard<released>())
         .def("interrupt", &Engine::interrupt, "from any thread: stop the running generation at its next prompt "
              "batch or step")
         .def("clear_interrupt", &Engine::clear_interrupt)
         .def_property_readonly("interrupted", &Engine::interrupted)
-        .def("reset", &Engine::reset, py::arg("keep_memory") = false, py::call_guard<py::gil_scoped_release>())
-        .def("memory", &Engine::memory, py::call_guard<py::gil_scoped_release>())
-        .def("set_memory", &Engine::set_memory, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
-        .def("clear_memory", &Engine::clear_memory, py::call_guard<py::gil_scoped_release>())
-        .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<py::gil_scoped_release>())
+        .def("reset", &Engine::reset, py::arg("keep_memory") = false, py::call_guard<released>())
+        .def("memory", &Engine::memory, py::call_guard<released>())
+        .def("set_memory", &Engine::set_memory, py::arg("tokens"), py::call_guard<released>())
+        .def("clear_memory", &Engine::clear_memory, py::call_guard<released>())
+        .def("set_memory_tokens", &Engine::set_memory_tokens, py::arg("n"), py::call_guard<released>())
         .def_property_readonly("memory_tokens", &Engine::memory_tokens)
         .def("set_memory_ambiguous_drafts", &Engine::set_memory_ambiguous_drafts, py::arg("on"),
-             py::call_guard<py::gil_scoped_release>(),
+             py::call_guard<released>(),
              "draft from a memory match whose key the memory continues in more than one way (default: off)")
         .def_property_readonly("memory_ambiguous_drafts", &Engine::memory_ambiguous_drafts)
         .def("set_prompt_cache_bytes", &Engine::set_prompt_cache_bytes, py::arg("bytes"),
-             py::call_guard<py::gil_scoped_release>())
+             py::call_guard<released>())
         .def_property_readonly("prompt_cache_bytes", &Engine::prompt_cache_bytes)
         .def("set_grammar_drafts", &Engine::set_grammar_drafts, py::arg("on"))
         .def_property_readonly("prompt_cache_used", &Engine::prompt_cache_used)
         .def_property_readonly("prompt_cache_entries", &Engine::prompt_cache_entries)
         .def("set_prompt_store", &Engine::set_prompt_store, py::arg("dir"), py::arg("max_bytes"), py::arg("identity"),
-             py::call_guard<py::gil_scoped_release>())
+             py::call_guard<released>())
         .def_property_readonly("prompt_store_dir", &Engine::prompt_store_dir)
-        .def("flush_prompt_store", &Engine::flush_prompt_store, py::call_guard<py::gil_scoped_release>())
+        .def("flush_prompt_store", &Engine::flush_prompt_store, py::call_guard<released>())
         .def_property_readonly("prompt_store_entries", &Engine::prompt_store_entries)
         .def_property_readonly("prompt_store_bytes", &Engine::prompt_store_bytes)
         .def("set_sentence_boundaries", &Engine::set_sentence_boundaries, py::arg("on"),
-             py::call_guard<py::gil_scoped_release>())
+             py::call_guard<released>())
         .def_property_readonly("sentence_boundaries", &Engine::sentence_boundaries)
         .def("profile_verify", &Engine::profile_verify, py::arg("sizes"), py::arg("n_reps") = 2, py::arg("n_prefix") = 32,
-             py::call_guard<py::gil_scoped_release>())
-        .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<py::gil_scoped_release>())
+             py::call_guard<released>())
+        .def("profile_draft", &Engine::profile_draft, py::arg("n_reps") = 3, py::call_guard<released>())
         .def("set_verify_costs", [](Engine & e, const std::vector<double> & c) { e.auto_policy().set_verify_costs(c); })
         .def("verify_costs", [](Engine & e) { return e.auto_policy().verify_costs(); })
         .def("set_draft_token_cost", [](Engine & e, double ms) {
@@ -148,15 +148,15 @@ void register_engine(py::module_ & m) {
             }
             e.auto_policy().set_context_row_cost(ms);
         })
-        .def("policy_state", &Engine::policy_state, py::call_guard<py::gil_scoped_release>(),
+        .def("policy_state", &Engine::policy_state, py::call_guard<released>(),
              "a copy of what \"auto\" has learned so far (acceptance estimates, costs, level); set_policy_state puts "
              "it back, so that a prompt run again (a benchmark's rounds) starts where its first run started")
-        .def("step_level", &Engine::step_level, py::call_guard<py::gil_scoped_release>(),
+        .def("step_level", &Engine::step_level, py::call_guard<released>(),
              "(level, steps): \"auto\"'s plain steps' measured / profiled cost, and how many steps taught it")
-        .def("batch_shape", &Engine::batch_shape, py::call_guard<py::gil_scoped_release>(),
+        .def("batch_shape", &Engine::batch_shape, py::call_guard<released>(),
              "(shape, batches): what verify batches cost against the plain steps of their moment, each measured / "
              "profiled (1 = the profile's shape), and how many batches taught it since the costs were set")
-        .def("set_policy_state", &Engine::set_policy_state, py::arg("state"), py::call_guard<py::gil_scoped_release>())
+        .def("set_policy_state", &Engine::set_policy_state, py::arg("state"), py::call_guard<released>())
         .def("set_learn_batch_costs", [](Engine & e, bool on) { e.auto_policy().set_learn_batch_costs(on); },
              py::arg("on"), "learn what verify batches cost against a plain step from their timing (default: off)")
         .def_property_readonly("learn_batch_costs", [](Engine & e) { return e.auto_policy().learn_batch_costs(); })

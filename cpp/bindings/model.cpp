@@ -50,7 +50,7 @@ void register_model(py::module_ & m) {
              "InvalidArgument (ValueError) with the parser's message unless gbnf is a grammar (that begins with "
              "each trigger word, if any)")
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
-             py::arg("parse_special") = true, py::call_guard<py::gil_scoped_release>()) // long texts take seconds
+             py::arg("parse_special") = true, py::call_guard<released>()) // long texts take seconds
         .def("piece", [](const Model & self, llama_token t) { return py::bytes(self.piece(t)); })
         .def("detokenize", [](const Model & self, const std::vector<llama_token> & tokens) {
             std::string s;

@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include "specllm/amx.h"
+#include "specllm/errors.h"
 #include "specllm/threads.h"
 #include "specllm/chat.h"
 #include "specllm/grammar.h"
@@ -10,10 +11,38 @@
 
 #include "llama.h"
 
+#include <atomic>
+#include <pthread.h>
+
+namespace {
+std::atomic<int> calls_inside{0};
+std::atomic<bool> exiting{false};
+unsigned long main_thread = 0;
+} // namespace
+
+int native_calls_inside() { return calls_inside.load(); }
+
+CountedCall::CountedCall(bool may_refuse) {
+    if (may_refuse && exiting.load() && PyThread_get_thread_ident() != main_thread) {
+        throw specllm::Error("the interpreter is exiting: this LLM takes no more calls from other threads");
+    }
+    calls_inside.fetch_add(1);
+}
+
+CountedCall::~CountedCall() { calls_inside.fetch_sub(1); }
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "specllm C++ core: speculative decoding over llama.cpp";
     m.attr("llama_cpp_version") = SPECLLM_LLAMA_CPP_VERSION;
     m.attr("cache_types") = py::cast(specllm::cache_type_names()); // the KV cache types (model.cpp's one list)
+    // a child forked while another thread was inside a call has that thread's count but not the thread: none
+    pthread_atfork(nullptr, nullptr, [] { calls_inside.store(0); });
+    m.def("set_exiting", [](unsigned long main_ident) {
+        main_thread = main_ident;
+        exiting.store(true);
+    }, py::arg("main_ident"), "the interpreter exits: later calls without the GIL from other threads are refused");
+    m.def("native_calls_inside", &native_calls_inside,
+          "how many threads are inside a call into llama.cpp made without the GIL (the exit waits for them)");
     m.def("supports_gpu_offload", &llama_supports_gpu_offload, "whether libllama was built with a GPU backend");
     m.def("release_compute_threads", &specllm::release_compute_threads,
           "release the calling thread's pool of CPU backend workers (OpenMP), as a thread done decoding for now "

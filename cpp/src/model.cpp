@@ -6,6 +6,8 @@
 #include "specllm/log.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 
 namespace specllm {
@@ -30,6 +32,7 @@ Model::Model(const ModelOptions & opts) : opts_(opts), model_(load_model(opts, "
     cparams.type_k = cache_type(opts.cache_type_k, "cache_type_k");
     cparams.type_v = cache_type(opts.cache_type_v, "cache_type_v");
     cparams.flash_attn_type = (llama_flash_attn_type) opts.flash_attn;
+    check_head_blocks(cparams.type_k, "cache_type_k");
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
         std::string why = log_take_errors();
@@ -45,6 +48,32 @@ Model::Model(const ModelOptions & opts) : opts_(opts), model_(load_model(opts, "
     }
     n_ctx_ = (int) llama_n_ctx(ctx_.get());
     batch_ = llama_batch_init((int32_t) llama_n_batch(ctx_.get()), 0, 1);
+}
+
+void Model::check_head_blocks(ggml_type type, const char * what) const {
+    // a quantized K cache stores each head's row in blocks: a head size the block does not divide made llama.cpp
+    // assert (abort the process) with flash attention off, where "auto" failed the context cleanly
+    const int64_t block = ggml_blck_size(type);
+    if (block <= 1) {
+        return;
+    }
+    char arch[64] = {0};
+    char key_length[32] = {0};
+    int64_t head = 0;
+    if (llama_model_meta_val_str(model_.get(), "general.architecture", arch, sizeof(arch)) > 0 &&
+        llama_model_meta_val_str(model_.get(), (std::string(arch) + ".attention.key_length").c_str(), key_length,
+                                 sizeof(key_length)) > 0) {
+        head = std::atoll(key_length);
+    } else if (llama_model_n_head(model_.get()) > 0) {
+        head = llama_model_n_embd(model_.get()) / llama_model_n_head(model_.get());
+    }
+    if (head > 0 && head % block != 0) {
+        throw ModelLoadError(std::string(what) + "=" + (std::string(what) == "cache_type_k" ? opts_.cache_type_k
+                                                                                           : opts_.cache_type_v) +
+                             " stores blocks of " + std::to_string(block) + " values, which do not divide the " +
+                             "attention head size (" + std::to_string(head) + ") of '" + opts_.path +
+                             "'; use f16 (the default), bf16 or f32");
+    }
 }
 
 Model::~Model() {

@@ -79,6 +79,7 @@ class Model {
     const float * logits(int i) const;
 
   private:
+    void check_head_blocks(ggml_type type, const char * what) const; // a ModelLoadError if a block breaks a head
     ModelOptions opts_;
     llama_model_ptr model_;   // declared before the context so that it is freed after it
     llama_context_ptr ctx_;
