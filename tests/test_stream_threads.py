@@ -231,3 +231,56 @@ def test_after_shut_a_thread_that_waited_for_the_gate_is_refused():
     waiter.join(10)
     closer.join(10)
     assert shut == [True] and len(refused) == 1 and "interpreter is exiting" in str(refused[0])
+
+
+def test_a_stream_queued_behind_another_call_ends_at_once_when_cancelled(tiny, make_llm):
+    """Its next() waited for the LLM behind the other holder and said "cancelled" only when that ended (3.3 s in
+    review), and close() from another thread blocked as long: now both return at once, and nothing of it ran."""
+    llm = make_llm(tiny["target"], None, stream_idle_timeout=60.0)
+    holder = llm.stream(PROMPT, max_tokens=N)
+    next(holder)  # holds the LLM (open, not idle long enough to be preempted)
+    for end in ("cancel", "close"):
+        queued, got = llm.stream(PROMPT, max_tokens=8), []
+        waiter = threading.Thread(target=lambda: got.append(next(queued)))
+        waiter.start()
+        time.sleep(0.2)
+        began = time.monotonic()
+        queued.cancel() if end == "cancel" else queued.close()
+        waiter.join(30)
+        assert time.monotonic() - began < 1.0, end
+        assert got[0].finish_reason == "cancelled" and got[0].tokens == [] and queued.finish_reason == "cancelled"
+    rest = [c for c in holder]  # the holder goes on as before
+    assert rest[-1].finish_reason == "length"
+    assert llm.generate(PROMPT, max_tokens=4).finish_reason == "length"
+
+
+@pytest.mark.parametrize("where", ["leave", "busy"])
+def test_ctrl_c_as_the_gate_changes_hands_leaves_it_free(llm, where):
+    """A signal's handler runs even as a function is entered: Ctrl-C at the entry of Gate.leave (or of busy, as a
+    stream ends) left the gate held by a holder gone, and every later call waited for ever (a reviewer's rapid
+    SIGINTs got there after some hundreds). Raised where a real SIGINT's handler would raise it, once."""
+    import sys
+
+    from specllm.stream import Gate
+    code, armed = getattr(Gate, where).__code__, [True]
+
+    def interrupt(frame, event, arg):
+        if event == "call" and frame.f_code is code and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    calls = [lambda: llm.generate(PROMPT, max_tokens=4)] + ([llm.reset] if where == "leave" else [])
+    for call in calls:
+        armed[0] = True
+        sys.setprofile(interrupt)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                call()
+        finally:
+            sys.setprofile(None)
+        assert llm._gate._holder is None
+        done = []
+        t = threading.Thread(target=lambda: done.append(llm.generate(PROMPT, max_tokens=4).finish_reason))
+        t.start()
+        t.join(30)
+        assert done == ["length"]

@@ -8,8 +8,10 @@ LLM for longer than that; the abandoned stream then ends with finish_reason "can
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -20,6 +22,49 @@ from .errors import Cancelled, SpecLLMError
 from .results import Chunk, Stats, TokenLogprob
 
 log = logging.getLogger("specllm")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Ctrl-C inside the block (main thread) takes effect when it ends: the gate's short bookkeeping (who holds it)
+    is never left half done. Interrupted there, the gate stayed held by a holder gone, and every later call of the
+    LLM waited for ever (a reviewer's rapid SIGINTs: after some hundreds)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *a: hit.append(a))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if hit:
+        if callable(previous):
+            previous(*hit[0])
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
+def _leave_surely(gate: "Gate", holder) -> None:
+    """gate.leave(holder), again if Ctrl-C cut it off (a signal's handler runs even as a function is entered: at the
+    entry of leave() it left the gate held), the interrupt raised once the gate is left."""
+    interrupted = None
+    for _ in range(100):
+        try:
+            gate.leave(holder)
+            break
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
+
+
+class _Abandoned(Exception):
+    """Gate.enter's caller gave up waiting (a queued stream was cancelled)."""
 
 
 class Gate:
@@ -38,8 +83,9 @@ class Gate:
         if os.getpid() != self._here:
             self._cond, self._holder, self._here = threading.Condition(), None, os.getpid()
 
-    def enter(self, holder) -> None:
-        """Wait until holder may run (preempting a stream left idle for idle_timeout)."""
+    def enter(self, holder, abandon: Optional[Callable[[], bool]] = None) -> None:
+        """Wait until holder may run (preempting a stream left idle for idle_timeout); _Abandoned once abandon()
+        says so (checked whenever the gate changes hands and on wake())."""
         if os.getpid() != self._pid and not getattr(holder, "closing", False):
             raise SpecLLMError("this LLM was loaded in another process (this one was forked from it: os.fork, "
                                "multiprocessing's 'fork' start method), where llama.cpp's threads are not; it hung "
@@ -47,7 +93,11 @@ class Gate:
         self._forked()
         with self._cond:
             self._check_shut()
+            if self._holder is holder:  # taken by an earlier enter that Ctrl-C cut off before its caller knew
+                return
             while self._holder is not None:
+                if abandon is not None and abandon():
+                    raise _Abandoned
                 h = self._holder
                 idle = h._idle_since
                 if idle is None:
@@ -61,6 +111,12 @@ class Gate:
                 self._holder = None
             self._check_shut()  # shut while this waited
             self._holder = holder
+
+    def wake(self) -> None:
+        """Have waiters look again (a queued stream was cancelled: it gives up at once)."""
+        self._forked()
+        with self._cond:
+            self._cond.notify_all()
 
     @property
     def exiting(self) -> bool:
@@ -104,22 +160,25 @@ class Gate:
 
     def idle(self, holder) -> None:
         self._forked()
-        with self._cond:
+        with _interrupts_deferred(), self._cond:
             holder._idle_since = time.monotonic()
             self._cond.notify_all()
 
     def busy(self, holder) -> bool:
         """Mark holder as running a step; False if it was preempted meanwhile."""
         self._forked()
-        with self._cond:
+        with _interrupts_deferred(), self._cond:
             if self._holder is not holder:
                 return False
             holder._idle_since = None
             return True
 
+    def holds(self, holder) -> bool:
+        return self._holder is holder
+
     def leave(self, holder) -> None:
         self._forked()
-        with self._cond:
+        with _interrupts_deferred(), self._cond:
             if self._holder is holder:
                 self._holder = None
                 self._cond.notify_all()
@@ -152,11 +211,15 @@ class Call:
         self.closing = closing  # close(): let in a forked process too (it frees what the process inherited)
 
     def __enter__(self):
-        self._gate.enter(self)
+        try:
+            self._gate.enter(self)
+        except BaseException:  # Ctrl-C as enter took the gate: given back (leave does nothing if it did not)
+            _leave_surely(self._gate, self)
+            raise
         return self
 
     def __exit__(self, *exc):
-        self._gate.leave(self)
+        _leave_surely(self._gate, self)
 
     def _preempt(self) -> None:  # pragma: no cover - never idle
         raise AssertionError("a call is never idle")
@@ -218,6 +281,8 @@ class Stream:
             self._cancelled = True
             if self._running:
                 self._engine.interrupt()
+        if not self._entered:  # a next() waiting for the LLM behind another call gives up now (it waited for it)
+            self._gate.wake()
 
     def close(self) -> None:
         """End the stream now (from any thread); a step running elsewhere finishes first."""
@@ -231,8 +296,15 @@ class Stream:
             if self._done:
                 raise StopIteration
             if not self._entered:
-                self._gate.enter(self._ticket)
-                self._entered = True
+                try:
+                    self._gate.enter(self._ticket, abandon=lambda: self._cancelled)
+                except _Abandoned:  # cancelled (or closed) while it waited: nothing of it ran
+                    self._done = True
+                    return self._last_chunk("cancelled", Stats())
+                except BaseException:  # Ctrl-C as enter took the gate: given back
+                    _leave_surely(self._gate, self._ticket)
+                    raise
+                self._entered = True  # (an interrupt here is caught by _end's holds(): see below)
                 self._engine = self._llm._engine
             elif not self._gate.busy(self._ticket):  # preempted while idle
                 self._done = True
@@ -314,7 +386,18 @@ class Stream:
 
     def _end(self, cancelled: bool) -> None:
         self._done = True
-        if self._entered:
+        interrupted = None
+        for _ in range(100):  # again if Ctrl-C cut it off (busy() entered, the gate still held): raised once ended
+            try:
+                self._end_once(cancelled)
+                break
+            except KeyboardInterrupt as e:
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+    def _end_once(self, cancelled: bool) -> None:
+        if self._entered or self._gate.holds(self._ticket):  # (held but not yet marked: Ctrl-C between the two)
             if self._gate.busy(self._ticket):  # still the holder (not preempted)
                 try:
                     stats = self._finish_engine()
@@ -323,4 +406,4 @@ class Stream:
                     if cancelled and self.finish_reason is None:
                         self.finish_reason = "cancelled"
                 finally:  # even if finishing raised (the LLM was closed): a held gate would block every later call
-                    self._gate.leave(self._ticket)
+                    _leave_surely(self._gate, self._ticket)
