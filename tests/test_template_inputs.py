@@ -78,3 +78,23 @@ def test_a_template_that_adds_arguments_to_strings_gets_them_as_text(tiny, make_
     messages = HI + [{"role": "assistant", "content": None, "tool_calls": [call]}]
     with TestClient(create_app(llm)) as c:
         assert prompt(c, messages) == '<user>hi<call>f:{"a": 1}</call>'  # was a 400 (str + dict)
+
+
+def test_a_thinking_models_earlier_thoughts_and_its_switch(tiny, make_llm):
+    """reasoning_content reaches the template (Qwen3's puts it back in agent turns; it was dropped), and
+    enable_thinking must be a boolean: "false", a string, is true to a template (llama-server refuses it too)."""
+    from specllm import InvalidOptionError
+    from specllm.server import create_app
+
+    shows = ("{% for m in messages %}<{{ m['role'] }}>{% if m['reasoning_content'] %}<think>"
+             "{{ m['reasoning_content'] }}</think>{% endif %}{{ m['content'] }}{% endfor %}")
+    llm = make_llm(tiny["target"], chat_template=shows)
+    messages = HI + [{"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+                     {"role": "user", "content": "bye"}]
+    assert "<assistant><think>greet back</think>hello" in llm.apply_chat_template(messages)
+    with TestClient(create_app(llm)) as c:
+        assert "<think>greet back</think>" in prompt(c, messages)
+        r = c.post("/apply-template", json={"messages": HI, "chat_template_kwargs": {"enable_thinking": "false"}})
+        assert r.status_code == 400 and "enable_thinking must be true or false" in r.text, r.text
+    with pytest.raises(InvalidOptionError, match="enable_thinking must be true or false"):
+        llm.apply_chat_template(HI, chat_template_kwargs={"enable_thinking": "false"})

@@ -66,7 +66,8 @@ def _compile(template: str):
 
 def check_messages(messages) -> List[dict]:
     """The messages as a template gets them: str role and content; an assistant message may carry tool_calls
-    (a list of dicts; its content may then be None) and a tool message tool_call_id and name (str)."""
+    (a list of dicts; its content may then be None) and reasoning_content, a tool message tool_call_id and name
+    (str)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidOptionError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     out = []
@@ -81,8 +82,8 @@ def check_messages(messages) -> List[dict]:
             if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
                 raise InvalidOptionError(f"messages[{i}].tool_calls must be a list of dicts, got {calls!r}")
             msg["tool_calls"] = calls
-        for key in ("tool_call_id", "name"):
-            if m.get(key) is not None:
+        for key in ("tool_call_id", "name", "reasoning_content"):  # reasoning_content: a thinking model's earlier
+            if m.get(key) is not None:                               # thoughts, which Qwen3's template puts back
                 if not isinstance(m[key], str):
                     raise InvalidOptionError(f"messages[{i}].{key} must be a str, got {m[key]!r}")
                 msg[key] = _text(key, m[key])
@@ -113,6 +114,9 @@ def check_kwargs(kwargs, name: str = "chat_template_kwargs") -> dict:
         if key in RESERVED:
             raise InvalidOptionError(f"{name}: {key!r} is set for every template ({', '.join(RESERVED)}); leave it "
                                      "out")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):  # "false" reads as true
+        raise InvalidOptionError(f"{name}: enable_thinking must be true or false, got "
+                                 f"{kwargs['enable_thinking']!r} (as llama-server requires)")
     return dict(kwargs)
 
 

@@ -61,7 +61,7 @@ def _message(m: p.Message, i: int) -> dict:
                                     "\"...\", \"arguments\": \"{...}\"}}", "invalid_request_error",
                                f"messages.{i}.tool_calls.{j}.function", "invalid_value")
         out["tool_calls"] = [tool_calls.template_call(c) for c in m.tool_calls]
-    for key in ("tool_call_id", "name"):
+    for key in ("tool_call_id", "name", "reasoning_content"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     return out

@@ -29,6 +29,7 @@ class Message(_Request):
     tool_calls: Optional[List[Dict[str, Any]]] = None  # an assistant's earlier calls
     tool_call_id: Optional[str] = None                  # a tool's result: the call it answers
     name: Optional[str] = None
+    reasoning_content: Optional[str] = None             # a thinking model's earlier thoughts (llama-server's field)
 
 
 class SamplingFields(_Request):
