@@ -212,7 +212,16 @@ def test_raw_sse_framing_ends_with_done(server):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    assert all(json.loads(line[6:])["object"] == "chat.completion.chunk" for line in lines[:-1])
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    # each choice writes finish_reason and logprobs, null until set, as OpenAI's chunks do (they were left out)
+    assert all("finish_reason" in ch and "logprobs" in ch for c in chunks for ch in c["choices"])
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"]][-1] == "length"
+    assert chunks[0]["choices"][0]["finish_reason"] is None
+    with httpx.stream("POST", f"{server.url}/v1/completions", headers=AUTH, timeout=30,
+                      json={"prompt": "Once", "max_tokens": 3, "stream": True}) as r:
+        texts = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all(ch.keys() >= {"text", "index", "logprobs", "finish_reason"} for c in texts for ch in c["choices"])
 
 
 def test_chat_penalties_equal_llm_chat(client, local):

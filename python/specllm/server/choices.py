@@ -18,7 +18,7 @@ from ..results import Stats
 from . import jobs
 from . import logprobs as lp
 from . import protocol as p
-from .errors import APIError
+from .errors import APIError, json_text
 from .worker import Job
 
 MAX_CHOICES = 128  # prompts x n in one request (OpenAI's limit on n)
@@ -107,7 +107,7 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
                     break
             head, make_chunk = chunker(c)
             if head is not None:
-                yield head.model_dump_json(exclude_none=True)
+                yield chunk_json(head)
             released = lp.Released(state.llm.token_bytes)  # logprobs go out with their text (a stop string's never)
             logprobs = []  # released with their text, not sent yet (the text is held: a tool call may be starting)
             failed = False
@@ -129,7 +129,7 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
                 if chunk is not None:  # None: text held back (a tool call may be starting)
                     logprobs = []
                     for one in chunk if isinstance(chunk, list) else [chunk]:
-                        yield one.model_dump_json(exclude_none=True)
+                        yield chunk_json(one)
                 if value.finish_reason is not None:
                     done.append(value.stats)
             if failed:
@@ -144,6 +144,16 @@ async def _events(request: Request, first_job: Job, choices: List[Choice], chunk
     finally:
         job.cancel()
         state.metrics.request_seconds.labels(endpoint=request.url.path).observe(time.monotonic() - t0)
+
+
+def chunk_json(chunk) -> str:
+    """A stream chunk's JSON: fields that are None left out, but each choice's finish_reason and logprobs written
+    (null until set), as OpenAI writes them: clients that validate chunks strictly read them as required."""
+    body = chunk.model_dump(exclude_none=True)
+    for choice in body.get("choices", []):
+        choice.setdefault("logprobs", None)
+        choice.setdefault("finish_reason", None)
+    return json_text(body)
 
 
 def respond_stream(request: Request, first_job: Job, choices: List[Choice], chunker: Chunker,
