@@ -85,7 +85,10 @@ class Converter(llama_grammar.SchemaConverter):
             name = f"{base}{i}"
         self._ref_names[ref] = name  # before visiting: a recursive schema names itself
         got = self.visit(self._refs[ref], name)
-        if got != name:  # the visit named its rule otherwise: the name stands for it
+        if got != name:  # the visit named its rule otherwise: the name stands for it, unless another rule took it
+            if name in self._rules:
+                self._ref_names[ref] = got
+                return got
             self._rules[name] = got
         return name
 
