@@ -12,7 +12,7 @@ MODEL = "tiny-tools"
 # a call whose argument the model must write as the JSON escape "\ud800" (a lone surrogate once decoded), as a model
 # may write half of an emoji's pair
 SURROGATE_TOOL = {"type": "function", "function": {"name": "echo", "parameters": {
-    "type": "object", "properties": {"p": {"type": "string", "pattern": "^\\\\ud800$"}}, "required": ["p"],
+    "type": "object", "properties": {"p": {"const": "\ud800"}}, "required": ["p"],
     "additionalProperties": False}}}
 
 

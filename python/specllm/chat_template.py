@@ -40,7 +40,12 @@ def _raise(message):
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     # as transformers renders it (not jinja2's HTML-safe tojson)
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a tool's enum "\ud800"): escaped, or the prompt is refused
+        text = json.dumps(x, ensure_ascii=True, indent=indent, separators=separators, sort_keys=sort_keys)
+    return text
 
 
 @functools.lru_cache(maxsize=8)

@@ -18,7 +18,7 @@ shared with another of the same last segment; a root property named ""; the type
 its bounds; allOf around one schema (pydantic's wrapper of a $ref), other non-object allOf refused; prefixItems
 beside items as the tuple; a pattern checked as a regular expression, its escapes GBNF does not read (\\d, \\.)
 written as classes, "." and [^...] without a quote, backslash or control character, the whole pattern inside the
-string's quotes, lazy quantifiers as greedy; a pattern that would put a quote or a backslash in the string refused.
+string's quotes, lazy quantifiers as greedy, a quote or backslash it names written as JSON escapes them.
 Keywords the grammar cannot hold (a number's bounds, multipleOf, uniqueItems, minProperties...) are not enforced,
 as in llama.cpp.
 
@@ -333,8 +333,8 @@ def _pattern(pattern: str, name: str) -> str:
     """A string's `pattern` as the converter reads it, or a SchemaError: a valid regular expression (Python's reading;
     an unbalanced parenthesis or [z-a] was a grammar whose reply dead-ended), escapes it does not know written as
     classes (\\d \\w \\s \\. \\$ \\^ made GBNF that did not parse), lazy quantifiers as greedy ones (the same
-    strings; "+?" was read as "+" then "?"). A quote or a backslash the string would hold is not supported (the
-    converter writes them unescaped: not JSON)."""
+    strings; "+?" was read as "+" then "?"), a quote or a backslash as JSON writes it in a string (the converter
+    wrote them raw: not JSON, or another character); in a [class] they are refused."""
     where = f"the schema at {name or 'the root'}"
     try:
         re.compile(pattern)
@@ -346,8 +346,12 @@ def _pattern(pattern: str, name: str) -> str:
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
             table = _ESCAPED_IN_CLASS if in_class else _ESCAPED_ALONE
-            if nxt in ('"', "\\"):
-                raise SchemaError(f"{where}: a pattern that matches a quote or a backslash is not supported")
+            if nxt in ('"', "\\") and in_class:
+                raise SchemaError(f"{where}: a quote or a backslash in a pattern's [class] is not supported")
+            if nxt in ('"', "\\"):  # the character, as JSON writes it in a string: \" or \\ (a group of its own)
+                out.append('(\\\\")' if nxt == '"' else "(\\\\\\\\)")
+                i += 2
+                continue
             if nxt in table:
                 out.append(table[nxt])
             elif nxt in "[]-xu" or (nxt in "(){}*+?|" and not in_class):  # GBNF's, or the converter reads them
@@ -363,7 +367,11 @@ def _pattern(pattern: str, name: str) -> str:
             i += 3
             continue
         if c == '"':
-            raise SchemaError(f"{where}: a pattern that matches a quote or a backslash is not supported")
+            if in_class:
+                raise SchemaError(f"{where}: a quote or a backslash in a pattern's [class] is not supported")
+            out.append('(\\\\")')
+            i += 1
+            continue
         if c == "[" and not in_class:
             in_class = True
             out.append(c)
