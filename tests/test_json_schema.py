@@ -131,6 +131,8 @@ def test_what_a_schema_generates_is_json_that_follows_it(tiny, make_llm):
             "definitions": {"Item": {"enum": ["p", "q"]}}}
     for v in sampled(llm, defs):
         assert v["a"] in (1, 2) and v["b"] in ("p", "q") and v["Item"] == "x" and isinstance(v[""], int), v
+    root_all_of = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}]}
+    assert all(isinstance(v["a"], int) for v in sampled(llm, root_all_of))  # the root's own: was no root rule
     wrapped = {"type": "object", "properties": {"s": {"allOf": [{"$ref": "#/$defs/S"}], "description": "a state"}},
                "required": ["s"], "$defs": {"S": {"enum": ["open", "closed"]}}}
     assert all(v["s"] in ("open", "closed") for v in sampled(llm, wrapped))
@@ -140,13 +142,15 @@ def test_what_a_schema_generates_is_json_that_follows_it(tiny, make_llm):
     pair = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": {"type": "boolean"}}
     assert all(len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str) for v in sampled(llm, pair))
     for pattern in ["^.{3,12}$", "^[^a-z ]{3,12}$", "^ab|cd$", "^a+?b$", "^\\d+\\.\\d+$", "^(?:x|y)[\\d.]{1,3}$",
-                    "^v\\$[\\^_]$", '^say "hi"$', "^a\\\\b\"?$"]:  # a quote, a backslash: as JSON writes them
+                    "^v\\$[\\^_]$", '^say "hi"$', "^a\\\\b\"?$",  # a quote, a backslash: as JSON writes them
+                    "^[ -~]{6}$", "^\\x41\\x22?\\x01?$", "^[\\x00-\\x7f]{2}$"]:  # classes cut around them
         for v in sampled(llm, {"type": "string", "pattern": pattern}, seeds=range(4), max_tokens=40):
             assert re.fullmatch(pattern, v), (pattern, v)
 
 
 @pytest.mark.parametrize("schema, words", [
     ({"type": "string", "pattern": '^[a"]$'}, "a quote or a backslash in a pattern's [class] is not supported"),
+    ({"type": "string", "pattern": "^[\\x00-\\x1f]$"}, "holds only characters a JSON string must escape"),
     ({"type": "string", "pattern": "^(a$"}, "is not a valid regular expression"),
     ({"type": "string", "pattern": "^[z-a]$"}, "is not a valid regular expression"),
     ({"type": "string", "pattern": "^\\D$"}, "pattern escape \\D is not supported"),

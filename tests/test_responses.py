@@ -228,6 +228,10 @@ def test_input_items_lists_a_chains_items_and_an_item_reference_names_a_kept_one
                          ({"limit": "x"}, "limit"), ({"after": "msg_nothing"}, "after")]:
         r = httpx.get(f"{server.url}/v1/responses/{r2.id}/input_items", params=query, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    with pytest.raises(openai.BadRequestError) as e:  # the call again beside the response that holds it
+        client.responses.create(model="tiny-tools", previous_response_id=r1.id, max_output_tokens=2,
+                                input=[{"type": "item_reference", "id": call.id}])
+    assert e.value.body["param"] == "input.0" and e.value.body["code"] == "duplicate_item"
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_nothing")
     with pytest.raises(openai.BadRequestError) as e:  # a reference to nothing kept

@@ -45,6 +45,8 @@ def test_a_requests_tools_choose_the_models_tool_use_template(two_templates, mak
         r = c.post("/v1/chat/completions", json={"messages": HI, "tools": [WEATHER], "max_tokens": 4})
         assert r.status_code == 200, r.text  # was a 400: "does not ask for tool calls in the <tool_call> format"
         assert prompt(c, HI) == llm.apply_chat_template(HI)
+        shown = c.post("/api/show", json={"model": "two"})
+        assert shown.status_code == 200 and "tools" in shown.json()["capabilities"], shown.text  # Ollama's
 
 
 def test_tools_reach_the_template_whatever_tool_choice_says(tools_local):

@@ -95,8 +95,8 @@ class Converter(llama_grammar.SchemaConverter):
     def _visit_pattern(self, pattern, name):
         before = set(self._rules)
         rule = super()._visit_pattern(_pattern(pattern, name), name)
-        for key in set(self._rules) - before:  # a negated class takes no character a JSON string must escape
-            self._rules[key] = _NEGATED.sub(lambda m: m.group(0)[:-1] + '"\\\\\\x7F\\x00-\\x1F]', self._rules[key])
+        for key in set(self._rules) - before:  # a class takes no character a JSON string must escape
+            self._rules[key] = _CLASS.sub(lambda m: _json_class(m.group(0), name), self._rules[key])
         if "dot" in self._rules:
             self._rules["dot"] = _DOT
         body = self._rules[rule]
@@ -117,6 +117,8 @@ class Converter(llama_grammar.SchemaConverter):
             all_of = schema.get("allOf")
             if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict) and \
                     not schema.keys() - ANNOTATIONS - {"allOf"}:  # pydantic's wrapper of a $ref with a description
+                if not name:  # the root's own schema: still the root
+                    self._root_seen = False
                 return self.visit(all_of[0], name)
             if isinstance(all_of, list) and not all(
                     isinstance(t, dict) and ("properties" in t or "anyOf" in t or "$ref" in t) for t in all_of):
@@ -323,7 +325,64 @@ def _drop_forbidden(schema: dict, name: str) -> dict:
     return schema
 
 
-_NEGATED = re.compile(r"\[\^(?:[^\]\\]|\\.)*\]")
+_CLASS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')  # a GBNF string (left as is) or class
+_FORBIDDEN = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F)]  # raw in a JSON string: not JSON
+_CLASS_ESCAPES = {"t": 9, "n": 10, "r": 13}
+
+
+def _class_ranges(body: str) -> list:
+    """A GBNF class's body (without [ ] and ^) as (first, last) code points."""
+    chars, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            e = body[i + 1]
+            if e in "xuU":
+                width = {"x": 2, "u": 4, "U": 8}[e]
+                chars.append(int(body[i + 2:i + 2 + width], 16))
+                i += 2 + width
+                continue
+            chars.append(_CLASS_ESCAPES.get(e, ord(e)))
+            i += 2
+            continue
+        chars.append(-1 if c == "-" else ord(c))  # -1: a range's dash (read below)
+        i += 1
+    out, j = [], 0
+    while j < len(chars):
+        if j + 2 < len(chars) and chars[j + 1] == -1 and chars[j] != -1 and chars[j + 2] != -1:
+            out.append((chars[j], chars[j + 2]))
+            j += 3
+        else:
+            c = ord("-") if chars[j] == -1 else chars[j]
+            out.append((c, c))
+            j += 1
+    return out
+
+
+def _json_class(text: str, name: str) -> str:
+    """A class of the pattern's grammar without the characters a JSON string cannot hold raw (a quote, a
+    backslash, control characters): a negated class excludes them too, a class's ranges are cut around them (the
+    port copied [ -~] as it was, and the reply held a raw quote). A GBNF string passes unchanged."""
+    if text.startswith('"'):
+        return text
+    if text.startswith("[^"):
+        return text[:-1] + '"\\\\\\x7F\\x00-\\x1F]'
+    kept = []
+    for lo, hi in _class_ranges(text[1:-1]):
+        for flo, fhi in _FORBIDDEN:
+            if lo <= fhi and hi >= flo:  # cut the forbidden part out
+                if lo < flo:
+                    kept.append((lo, flo - 1))
+                lo = fhi + 1
+            if lo > hi:
+                break
+        if lo <= hi:
+            kept.append((lo, hi))
+    if not kept:
+        raise SchemaError(f"the schema at {name or 'the root'}: a pattern's class {text} holds only characters a "
+                          "JSON string must escape (a quote, a backslash, control characters)")
+    code = lambda c: f"\\x{c:02X}" if c < 0x100 else f"\\u{c:04X}" if c < 0x10000 else f"\\U{c:08X}"
+    return "[" + "".join(code(a) if a == b else f"{code(a)}-{code(b)}" for a, b in kept) + "]"
 # outside a class: the escapes GBNF does not read, as a class of their one character
 _ESCAPED_ALONE = {".": "[.]", "$": "[$]", "^": "[\\x5E]", "/": "/", "d": "[0-9]", "w": "[a-zA-Z0-9_]", "s": "[ ]"}
 _ESCAPED_IN_CLASS = {".": ".", "$": "$", "^": "\\x5E", "/": "/", "d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
@@ -354,6 +413,18 @@ def _pattern(pattern: str, name: str) -> str:
                 continue
             if nxt in table:
                 out.append(table[nxt])
+            elif nxt in "xu" and not in_class:  # the character itself; one JSON escapes, as JSON writes it
+                width = 2 if nxt == "x" else 4
+                digits = pattern[i + 2:i + 2 + width]
+                code = int(digits, 16)  # re.compile read it: width hex digits
+                if code in (0x22, 0x5C):
+                    out.append('(\\\\")' if code == 0x22 else "(\\\\\\\\)")
+                elif code < 0x20 or code == 0x7F:
+                    out.append(f"(\\\\u{code:04x})")
+                else:  # as a class of its one character (the converter split a literal's \\x41 before a group)
+                    out.append("[" + c + nxt + digits + "]")
+                i += 2 + width
+                continue
             elif nxt in "[]-xu" or (nxt in "(){}*+?|" and not in_class):  # GBNF's, or the converter reads them
                 out.append(c + nxt)
             elif nxt in "(){}*+?|":

@@ -45,7 +45,9 @@ def _interrupts_deferred():
     if hit:
         if callable(previous):
             previous(*hit[0])
-        elif previous != signal.SIG_IGN:
+        elif previous == signal.SIG_DFL:  # the default action (the process ends), as without the block
+            os.kill(os.getpid(), signal.SIGINT)
+        elif previous != signal.SIG_IGN:  # a handler set from C (None): Python's own
             raise KeyboardInterrupt
 
 

@@ -111,7 +111,8 @@ async def show(request: Request, body: Dict[str, Any]):
     check_model(state, name, "show")
     shown = details(state)
     template = state.llm.chat_template
-    capabilities = ["completion"] + (["tools"] if tool_calls.template_calls_tools(template) else []) + (
+    with_tools = state.llm.chat_template_for([{"type": "function"}])  # a GGUF's tool_use template, if it has one
+    capabilities = ["completion"] + (["tools"] if tool_calls.template_calls_tools(with_tools) else []) + (
         ["insert"] if state.llm._engine.target.fim_tokens.get("mid", -1) >= 0 else []) + (
         ["thinking"] if thinks(template) else [])
     return {"modelfile": "", "parameters": "\n".join(f"{k} {v}" for k, v in DEFAULTS.items()), "template": template,

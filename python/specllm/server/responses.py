@@ -57,6 +57,12 @@ def _prepare(request: Request, req: ResponsesRequest, count_only: bool = False):
     if isinstance(req.input, list) and not req.input:
         raise bad("input must hold at least one item", "input")
     given = resolved(req.input, _store(request).item)
+    if isinstance(given, list) and prior_items:  # an item the previous response already holds, sent again
+        held = {item.get("id") for item in prior_items}
+        for i, item in enumerate(given):
+            if item.get("id") is not None and item.get("id") in held:
+                raise bad(f"input[{i}] is the item {item['id']!r}, which the previous response already holds: "
+                          "leave it out (previous_response_id brings it)", f"input.{i}", "duplicate_item")
     conversation = conversation_of(given, prior)
     chat = chat_request(req, conversation)
     state, t0 = jobs.begin(request, chat)
