@@ -51,13 +51,13 @@ def _interrupts_deferred():
             raise KeyboardInterrupt
 
 
-def _leave_surely(gate: "Gate", holder) -> None:
-    """gate.leave(holder), again if Ctrl-C cut it off (a signal's handler runs even as a function is entered: at the
-    entry of leave() it left the gate held), the interrupt raised once the gate is left."""
+def _through_interrupts(fn: Callable, *args) -> None:
+    """fn(*args), again if Ctrl-C cut it off (a signal's handler runs even as a function is entered: at the entry of
+    Gate.leave it left the gate held), the interrupt raised once it is done."""
     interrupted = None
     for _ in range(100):
         try:
-            gate.leave(holder)
+            fn(*args)
             break
         except KeyboardInterrupt as e:
             interrupted = e
@@ -216,12 +216,12 @@ class Call:
         try:
             self._gate.enter(self)
         except BaseException:  # Ctrl-C as enter took the gate: given back (leave does nothing if it did not)
-            _leave_surely(self._gate, self)
+            _through_interrupts(self._gate.leave, self)
             raise
         return self
 
     def __exit__(self, *exc):
-        _leave_surely(self._gate, self)
+        _through_interrupts(self._gate.leave, self)
 
     def _preempt(self) -> None:  # pragma: no cover - never idle
         raise AssertionError("a call is never idle")
@@ -304,7 +304,7 @@ class Stream:
                     self._done = True
                     return self._last_chunk("cancelled", Stats())
                 except BaseException:  # Ctrl-C as enter took the gate: given back
-                    _leave_surely(self._gate, self._ticket)
+                    _through_interrupts(self._gate.leave, self._ticket)
                     raise
                 self._entered = True  # (an interrupt here is caught by _end's holds(): see below)
                 self._engine = self._llm._engine
@@ -388,15 +388,7 @@ class Stream:
 
     def _end(self, cancelled: bool) -> None:
         self._done = True
-        interrupted = None
-        for _ in range(100):  # again if Ctrl-C cut it off (busy() entered, the gate still held): raised once ended
-            try:
-                self._end_once(cancelled)
-                break
-            except KeyboardInterrupt as e:
-                interrupted = e
-        if interrupted is not None:
-            raise interrupted
+        _through_interrupts(self._end_once, cancelled)  # again if Ctrl-C cut it off (busy() entered, the gate held)
 
     def _end_once(self, cancelled: bool) -> None:
         if self._entered or self._gate.holds(self._ticket):  # (held but not yet marked: Ctrl-C between the two)
@@ -408,4 +400,4 @@ class Stream:
                     if cancelled and self.finish_reason is None:
                         self.finish_reason = "cancelled"
                 finally:  # even if finishing raised (the LLM was closed): a held gate would block every later call
-                    _leave_surely(self._gate, self._ticket)
+                    _through_interrupts(self._gate.leave, self._ticket)
