@@ -55,8 +55,7 @@ class Released:
         self.token_bytes = token_bytes
         self.pending: List[TokenLogprob] = []
         self.text_chars = 0  # of the text released so far
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.token_start = 0  # the character the next pending entry's bytes start in
+        self.starts = Offsets()  # .at: the character the next pending entry's bytes start in
 
     def add(self, entries: Optional[List[TokenLogprob]], text: Optional[str]) -> List[TokenLogprob]:
         if entries is None:  # not asked for (a chunk asked for carries a list, perhaps empty): nothing to count
@@ -64,10 +63,10 @@ class Released:
         self.pending.extend(entries)
         self.text_chars += len(text or "")
         out = []
-        while self.pending and self.token_start < self.text_chars:
+        while self.pending and self.starts.at < self.text_chars:
             e = self.pending.pop(0)
             out.append(e)
-            self.token_start += len(self.decoder.decode(self.token_bytes(e.token)))
+            self.starts.of([self.token_bytes(e.token)])
         return out
 
 
