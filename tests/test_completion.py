@@ -44,7 +44,7 @@ def test_a_text_prompt_is_completed_as_in_process_generation(server, local):
     assert status == 200, r
     assert r["content"] == want.text and r["tokens"] == want.tokens and r["stop"] is True
     assert r["tokens_predicted"] == want.stats.n_generated and r["tokens_evaluated"] == len(local.prompt_tokens(PROMPT))
-    assert r["prompt"] == local.detokenize(local.prompt_tokens(PROMPT)) and PROMPT in r["prompt"]
+    assert r["prompt"] == local.detokenize(local.prompt_tokens(PROMPT), special=True) and PROMPT in r["prompt"]
     assert r["stop_type"] == ("limit" if want.finish_reason == "length" else "eos")
     assert r["timings"]["predicted_n"] == want.stats.n_generated and r["speculative"]["drafted_tokens"] >= 0
     # the same prompt as token ids, as a one-prompt list, and mixed (text, then ids), through /completions too
@@ -75,7 +75,7 @@ def test_several_prompts_are_answered_in_order_as_a_list_as_llama_server(server,
         assert [a["index"] for a in r] == [0, 1, 2]
         assert [a["content"] for a in r] == [w.text for w in want]
         assert [a["tokens"] for a in r] == [w.tokens for w in want]
-        assert [a["prompt"] for a in r] == [local.detokenize(i) for i in ids]
+        assert [a["prompt"] for a in r] == [local.detokenize(i, special=True) for i in ids]
         assert [a["tokens_evaluated"] for a in r] == [len(i) for i in ids]
     # streamed: each prompt's events in turn, each carrying its index, each prompt ending with its "stop" event
     events = stream(server.url, prompt=texts[:2], n_predict=12, temperature=0)
@@ -83,7 +83,7 @@ def test_several_prompts_are_answered_in_order_as_a_list_as_llama_server(server,
         mine = [e for e in events if e["index"] == i]
         assert "".join(e["content"] for e in mine) == want[i].text
         assert [e["stop"] for e in mine] == [False] * (len(mine) - 1) + [True]
-        assert mine[-1]["prompt"] == local.detokenize(ids[i])
+        assert mine[-1]["prompt"] == local.detokenize(ids[i], special=True)
     assert [e["index"] for e in events] == sorted(e["index"] for e in events)  # one after another
     # sampled with a seed: each prompt as a request of its own with that seed
     status, r = post(server.url, prompt=texts[:2], n_predict=12, seed=7)
@@ -144,7 +144,9 @@ def test_logit_bias_in_llama_servers_forms_as_in_process_generation(server, loca
 
 def test_streamed_as_llama_server_streams(server, local):
     want = local.generate(PROMPT, max_tokens=24)
+    ttft = server.metric("specllm_time_to_first_token_seconds_count")
     events = stream(server.url, prompt=PROMPT, n_predict=24, temperature=0, return_tokens=True)
+    assert server.metric("specllm_time_to_first_token_seconds_count") == ttft + 1  # timed as OpenAI streams are
     assert "".join(e["content"] for e in events) == want.text
     assert [t for e in events[:-1] for t in e["tokens"]] == want.tokens
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
@@ -242,7 +244,7 @@ def test_tokenize_detokenize_and_props_as_llama_server(server, local):
     assert status == 200 and r["tokens"] == local.tokenize(PROMPT, False)  # add_special false, as llama-server's
     status, r = post(server.url, "/tokenize", content=PROMPT, add_special=True, with_pieces=True)
     assert [e["id"] for e in r["tokens"]] == local.prompt_tokens(PROMPT)
-    want = b"".join(local.token_bytes(t) for t in local.prompt_tokens(PROMPT)).decode()
+    want = b"".join(local.token_bytes(t, special=True) for t in local.prompt_tokens(PROMPT)).decode()
     assert "".join(e["piece"] for e in r["tokens"]) == want and PROMPT in want
     ids = local.tokenize(" and", False)
     status, r = post(server.url, "/tokenize", content=["the cat"] + ids)

@@ -55,7 +55,7 @@ def test_what_does_not_fit_keeps_the_end_of_the_prefix_and_the_start_of_the_suff
     whole = llm.infill_prompt("a = 1\n", "b = 2\n", max_tokens=56)  # both fit: nothing cut
     assert len(whole) == (len(t.tokenize("", True, False)) + 3 + len(t.tokenize("a = 1\n", False, False)) +
                           len(t.tokenize("b = 2\n", False, False)))
-    with pytest.raises(specllm.InvalidOptionError, match="no room"):
+    with pytest.raises(specllm.ContextOverflowError, match="no room"):
         llm.infill_prompt(prefix, suffix, max_tokens=254)
 
 
@@ -100,6 +100,14 @@ def test_bad_input(fim, tiny, make_llm):
         llm.infill_prompt("a", "b", max_tokens="16")
     with pytest.raises(specllm.InvalidOptionError, match="max_tokens"):
         llm.infill_prompt("a", "b", max_tokens=-1)
+    for extra, word in (("abc", "extra must be a list"), ([("a.py",)], r"extra\[0\] must be a \(filename, text\)"),
+                        ([("a.py", "x", "y")], r"extra\[0\]"), ([("a.py", 5)], r"extra\[0\] text")):
+        with pytest.raises(TypeError, match=word):
+            llm.infill_prompt("a", "b", extra=extra)
+    with pytest.raises(specllm.ContextOverflowError, match="middle's start"):
+        llm.infill_prompt("a", "b", max_tokens=8, middle="x " * (llm.n_ctx + 10))
+    with pytest.raises(TypeError, match="suffix"):  # chat's prompt is a conversation: no fill in the middle
+        make_llm(fim["target"]).chat([{"role": "user", "content": "x"}], max_tokens=1, suffix="END")
     assert llm.generate("def f():", suffix="\n", max_tokens=4).stats.n_generated >= 1  # still usable
 
 
@@ -122,11 +130,12 @@ def test_the_server_fills_the_middle_from_completions_suffix(fim, tiny, make_llm
         chunks = client.completions.create(model="fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=24, temperature=0,
                                            stream=True)
         assert "".join(c.choices[0].text for c in chunks) == want.text
-        for kw, param in ((dict(prompt=[1, 2, 3], suffix="x"), "prompt"),
-                          (dict(prompt="a", suffix="b", max_tokens=2047), "suffix")):
+        for kw, param, code in ((dict(prompt=[1, 2, 3], suffix="x"), "prompt", "invalid_value"),
+                                (dict(prompt="a", suffix="b", max_tokens=2047), "max_tokens",
+                                 "context_length_exceeded")):
             with pytest.raises(openai.BadRequestError) as e:
                 client.completions.create(model="fim", **{"max_tokens": 8, **kw})
-            assert e.value.body["param"] == param, e.value.body
+            assert e.value.body["param"] == param and e.value.body["code"] == code, e.value.body
     finally:
         assert s.stop(signal.SIGINT) == 0, s.log()
     plain = Server("--model", tiny["target"], "--draft", "none", "--threads", "1", "--ctx", "512",
@@ -172,7 +181,7 @@ def test_other_files_go_before_the_prefix_in_the_repo_level_form(fim, make_llm):
     got = plain.infill_prompt(PREFIX, SUFFIX, 16, extra=EXTRA[:1])
     assert got[:-len(plain.infill_prompt(PREFIX, SUFFIX, 16)) + 1] == tp.tokenize("", True, False) + \
         tp.tokenize("\n\n--- snippet ---\n\n", False, False) + tp.tokenize(EXTRA[0][1], False, False)
-    with pytest.raises(TypeError, match="extra text"):
+    with pytest.raises(TypeError, match=r"extra\[0\] text"):
         llm.infill_prompt(PREFIX, SUFFIX, 16, extra=[("a.py", 5)])
 
 
@@ -252,11 +261,14 @@ def test_the_servers_infill_endpoint_answers_as_llama_server(fim, make_llm, tmp_
         for body, param in ((dict(samplers=["top_k", "mirostat_v3"]), "samplers"), (dict(lora=[{"id": 0}]), "lora"),
                             (dict(n_probs=99), "n_probs"), (dict(input_extra={"a": 1}), "input_extra"),
                             (dict(input_extra=[{"filename": "a.py"}]), "input_extra"), (dict(n_predict=-2), "n_predict"),
-                            (dict(input_suffix=None), "input_suffix"), (dict(n_predict=2048), "input_suffix"),
+                            (dict(input_suffix=None), "input_suffix"), (dict(n_predict=2048), "n_predict"),
+                            (dict(n_predict=-1, prompt="ret " * 2100), "prompt"),
                             (dict(top_p=0), "top_p"), (dict(seed="x"), "seed"),
                             (dict(input_prefix="a\ud800"), "input_prefix"), (dict(prompt="x\udc00"), "prompt")):
             status, r = _infill(s.url, **dict(request, **body))
             assert status == 400 and r["error"]["param"].split(".")[0] == param, (body, r)
+            overflow = body.get("n_predict") == 2048 or "ret ret" in str(body.get("prompt"))
+            assert (r["error"]["code"] == "context_length_exceeded") == overflow, (body, r)
         status, r = _infill(s.url, **request, model="another")
         assert status == 404, r
         status, r = _infill(s.url, **request, temperature=0)  # still serving

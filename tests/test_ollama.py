@@ -46,15 +46,17 @@ def test_the_model_is_listed_and_shown(client):
     assert httpx.get(f"{client._client.base_url}/api/version", timeout=10).json()["version"]
 
 
-def test_a_chat_reply_is_the_chat_reply_whole_and_streamed(client, local):
+def test_a_chat_reply_is_the_chat_reply_whole_and_streamed(server, client, local):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": ASK}]
     want = local.chat(messages, max_tokens=24)
     r = client.chat(model=MODEL, messages=messages, options=GREEDY, stream=False)
     assert r.message.role == "assistant" and r.message.content == want.text
     assert r.done and r.done_reason == "length" and r.eval_count == 24 and r.total_duration > 0
     assert r.prompt_eval_count == want.stats.n_prompt  # every prompt token, as Ollama counts them
+    ttft = server.metric("specllm_time_to_first_token_seconds_count")
     parts = list(client.chat(model=f"{MODEL}:latest", messages=messages, options=GREEDY, stream=True))
     assert "".join(p.message.content for p in parts) == want.text
+    assert server.metric("specllm_time_to_first_token_seconds_count") == ttft + 1  # Ollama's streams timed too
     assert [p.done for p in parts].count(True) == 1 and parts[-1].done and parts[-1].eval_count == 24
     # the same prompt again: read from the cache, and still counted whole (it read 1 here: clients that track the
     # context's use from it got a wrong number)

@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+import specllm
 from helpers import write_variant
 from serving import Server
 
@@ -75,6 +76,7 @@ def test_openai_client_base64_and_float(server, client, local):
     ({"input": "hi", "dimensions": 0}, 400, None, None),
     ({"input": "hi", "encoding_format": "int8"}, 400, None, None),
     ({"input": 5}, 400, None, None),
+    ({"input": [True, False]}, 400, None, None),  # not token ids 1 and 0
     ({}, 400, None, None),
 ])
 def test_bad_requests(server, body, status, param, code):
@@ -87,6 +89,25 @@ def test_bad_requests(server, body, status, param, code):
     if code:
         assert error["code"] == code
     assert post(server, "/v1/embeddings", {"input": "still fine"}).status_code == 200
+
+
+def test_bad_inputs_are_not_counted_as_cancelled_and_say_what_is_wrong(server, local):
+    """A failed embedding is a 400, not a client gone: the cancelled counter stays (it went up by each), and an id
+    past 32 bits is out of the vocabulary as any other (it was pybind's "incompatible function arguments")."""
+    def cancelled():
+        return server.metric("specllm_requests_cancelled_total", stage="running") or 0
+    before = cancelled()
+    for body in ({"input": ""}, {"input": [-1]}, {"input": LONG_TEXT}, {"input": [5, 2 ** 31]},
+                 {"input": [5, -2 ** 31 - 1]}, {"input": "hi", "dimensions": 8}):
+        r = post(server, "/v1/embeddings", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("input", "dimensions"), r.text[:300]
+        assert "incompatible" not in r.text and "_core" not in r.text
+    assert "vocabulary" in post(server, "/v1/embeddings", {"input": [5, 2 ** 31]}).json()["error"]["message"]
+    assert post(server, "/api/embed", {"model": MODEL, "input": LONG_TEXT, "truncate": False}).status_code == 400
+    assert cancelled() == before
+    for ids in ([5, 2 ** 31], [5, -2 ** 31 - 1], [2 ** 64]):
+        with pytest.raises(specllm.InvalidOptionError, match="vocabulary"):
+            local.embed(ids)
 
 
 def test_ollama_embed_and_legacy(server, local):

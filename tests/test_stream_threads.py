@@ -209,7 +209,7 @@ def test_an_infinite_idle_timeout_never_preempts(tiny, make_llm):
 def test_after_shut_a_thread_that_waited_for_the_gate_is_refused():
     """A thread already waiting behind the running call when the interpreter exits must not be let in once that
     call leaves: it would run a whole generation inside llama.cpp while Python finalizes."""
-    from specllm.stream import Call, Gate
+    from specllm.gate import Call, Gate
 
     gate, refused, shut = Gate(10.0), [], []
     running = Call(gate)
@@ -261,7 +261,7 @@ def test_ctrl_c_as_the_gate_changes_hands_leaves_it_free(llm, where):
     SIGINTs got there after some hundreds). Raised where a real SIGINT's handler would raise it, once."""
     import sys
 
-    from specllm.stream import Gate
+    from specllm.gate import Gate
     code, armed = getattr(Gate, where).__code__, [True]
 
     def interrupt(frame, event, arg):

@@ -51,14 +51,15 @@ void register_model(py::module_ & m) {
              "each trigger word, if any)")
         .def("tokenize", &Model::tokenize, py::arg("text"), py::arg("add_special") = true,
              py::arg("parse_special") = true, py::call_guard<released>()) // long texts take seconds
-        .def("piece", [](const Model & self, llama_token t) { return py::bytes(self.piece(t)); })
-        .def("detokenize", [](const Model & self, const std::vector<llama_token> & tokens) {
+        .def("piece", [](const Model & self, llama_token t, bool special) { return py::bytes(self.piece(t, special)); },
+             py::arg("token"), py::arg("special") = false)
+        .def("detokenize", [](const Model & self, const std::vector<llama_token> & tokens, bool special) {
             std::string s;
             for (llama_token t : tokens) {
-                s += self.piece(t);
+                s += self.piece(t, special);
             }
             return utf8_str(s);
-        })
+        }, py::arg("tokens"), py::arg("special") = false)
         // the texts of BOS and EOS ("" if the model has none): what a Jinja chat template's bos_token/eos_token are
         .def_property_readonly("bos_text", [](const Model & self) { return token_text(self, llama_vocab_bos(self.vocab())); })
         .def_property_readonly("eos_text", [](const Model & self) { return token_text(self, llama_vocab_eos(self.vocab())); })

@@ -105,14 +105,14 @@ std::vector<llama_token> Model::tokenize(const std::string & text, bool add_spec
     return tokenize_text(vocab_, text, add_special, parse_special);
 }
 
-std::string Model::piece(llama_token token) const {
+std::string Model::piece(llama_token token, bool special) const {
     char buf[128];
-    int n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, false);
+    int n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
     if (n >= 0) {
         return std::string(buf, (size_t) n);
     }
     std::string big((size_t) -n, '\0');
-    n = llama_token_to_piece(vocab_, token, big.data(), (int32_t) big.size(), 0, false);
+    n = llama_token_to_piece(vocab_, token, big.data(), (int32_t) big.size(), 0, special);
     big.resize((size_t) std::max(n, 0));
     return big;
 }

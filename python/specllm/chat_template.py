@@ -249,6 +249,9 @@ class ChatMethods:
         extends the previous one. tools (OpenAI's function definitions) go to the template, so the model sees them;
         the reply is its text, calls included as the model writes them (the server's /v1/chat/completions returns
         them parsed as tool_calls, and constrains them to the tools' schemas)."""
+        if "suffix" in options:  # generate's fill in the middle would take the templated conversation as its prefix
+            raise TypeError("chat() takes no suffix: fill in the middle completes raw code, "
+                            "generate(prefix, suffix=...) does it")
         prompt = self.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
                                           chat_template_kwargs=chat_template_kwargs)
         return self.stream(prompt, **options) if flag("stream", stream) else self.generate(prompt, **options)

@@ -15,7 +15,7 @@ from .errors import Cancelled, ContextOverflowError, InvalidOptionError, ModelLo
 from .options import flag
 from .options import path as _path
 from .options import text as _text
-from .stream import Call
+from .gate import Call
 
 Input = Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]]
 
@@ -54,6 +54,9 @@ def tokens(embedder, items: list, truncate: bool) -> List[List[int]]:
         if isinstance(item, str) and not _text(name, item):
             raise InvalidOptionError(f"{name} is empty: an embedding needs some text")
         ids = embedder.tokenize(item) if isinstance(item, str) else [int(t) for t in item]
+        huge = next((t for t in ids if not -2**31 <= t < 2**31), None)  # the engine's check reads 32-bit ids
+        if huge is not None:
+            raise InvalidOptionError(f"{name}: token {huge} is not in the embedding model's vocabulary")
         if not ids:
             raise InvalidOptionError(f"{name} is empty: an embedding needs at least one token of text")
         if len(ids) > embedder.n_ctx:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .errors import InvalidOptionError
+from .errors import ContextOverflowError, InvalidOptionError
 
 REPO = "myproject\n"  # llama-server's project name (the requests carry none)
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator for models without <FIM_SEP>
@@ -43,8 +43,8 @@ def prompt(model, prefix: str, suffix: str, room: int, extra: Optional[Sequence[
     """The FIM prompt's tokens for `model` (a _core.Model), at most `room` of them. extra: (filename, text) chunks
     of other files, in the repo-level form (None: the plain form; a list, even empty, gives llama-server's layout,
     whose repo header the model sees on every request); middle: text the middle starts with (llama-server's
-    `prompt`). Raises InvalidOptionError for a model without FIM tokens or a room too small for them and one token
-    of text."""
+    `prompt`). Raises InvalidOptionError for a model without FIM tokens, ContextOverflowError for a room too small
+    for them and one token of text."""
     check_model(model)
     fim = model.fim_tokens
     bos = model.tokenize("", True, False)  # [bos] when the model adds one
@@ -53,8 +53,9 @@ def prompt(model, prefix: str, suffix: str, room: int, extra: Optional[Sequence[
     mid = model.tokenize(middle, False, False) if middle else []
     room -= len(bos) + 3 + len(mid)
     if room < 1:
-        raise InvalidOptionError("suffix: the context window has no room for a prefix and a suffix beside max_tokens; "
-                                 "lower max_tokens or create the LLM with a larger n_ctx")
+        what = f"the middle's start ({len(mid)} tokens)" if mid else "max_tokens"
+        raise ContextOverflowError(f"suffix: the context window has no room for a prefix and a suffix beside {what}; "
+                                   f"lower {'it' if mid else 'max_tokens'} or create the LLM with a larger n_ctx")
     if len(pre) + len(suf) > room:
         keep_suf = min(len(suf), max(room // 4, room - len(pre)))
         keep_pre = min(len(pre), room - keep_suf)

@@ -2,8 +2,8 @@
 
 One LLM serializes its calls: a second caller waits until the running generation (or open stream) ends.
 A stream holds the LLM until it is exhausted or closed (break out of the loop, or call .close()); it belongs to
-the LLM, not to a thread (see stream.py): any thread may advance or cancel it, and a stream nobody advances is
-closed once another call has waited for it for stream_idle_timeout seconds.
+the LLM, not to a thread (see stream.py and gate.py): any thread may advance or cancel it, and a stream nobody
+advances is closed once another call has waited for it for stream_idle_timeout seconds.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from .load_options import drafter_options, model_options, resolve
 from .options import FLOAT_CACHE_TYPES, _int, check_names, flag, make_options
 from .options import text as _text
 from .results import Completion, Stats
-from .stream import Call, Gate, Stream
+from .gate import Call, Gate
+from .stream import Stream
 
 from .tokens import Prompt
 

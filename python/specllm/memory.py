@@ -16,7 +16,7 @@ import numpy as np
 from . import files
 from .errors import MemoryFileError
 from .options import path as _path
-from .stream import Call
+from .gate import Call
 
 log = logging.getLogger("specllm.memory")  # specllm-cli shows this one on stderr
 

@@ -27,12 +27,15 @@ class TokenMethods:
         """The number of tokens generate(prompt) would evaluate (BOS included)."""
         return len(self._prompt_tokens(prompt))
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._engine.target.detokenize(self._token_ids(tokens, "tokens"))
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> str:
+        """The tokens' text; control tokens (BOS, <|im_end|>, ...) left out unless special (then their text, as
+        llama-server's /detokenize renders them)."""
+        return self._engine.target.detokenize(self._token_ids(tokens, "tokens"), flag("special", special))
 
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes of one token's text (a piece of a UTF-8 character for some); b"" for control tokens."""
-        return self._engine.target.piece(self._token_ids([token], "token")[0])
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token's text (a piece of a UTF-8 character for some); b"" for control tokens unless
+        special."""
+        return self._engine.target.piece(self._token_ids([token], "token")[0], flag("special", special))
 
     def prompt_tokens(self, prompt: Prompt) -> List[int]:
         """The tokens generate(prompt) evaluates: text tokenized with BOS (once), or checked token ids."""
@@ -47,7 +50,7 @@ class TokenMethods:
         prefix, suffix, middle = _text("prompt", prefix), _text("suffix", suffix), _text("middle", middle)
         _int("max_tokens", max_tokens, lo=0)
         if extra is not None:
-            extra = [(_text("extra filename", f), _text("extra text", t)) for f, t in extra]
+            extra = [_chunk(i, c) for i, c in enumerate(_listed("extra", extra))]
         return infill.prompt(self._engine.target, prefix, suffix, self.n_ctx - max_tokens, extra, middle)
 
     def _prompt_tokens(self, prompt: Prompt) -> List[int]:
@@ -72,3 +75,15 @@ class TokenMethods:
         if bad:
             raise InvalidOptionError(f"token ids must be in [0, {n_vocab}), got {bad[0]}")
         return [int(t) for t in tokens]
+
+
+def _listed(name: str, value) -> list:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list of (filename, text) pairs, got {type(value).__name__}")
+    return list(value)
+
+
+def _chunk(i: int, chunk) -> Tuple[str, str]:
+    if isinstance(chunk, (str, bytes)) or not isinstance(chunk, Sequence) or len(chunk) != 2:
+        raise TypeError(f"extra[{i}] must be a (filename, text) pair, got {chunk!r:.80}")
+    return _text(f"extra[{i}] filename", chunk[0]), _text(f"extra[{i}] text", chunk[1])

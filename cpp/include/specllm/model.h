@@ -33,7 +33,8 @@ class Model {
     std::string description() const;
 
     std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
-    std::string piece(llama_token token) const; // text of one token; control tokens render as ""
+    // text of one token; control tokens render as "" unless special (then their text, as llama-server's /tokenize)
+    std::string piece(llama_token token, bool special = false) const;
     bool is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
     std::string chat_template() const; // the GGUF's tokenizer.chat_template, or "" if none
     std::string tool_use_template() const; // tokenizer.chat_template.tool_use (Hermes 2 Pro / 3), or "" if none

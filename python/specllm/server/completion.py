@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import List, Optional, Union
 
 from fastapi import APIRouter, Request
+from pydantic import StrictInt
 from starlette.responses import JSONResponse
 
 from .. import grammar as grammars
@@ -100,8 +101,8 @@ async def completion(request: Request, req: CompletionRequest):
 
     def prepare():
         prompts = prompt_tokens(state.llm, req.prompt)
-        return (prompts, _grammar(state, req), [state.llm.detokenize(tokens) for tokens in prompts],
-                bias.parse(state.llm, req.logit_bias))
+        texts = [state.llm.detokenize(tokens, special=True) for tokens in prompts]  # BOS's text too, as llama-server
+        return prompts, _grammar(state, req), texts, bias.parse(state.llm, req.logit_bias)
     prompts, extra, texts, logit_bias = await jobs.prepared(request, prepare)
     if req.ignore_eos:
         extra["ignore_eos"] = True
@@ -112,20 +113,20 @@ async def completion(request: Request, req: CompletionRequest):
 
 
 class TokenizeRequest(_Request):
-    content: Union[str, List[Union[str, int]], None] = None
+    content: Union[str, List[Union[str, StrictInt]], None] = None
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
 
 
 class DetokenizeRequest(_Request):
-    tokens: List[int] = []
+    tokens: List[StrictInt] = []
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request, req: TokenizeRequest):
     """{"tokens": ids} of `content` (text, or text and ids mixed), as llama-server's; with_pieces: each as
-    {"id", "piece"} (the piece's text, or its bytes where they are not UTF-8)."""
+    {"id", "piece"} (the piece's text, a control token's too, or its bytes where they are not UTF-8)."""
     state = native.ready(request)
     llm = state.llm
     parts = [req.content] if isinstance(req.content, str) else req.content or []
@@ -146,7 +147,7 @@ async def tokenize(request: Request, req: TokenizeRequest):
             return JSONResponse({"tokens": tokens})
         out = []
         for t in tokens:
-            b = llm.token_bytes(t)
+            b = llm.token_bytes(t, special=True)  # a control token's text, as llama-server's
             try:
                 piece = b.decode("utf-8")
             except UnicodeDecodeError:
@@ -167,7 +168,8 @@ async def tokenize(request: Request, req: TokenizeRequest):
 async def detokenize(request: Request, req: DetokenizeRequest):
     state = native.ready(request)
     try:  # in a thread: 900k ids held the event loop 0.4 s
-        return await jobs.off_loop(request, None, lambda: JSONResponse({"content": state.llm.detokenize(req.tokens)}))
+        return await jobs.off_loop(request, None,  # control tokens' text too, as llama-server's
+                                   lambda: JSONResponse({"content": state.llm.detokenize(req.tokens, special=True)}))
     except (InvalidOptionError, TypeError) as e:
         raise APIError(400, f"tokens: {e}", "invalid_request_error", "tokens", "invalid_value") from None
 

@@ -16,7 +16,7 @@ from typing import List, Literal, Optional, Union
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
@@ -67,6 +67,8 @@ class EmbedJob(Job):
         """A bad input (400) or a failed decode (500); nothing is posted for an embedding stopped by a cancel."""
         if not isinstance(e, (SpecLLMError, TypeError, DimensionsError)) or isinstance(e, DecodeError):
             log.exception("embedding failed")
+        with self._lock:
+            self._done = True  # ended: the follower's cancel then is not counted as a client gone
         if not self._stop.is_set():
             self.post("error", e)
 
@@ -135,7 +137,7 @@ def _timed(request: Request, t0: float) -> None:
 
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    input: Union[str, List[str], List[int], List[List[int]]]
+    input: Union[str, List[str], List[StrictInt], List[List[StrictInt]]]  # true is not a token id
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)

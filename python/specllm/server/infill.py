@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from fastapi import APIRouter, Request
 
-from ..errors import InvalidOptionError
+from ..errors import ContextOverflowError, InvalidOptionError
 from . import bias, jobs, native
 from .errors import APIError
 from .protocol import _Request
@@ -43,9 +43,17 @@ async def infill(request: Request, req: InfillRequest):
                 bias.parse(state.llm, req.logit_bias))
     try:
         tokens, logit_bias = await jobs.prepared(request, prepare)
+    except ContextOverflowError:  # the FIM tokens, a token of text and the middle's start beside n_predict
+        asked = n_predict > 0  # else a quarter of the context at most is kept for the reply: the middle is too long
+        beside, fix = (f"n_predict {n_predict}", "lower n_predict") if asked else (
+            "the prompt (the middle's start)", "shorten the prompt")
+        raise APIError(400, f"the context of {state.llm.n_ctx} tokens has no room for a prefix and a suffix beside "
+                            f"{beside}; {fix}", "invalid_request_error", "n_predict" if asked else "prompt",
+                       "context_length_exceeded") from None
     except (InvalidOptionError, TypeError) as e:  # named by LLM.infill_prompt's argument: say the field's name
         word = str(e).split(" ", 1)[0]
-        param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word, "input_suffix")
+        param = {"prompt": "input_prefix", "middle": "prompt", "extra": "input_extra"}.get(word.split("[")[0],
+                                                                                            "input_suffix")
         raise APIError(400, f"{param}{str(e)[len(word):]}" if word in ("prompt", "suffix", "middle") else str(e),
                        "invalid_request_error", param, "invalid_value") from None
     return await native.answer(request, state, req, [tokens], "/infill", "input_prefix", t0=t0, logit_bias=logit_bias)

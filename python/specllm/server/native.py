@@ -323,7 +323,7 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
 
     if req.stream:
         async def sse():
-            job = first
+            job, first_text = first, True
             try:
                 for index, tokens in enumerate(prompts):
                     job, limits, events = start(index)
@@ -332,6 +332,9 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
                     async with aclosing(events):
                         async for kind, value, entries, generated in events:
                             if kind == "text":
+                                if value and first_text:
+                                    state.metrics.ttft_seconds.observe(time.monotonic() - t0)
+                                    first_text = False
                                 text.append(value)
                                 ids = list(generated[sent:]) if return_tokens else []
                                 sent = len(generated)

@@ -90,6 +90,7 @@ async def _answer(request: Request, state, t0, job, req, prepared, piece):
 
     async def lines():
         watcher = asyncio.create_task(jobs.watch_disconnect(request, job))
+        first_text = True
         try:
             while True:
                 kind, value = await job.events.get()
@@ -98,6 +99,9 @@ async def _answer(request: Request, state, t0, job, req, prepared, piece):
                     break
                 if kind == "end":
                     break
+                if value.text and first_text:
+                    state.metrics.ttft_seconds.observe(time.monotonic() - t0)
+                    first_text = False
                 done = value.finish_reason is not None
                 text, calls = held.pass_on(value.text, done) if held else (value.text, [])
                 entries = released.add(value.logprobs, value.text) if scored else []

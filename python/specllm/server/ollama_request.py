@@ -17,7 +17,7 @@ import logging
 import re
 from typing import Any, Dict, List, Optional, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from . import protocol as p
 from .errors import UNION_TAG, APIError
@@ -72,7 +72,7 @@ class GenerateRequest(_Common):
     suffix: Optional[str] = None
     system: Optional[str] = None
     template: Optional[str] = None
-    context: Optional[List[int]] = None
+    context: Optional[List[StrictInt]] = None
     raw: bool = False
     images: Optional[List[str]] = None
 

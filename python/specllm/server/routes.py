@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..errors import InvalidOptionError
+from ..errors import ContextOverflowError, InvalidOptionError
 from . import choices, embeddings, jobs, prepare
 from . import logprobs as lp
 from . import protocol as p
@@ -109,6 +109,8 @@ def _prompts(state, req: p.CompletionRequest) -> list:
                            "invalid_request_error", "prompt", "invalid_value")
         try:
             return [(state.llm.infill_prompt(prompt, req.suffix, max_tokens=req.max_tokens or 16), prompt)]
+        except ContextOverflowError as e:
+            raise APIError(400, str(e), "invalid_request_error", "max_tokens", "context_length_exceeded") from None
         except (InvalidOptionError, TypeError) as e:
             raise APIError(400, str(e), "invalid_request_error", "suffix", "invalid_value") from None
     several = isinstance(prompt, list) and bool(prompt) and all(isinstance(x, (str, list)) for x in prompt)
