@@ -147,3 +147,57 @@ def test_a_path_with_a_nul_character_is_an_error_line_not_a_crash(tiny, env, tmp
     assert r.returncode == 0 and "Traceback" not in r.stderr + r.stdout, r.stderr
     assert "holds a NUL character" in r.stdout and "not JSON" not in r.stdout, r.stdout
     assert "conversation: 0 messages" in r.stdout  # the chat went on to the next command
+
+
+STRICT = ("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+          "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_a_paste_in_a_real_terminal_is_one_message_with_its_indentation(tiny, env, tmp_path):
+    """A terminal marks a paste only when the program asks it to (ESC[?2004h), which Python's readline does not:
+    a pasted function was sent line by line, one reply each; and the first line of a paste lost its indentation."""
+    child = chat(tiny, dict(env, TERM="xterm-256color"), "--max-tokens", "4")
+    assert "\x1b[?2004h" in child.before  # asked before the first prompt
+    child.send("\x1b[200~\n    def area(self):\n        return self.w * self.h\n\x1b[201~")
+    child.sendline("")
+    child.expect("tok/s")
+    child.expect(">>> ")
+    assert "saved 2 messages" in ask(child, f"/save {tmp_path / 'c.json'}")
+    saved = json.loads((tmp_path / "c.json").read_text())["messages"]
+    assert saved[0] == {"role": "user", "content": "    def area(self):\n        return self.w * self.h"}
+    assert "tok/s" in ask(child, "  hi  ")
+    assert "saved 4 messages" in ask(child, f"/save {tmp_path / 'c.json'}")
+    assert json.loads((tmp_path / "c.json").read_text())["messages"][2]["content"] == "hi"  # one line: stripped
+    child.sendeof()
+    exits_cleanly(child)
+
+
+def test_draft_takes_a_home_relative_path_and_load_refuses_what_the_template_cannot_go_on_from(tiny, env, tmp_path):
+    (tmp_path / "strict.jinja").write_text(STRICT)
+    os.makedirs(tmp_path / "m")
+    os.symlink(tiny["draft"], tmp_path / "m" / "d.gguf")  # HOME is tmp_path
+    child = chat(tiny, env, "--max-tokens", "4", "--chat-template-file", str(tmp_path / "strict.jinja"))
+    out = ask(child, "/draft ~/m/d.gguf")
+    assert "error" not in out and "drafter" in ask(child, "/stats"), out
+    assert "d.gguf" in ask(child, "/stats")
+    # a conversation that ends with the user's message: the next message would be refused by the template
+    (tmp_path / "user_last.json").write_text(json.dumps([{"role": "user", "content": "What is 2+2?"}]))
+    out = ask(child, f"/load {tmp_path / 'user_last.json'}")
+    assert "refuses a message after this conversation" in out and "ends with the user's message" in out, out
+    assert "conversation: 0 messages" in ask(child, "/stats")
+    assert "tok/s" in ask(child, "hello")  # the chat goes on
+    assert "conversation: 2 messages" in ask(child, "/stats")
+    child.sendeof()
+    exits_cleanly(child)
+
+
+def test_piped_messages_with_a_terminal_for_output_get_no_readline_markers(tiny, env):
+    """input() reads without readline when stdin is not a terminal: the prompt's \\001..\\002 were written raw."""
+    line = " ".join([sys.executable, *cli_args(tiny, "chat", "--max-tokens", "4")])
+    child = pexpect.spawn("bash", ["-c", f"printf 'hi\\nthere\\n' | {line}"], env=dict(env, TERM="xterm"),
+                          encoding="utf-8", timeout=120)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and child.before.count("tok/s") == 2, child.before[-500:]
+    assert "\x01" not in child.before and "\x02" not in child.before and "\x1b[1m" in child.before

@@ -94,6 +94,21 @@ def test_an_unknown_model_name_lists_the_known_ones(make_llm):
         specllm.generate("hi", model="no-such-model")
 
 
+def test_a_mistyped_draft_is_said_before_the_target_is_downloaded(make_llm, tmp_path, monkeypatch):
+    """LLM() pulled the target (1.1 GB) and only then said the draft's name was unknown."""
+    from specllm import registry
+
+    def no_download(name, *args, **kwargs):
+        raise AssertionError(f"{name} would be downloaded")
+    monkeypatch.setenv("SPECLLM_CACHE", str(tmp_path / "models"))
+    monkeypatch.setattr(registry, "_pull", no_download)
+    with pytest.raises(specllm.RegistryError, match=r"unknown model 'qwen2\.5-coder-05b'.*Did you mean"):
+        make_llm("qwen2.5-coder-1.5b", "qwen2.5-coder-05b")
+    with pytest.raises(specllm.ModelLoadError, match="model file not found"):
+        make_llm("qwen2.5-coder-1.5b", str(tmp_path / "nowhere.gguf"))
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(n_ctx="4096"), TypeError, r"n_ctx must be an int, got str"),
     (dict(n_threads=1.5), TypeError, r"n_threads must be an int or None, got float"),

@@ -144,7 +144,8 @@ def _command(session: ChatSession, line: str, style: Style) -> bool:
                         (" and the system prompt" if session.system else "") + (f" to {arg}" if name == "/save"
                                                                                 else f" from {arg}")))
     elif name == "/draft":
-        draft = {"on": session.draft_model, "off": None, "none": None, "ngram": "ngram"}.get(arg.lower(), arg)
+        draft = {"on": session.draft_model, "off": None, "none": None, "ngram": "ngram"}.get(arg.lower(),
+                                                                                          os.path.expanduser(arg))
         if not arg or (arg.lower() == "on" and draft is None):
             print(style.red("/draft on|off|ngram|NAME|PATH" + ("" if not arg else ": no draft model known for "
                                                                 "this target, give its NAME or PATH")))
@@ -253,6 +254,11 @@ def _open_history():
     except OSError:
         pass
     readline.set_history_length(1000)
+    if os.environ.get("TERM", "dumb") != "dumb":  # a dumb terminal would show the request's escape codes
+        try:  # Python turns it off; on, the terminal marks a paste and its lines are one message, not one each
+            readline.parse_and_bind("set enable-bracketed-paste on")
+        except Exception:  # libedit (macOS) does not know it
+            pass
 
     def save():
         try:
@@ -267,6 +273,15 @@ def _open_history():
 def wants_more(text: str) -> bool:
     """Does a message typed so far go on: a ``` fence left open, or a last line that ends with a backslash?"""
     return text.count("```") % 2 == 1 or text.endswith("\\")
+
+
+def message_text(typed: str) -> str:
+    """The message of what was typed: one line stripped; several (a paste) without the blank lines around them but
+    with the first line's indentation (a pasted method's "    def" lost it: code that no longer lined up)."""
+    lines = typed.rstrip().split("\n")
+    while lines and not lines[0].strip():
+        del lines[0]
+    return lines[0].strip() if len(lines) == 1 else "\n".join(lines)
 
 
 def read_message(first: str, read_line) -> str:
@@ -332,8 +347,9 @@ def ended_by_signals():
 
 def _chat(session: ChatSession, style: Style) -> int:
     readline, save_history = _open_history()
-    prompt = style.bold(PROMPT, prompt=True)
-    more = style.bold(MORE, prompt=True)
+    edited = readline is not None and sys.stdin.isatty()  # input() reads through readline: it takes \001..\002
+    prompt = style.bold(PROMPT, prompt=edited)
+    more = style.bold(MORE, prompt=edited)
     line, asked = "", 0.0
     continuing = []  # set while a message's next line is read
 
@@ -362,7 +378,7 @@ def _chat(session: ChatSession, style: Style) -> int:
                 if typed.strip() and (typed != line or time.monotonic() - asked > JUST_ASKED_S):
                     continue
                 return 0
-            spaced, line = line[:1].isspace(), line.strip()  # " /etc is ...": a message, as it was meant
+            spaced, line = line[:1].isspace(), message_text(line)  # " /etc is ...": a message, as it was meant
             if not line:
                 continue
             if is_command(line) and not spaced:

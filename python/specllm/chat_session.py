@@ -197,6 +197,13 @@ class ChatSession:
         try:
             self.set_system(system or None)  # one the chat template refuses: said now, not at every message
             self.turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+            try:  # the next message must be takeable: a file ending with a user message broke Gemma's template
+                self.n_tokens(self.messages() + [{"role": "user", "content": "x"}])  # (roles must alternate)
+            except InvalidOptionError as e:
+                last = " (it ends with the user's message: add the reply, or leave that message out)" if \
+                    self.turns and self.turns[-1]["role"] == "user" else ""
+                raise InvalidOptionError(f"{path}: the model's chat template refuses a message after this "
+                                         f"conversation{last}: {e}") from None
             n = self.n_tokens()
             if n >= self.n_ctx:  # taken, the next message failed with "context full"
                 raise InvalidOptionError(f"{path}: the conversation is {n} tokens, more than the context window "
@@ -276,6 +283,7 @@ class ChatSession:
         disk = f" ({self.n_from_disk} read from --prompt-cache-dir)" if self.n_from_disk else ""
         lines.append(f"prompts {t.n_prompt} tokens, {t.n_cached} reused from the cache{disk}; prefill "
                      f"{t.prefill_ms / 1000:.1f} s{stopped}")
-        lines.append(f"conversation: {len(self.turns)} messages, {self.n_tokens()} of {self.n_ctx} tokens; "
+        n = len(self.turns)
+        lines.append(f"conversation: {n} message{'' if n == 1 else 's'}, {self.n_tokens()} of {self.n_ctx} tokens; "
                      f"drafter: {self.draft_label}")
         return "\n".join(lines)

@@ -22,7 +22,7 @@ from . import _core, costs, embed, infill, logs, memory, tokens
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .load_options import DEFAULT, checked, check_ngram_sizes, default_draft, draft_arg  # noqa: F401 (default_draft)
-from .load_options import drafter_options, model_options, resolve
+from .load_options import check_found, drafter_options, model_options, resolve
 from .options import FLOAT_CACHE_TYPES, _int, check_names, flag, make_options
 from .options import text as _text
 from .results import Completion, Stats
@@ -183,6 +183,8 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
                                 "garbage, as with llama.cpp's own tools; README, KV cache types): q8_0 for K with a "
                                 "smaller V is safer", kv[0])
         draft, ngram = draft_arg(model, draft, ngram)
+        if draft not in (None, "ngram"):  # a mistyped draft said before the target's download, not after it
+            check_found(draft)
 
         opts = _core.EngineOptions()
         opts.ngram.n_min, opts.ngram.n_max = ngram_min, ngram_max

@@ -69,14 +69,14 @@ def check_arguments(model, draft=DEFAULT, **kwargs) -> None:
     check_ngram_sizes(draft, ngram, types.SimpleNamespace(n_min=load["ngram_min"], n_max=load["ngram_max"]))
     for name in (model, draft):
         if name not in (None, "ngram"):
-            _check_found(name)
+            check_found(name)
     if bound.arguments["embedding_model"] is not None:
         from . import embed
 
         embed.check_path(bound.arguments["embedding_model"])
 
 
-def _check_found(name: str) -> None:
+def check_found(name: str) -> None:
     """A model path that does not exist (ModelLoadError, as the load says it) or a name the registry does not know
     (RegistryError, with the nearest names): a registry model not downloaded yet passes (the load pulls it)."""
     from . import registry
