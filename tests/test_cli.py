@@ -581,7 +581,8 @@ def test_models_lists_known_models_and_what_is_cached(env):
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,
                        timeout=60)
     assert f"no (2 of {n} pieces kept: pull goes on)" in r.stdout, r.stdout
-    with open(cache / known[name]["filename"], "r+b") as f:  # the model's size (sparse): cached
+    with open(cache / known[name]["filename"], "r+b") as f:  # the model's size (sparse), its magic: cached
+        f.write(b"GGUF")
         f.truncate(registry.known_size(known[name]))
     r = subprocess.run([sys.executable, "-m", "specllm.cli", "models"], env=env, capture_output=True, text=True,
                        timeout=60)

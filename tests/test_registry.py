@@ -290,13 +290,13 @@ def test_offline_error_is_clear(reg, tmp_path):
 
 
 def other_bytes_from_hf(reg, monkeypatch) -> list:
-    """Hugging Face's downloader replaced by one that writes b"other bytes"; the (repo_id, filename) it was asked."""
+    """Hugging Face's downloader replaced by one that writes b"GGUF other bytes"; the (repo_id, filename) it was asked."""
     calls = []
 
     def fake_hf(repo_id, filename, dest_dir):
         calls.append((repo_id, filename))
         path = pathlib.Path(dest_dir) / filename
-        path.write_bytes(b"other bytes")
+        path.write_bytes(b"GGUF other bytes")
         return str(path)
 
     monkeypatch.setattr(reg, "hf_download", fake_hf)
@@ -308,7 +308,7 @@ def test_huggingface_source_with_fake_downloader(reg, monkeypatch):
     with pytest.warns(UserWarning, match="integrity not checked"):
         path = reg.pull("toy", progress=False, sources=("huggingface",))
     assert calls == [("someone/toy-GGUF", "toy-q8_0.gguf")]
-    assert pathlib.Path(path).read_bytes() == b"other bytes"
+    assert pathlib.Path(path).read_bytes() == b"GGUF other bytes"
 
 
 def test_a_model_from_a_source_of_unknown_size_is_whole_and_not_pulled_again(reg, monkeypatch):

@@ -32,10 +32,14 @@ def test_a_damaged_cached_model_is_said_and_downloaded_again(reg, caplog):
     with caplog.at_level(logging.WARNING, logger="specllm.registry"):
         assert reg.pull("toy", progress=False) == str(path)  # `pull` kept it, saying it was cached
     assert path.read_bytes() == WHOLE and "downloading it again" in caplog.text
-    path.write_bytes(b"x" * len(WHOLE))  # damaged at its right size: only --force replaces it
-    assert reg.resolve("toy", pull=False) == str(path) and path.read_bytes() == b"x" * len(WHOLE)
+    path.write_bytes(b"GGUF" + b"x" * (len(WHOLE) - 4))  # damaged at its right size: only --force replaces it
+    assert reg.resolve("toy", pull=False) == str(path) and path.read_bytes()[4:] == b"x" * (len(WHOLE) - 4)
     reg.pull("toy", progress=False, force=True)
     assert path.read_bytes() == WHOLE and reg.list_cached()[0]["damaged"] is False
+    path.write_bytes(bytes(len(WHOLE)))  # ... unless it does not even start as a model does (a disk's zeros)
+    with pytest.raises(reg.RegistryError, match=r"toy.gguf does not start as a GGUF file does: it is damaged"):
+        reg.resolve("toy", pull=False)  # (the load said "not a GGUF file ... convert it with convert_hf_to_gguf")
+    assert reg.resolve("toy") == str(path) and path.read_bytes() == WHOLE
 
 
 def test_a_cached_model_is_found_in_a_cache_that_cannot_be_written(reg, monkeypatch):

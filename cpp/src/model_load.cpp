@@ -8,6 +8,7 @@
 #include "specllm/log.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -23,15 +24,27 @@ void check_gguf_file(const std::string & path) {
         throw ModelLoadError("model path is empty: pass the path of a .gguf file");
     }
     if (stat(path.c_str(), &st) != 0) {
+        if (errno != ENOENT && errno != ENOTDIR) { // a folder on the way that cannot be searched: not "not found"
+            throw ModelLoadError("cannot read the model file '" + path + "': " + std::strerror(errno) +
+                                 "; check its permissions");
+        }
         throw ModelLoadError("model file not found: '" + path + "'; check the path, or use a registry name");
     }
     if (S_ISDIR(st.st_mode)) {
         throw ModelLoadError("model path is a directory: '" + path + "'; pass the .gguf file inside it");
     }
+    if (!S_ISREG(st.st_mode)) { // a FIFO's open waits for a writer for ever; a device read as "empty"
+        throw ModelLoadError("the model path '" + path + "' is not a regular file (a pipe, a device, ...); pass a "
+                             ".gguf file");
+    }
     if (st.st_size == 0) {
         throw ModelLoadError("model file is empty: '" + path + "'; the download or copy was interrupted, fetch it again");
     }
     std::ifstream in(path, std::ios::binary);
+    if (!in.is_open()) {
+        throw ModelLoadError("cannot read the model file '" + path + "': " + std::strerror(errno) +
+                             "; check its permissions");
+    }
     char magic[4] = {0, 0, 0, 0};
     in.read(magic, 4);
     if (!in || std::memcmp(magic, "GGUF", 4) != 0) {

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import re
+import stat
 import struct
 from typing import Dict, List, Optional, Tuple
 
@@ -340,15 +342,48 @@ def _check_model(info: GGUFInfo) -> None:
 
 
 def check_gguf(path) -> Optional[GGUFInfo]:
-    """Raise ModelLoadError if path is a GGUF file llama.cpp would reject or crash on; return what was read.
+    """Raise ModelLoadError if path is a GGUF file llama.cpp would reject or crash on (for a split model, the first
+    file's metadata and every file's tensors); return what was read from path.
 
     A path that does not exist, is a directory, is empty or does not start with the GGUF magic returns None:
-    the loader reports those itself."""
+    the loader reports those itself. One that is not a regular file (a FIFO waited for ever, a device was "empty")
+    or cannot be read (its permissions: "not a GGUF file") raises here."""
     path = os.fspath(path)
+    info = _check_file(path)
+    for other in _other_splits(path, info):
+        _check_file(other)  # llama.cpp loads their tensors too: a bad one crashed the first decode
+    return info
+
+
+_SPLIT_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's llama_split_path, "%s-%05d-of-%05d.gguf"
+
+
+def _other_splits(path: str, info: Optional[GGUFInfo]) -> List[str]:
+    """The other files of a split model whose first file is path (those that exist: llama.cpp says a missing one)."""
+    count = info.metadata.get("split.count") if info is not None else None
+    m = _SPLIT_NAME.match(path)
+    if not isinstance(count, int) or count < 2 or m is None or int(m.group(2)) != 1:
+        return []
+    names = [f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf" for i in range(2, count + 1)]
+    return [n for n in names if os.path.exists(n)]
+
+
+def _check_file(path: str) -> Optional[GGUFInfo]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # a folder on the way that cannot be searched: it was "not found"
+        raise ModelLoadError(f"cannot read the model file '{path}': {e.strerror or e}; check its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelLoadError(f"the model path '{path}' is not a regular file (a pipe, a device, ...); pass a .gguf "
+                             "file")
     try:
         f = open(path, "rb")
-    except OSError:
-        return None
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the model file '{path}': {e.strerror or e}; check its permissions") from None
     with f:
         try:
             size = os.fstat(f.fileno()).st_size

@@ -111,15 +111,23 @@ def _noted_size(path: pathlib.Path) -> int | None:
 
 
 def _damage(path: pathlib.Path, entry: dict) -> str | None:
-    """What is wrong with a cached model file, by its size (a file cut short, an empty one): None when whole. A
-    pull renames a file into place only once it verified, so this finds damage done after (a disk, a copy). A file
-    from a source whose size the registry does not give has the size its pull noted beside it (not PyPI's: the
-    sources hold other bytes, and such a file was called damaged and downloaded again at every load)."""
+    """What is wrong with a cached model file, by its size (a file cut short, an empty one) and its first bytes:
+    None when whole. A pull renames a file into place only once it verified, so this finds damage done after (a
+    disk, a copy). A file from a source whose size the registry does not give has the size its pull noted beside
+    it (not PyPI's: the sources hold other bytes, and such a file was called damaged and downloaded again at every
+    load)."""
     size = known_size(entry)
     have = path.stat().st_size
-    if size is None or have == size or have == _noted_size(path):
-        return None
-    return f"{path} has {have} bytes, the model has {size}: it is damaged"
+    if size is not None and have != size and have != _noted_size(path):
+        return f"{path} has {have} bytes, the model has {size}: it is damaged"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None  # the load says why it cannot be read
+    if head != b"GGUF":  # its size right, its bytes not a model's (a disk's zeros): the load advised a conversion
+        return f"{path} does not start as a GGUF file does: it is damaged"
+    return None
 
 
 def resolve(name_or_path, *, pull: bool = True, progress: bool = True) -> str:
