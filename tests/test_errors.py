@@ -109,6 +109,15 @@ def test_a_mistyped_draft_is_said_before_the_target_is_downloaded(make_llm, tmp_
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
+def test_the_clis_drafter_words_are_not_model_names(tiny, make_llm):
+    """draft="none" (the CLI's --draft none) was "unknown model 'none' ... Known models: ..." without a word of
+    draft=None; "ngram " (a stray space) and "NGRAM" the same."""
+    for draft, want in (("none", "draft=None"), ("None", "draft=None"), ("off", "draft=None"),
+                        ("ngram ", "draft='ngram'"), ("NGRAM", "draft='ngram'")):
+        with pytest.raises(specllm.InvalidOptionError, match=want):
+            make_llm(tiny["target"], draft)
+
+
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(n_ctx="4096"), TypeError, r"n_ctx must be an int, got str"),
     (dict(n_threads=1.5), TypeError, r"n_threads must be an int or None, got float"),

@@ -8,7 +8,7 @@ import types
 from typing import Optional
 
 from . import _core, gguf_check, memory
-from .errors import IncompatibleDraftError, ModelLoadError
+from .errors import IncompatibleDraftError, InvalidOptionError, ModelLoadError
 from . import chat_template as chat_templates
 from .options import check_load, flag, kv_cache
 from .options import path as _path
@@ -42,6 +42,11 @@ def draft_arg(model: str, draft, ngram):
     flag("ngram", ngram)  # ngram="no" would have drafted with n-grams
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise TypeError(f"draft must be a path, a registry name, 'ngram' or None, got {type(draft).__name__}")
+    word = draft.strip().lower() if isinstance(draft, str) else None
+    if word in ("none", "ngram", "off") and draft != "ngram" and not os.path.exists(draft):
+        # the CLI's spelling (--draft none) or a stray space: it was "unknown model 'none'"
+        want, what = ("ngram", "n-gram lookup") if word == "ngram" else (None, "no drafter")
+        raise InvalidOptionError(f"draft={draft!r}: no model is named so; for {what} pass draft={want!r}")
     return (_path("draft", os.fspath(draft)) if draft is not None else None), ngram
 
 

@@ -243,8 +243,8 @@ def _fit(n_ctx: int, tokens: list, n_predict: int, warm: bool, prompt_param: str
     if (max_tokens < 1 and not warm) or len(tokens) + max_tokens > n_ctx:
         wanted = f" + n_predict {n_predict}" if n_predict > 0 else ""
         raise APIError(400, f"the prompt ({len(tokens)} tokens){wanted} does not fit the context of {n_ctx} tokens; "
-                            "shorten it or lower n_predict", "invalid_request_error", prompt_param,
-                       "context_length_exceeded")
+                            f"shorten it{' or lower n_predict' if n_predict > 0 else ''}", "invalid_request_error",
+                       prompt_param, "context_length_exceeded")
     return max_tokens
 
 
