@@ -1,6 +1,7 @@
 """The drafting memory: earlier outputs the n-gram drafter looks up across calls (bounded, per LLM, saved and
 loaded, cleared by reset() and clear_memory()); output stays plain decoding's."""
 
+import json
 import os
 
 import pytest
@@ -210,6 +211,51 @@ def test_bad_memory_files_are_typed_errors(tiny, make_llm, tmp_path):
     assert e.value.filename == str(tmp_path / "no-such-dir" / "m.bin")  # not the temporary file's name
     assert not any(p.name.startswith("m.bin") for p in tmp_path.rglob("*"))
     assert issubclass(specllm.MemoryFileError, ValueError)
+
+
+def test_a_memory_of_another_vocabulary_of_the_same_size_is_refused(tiny, make_llm, tmp_path):
+    """Only the vocabulary's size was compared: a model whose 299 tokens are other texts behind the same ids took
+    the memory and drafted from it (and wrote its own outputs into the other model's file), as Llama-2 and
+    Mistral-7B-v0.1 (32000 tokens each) would."""
+    from models.tiny import write_tiny_model
+
+    alt = str(write_tiny_model(str(tmp_path / "alt.gguf"), seed=3, vocab="byte-alt", n_pad=16, name="alt"))
+    llm = make(make_llm, tiny, memory_file=tmp_path / "m.bin")
+    llm.generate(PROMPT, max_tokens=N)
+    llm.save_memory(tmp_path / "saved.bin")
+    other = make_llm(alt, "ngram")
+    assert other._engine.target.n_vocab == llm._engine.target.n_vocab
+    assert other._engine.target.vocab_hash != llm._engine.target.vocab_hash
+    for path in (tmp_path / "saved.bin", tmp_path / "m.bin"):
+        with pytest.raises(specllm.MemoryFileError, match="other tokens than this one's"):
+            other.load_memory(path)
+    with pytest.raises(specllm.MemoryFileError, match="other tokens than this one's"):
+        make_llm(alt, "ngram", memory_file=tmp_path / "m.bin")
+    assert saved(tmp_path / "m.bin", llm) == llm._engine.memory()  # not overwritten
+    make_llm(tiny["target"], "ngram").load_memory(tmp_path / "saved.bin")  # its own model family still takes it
+    # a file written before the digest was kept (no "vocab" in its header) is read as before
+    data = (tmp_path / "saved.bin").read_bytes()
+    head, _, body = data[len(specllm.memory.MAGIC):].partition(b"\n")
+    header = json.loads(head)
+    del header["vocab"]
+    (tmp_path / "old.bin").write_bytes(specllm.memory.MAGIC + json.dumps(header).encode() + b"\n" + body)
+    other.load_memory(tmp_path / "old.bin")
+
+
+def test_an_empty_memory_file_in_a_place_that_cannot_be_written_loads(tiny, make_llm, tmp_path, monkeypatch):
+    """An existing empty memory (what reset() and /forget leave) was taken for no file and written again at load:
+    on a read-only disk the load failed, where the same file with outputs in it loaded."""
+    llm = make(make_llm, tiny, memory_file=tmp_path / "m.bin")
+    llm.clear_memory()
+    assert specllm.memory.load(str(tmp_path / "m.bin"), None) == []
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(specllm.files, "write_atomic", read_only)
+    again = make(make_llm, tiny, memory_file=tmp_path / "m.bin")  # was MemoryFileError "cannot be written"
+    assert again.memory_size == 0
+    with pytest.raises(specllm.MemoryFileError, match="cannot be written"):  # no file yet: still said at load
+        make(make_llm, tiny, memory_file=tmp_path / "new.bin")
 
 
 def test_saves_from_two_threads_at_once_leave_one_whole_file(tmp_path):

@@ -32,6 +32,7 @@ void register_model(py::module_ & m) {
     py::class_<Model>(m, "Model")
         .def_property_readonly("n_ctx", &Model::n_ctx)
         .def_property_readonly("n_vocab", &Model::n_vocab)
+        .def_property_readonly("vocab_hash", &Model::vocab_hash)
         .def_property_readonly("n_batch", &Model::n_batch)
         .def_property_readonly("description", &Model::description)
         .def_property_readonly("chat_template", &Model::chat_template)

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdio>
+#include <cstdint>
 #include <string>
 #include <cmath>
 
@@ -115,6 +117,28 @@ std::string Model::piece(llama_token token, bool special) const {
     n = llama_token_to_piece(vocab_, token, big.data(), (int32_t) big.size(), 0, special);
     big.resize((size_t) std::max(n, 0));
     return big;
+}
+
+std::string Model::vocab_hash() const {
+    uint64_t h = 1469598103934665603ULL;
+    auto mix = [&h](unsigned char c) {
+        h ^= c;
+        h *= 1099511628211ULL;
+    };
+    const int n = llama_vocab_n_tokens(vocab_);
+    for (llama_token t = 0; t < n; ++t) {
+        const std::string text = piece(t, true);
+        const uint32_t len = (uint32_t) text.size(); // the length first: "ab","c" and "a","bc" differ
+        for (int i = 0; i < 4; ++i) {
+            mix((unsigned char) (len >> (8 * i)));
+        }
+        for (char c : text) {
+            mix((unsigned char) c);
+        }
+    }
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long) h);
+    return buf;
 }
 
 std::string Model::chat_template() const {

@@ -234,11 +234,13 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
                 self._costs = costs.Costs(self._engine, opts, self.model_path, profile_costs)
                 self._drafter_loaded(draft, swapped=False)
                 if self._memory_file is not None:
-                    saved = self._memory_file.read(self._engine.target.n_vocab, keep=self._engine.memory_tokens)
+                    saved = self._memory_file.read(self._engine.target.n_vocab, keep=self._engine.memory_tokens,
+                                                   vocab=self._vocab_hash())
                     if saved:
                         self._engine.set_memory(saved)
-                    else:  # no file yet: one now, so that a place that cannot be written fails at load
-                        self._memory_file.create(self._engine.target.n_vocab, self.model_path)
+                    elif not os.path.exists(self._memory_file.path):  # one now: a place that cannot be written
+                        # fails at load (an empty memory already there is not written: a read-only one failed)
+                        self._memory_file.create(self._engine.target.n_vocab, self.model_path, self._vocab_hash())
             except BaseException as e:
                 traceback.clear_frames(e.__traceback__)  # the frames it came through hold the engine too
                 self._free()

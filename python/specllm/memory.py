@@ -1,8 +1,9 @@
 """The drafting memory on disk: earlier generations' outputs (token ids, -1 between outputs), so that a new process
 drafts from what an earlier one wrote.
 
-File layout: a magic line, a JSON header line ({"version", "n_vocab", "model", "n_tokens"}), then n_tokens int32
-little-endian ids. Written to a temporary file and renamed, so a crash never leaves half a file."""
+File layout: a magic line, a JSON header line ({"version", "n_vocab", "vocab", "model", "n_tokens"}; "vocab" the
+digest of the token texts, Model.vocab_hash: two vocabularies of one size hold other tokens behind the same ids),
+then n_tokens int32 little-endian ids. Written to a temporary file and renamed, so a crash never leaves half a file."""
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ MAGIC = b"SPECLLM-DRAFTING-MEMORY\n"
 VERSION = 1
 
 
-def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
-    header = json.dumps({"version": VERSION, "n_vocab": n_vocab, "model": os.path.basename(model),
+def save(path: str, tokens: List[int], n_vocab: int, model: str, vocab: Optional[str] = None) -> None:
+    header = json.dumps({"version": VERSION, "n_vocab": n_vocab, "vocab": vocab, "model": os.path.basename(model),
                          "n_tokens": len(tokens)}).encode() + b"\n"
     files.write_atomic(path, MAGIC + header + np.asarray(tokens, dtype="<i4").tobytes(), new_mode=0o600)  # outputs
 
@@ -33,10 +34,11 @@ def save(path: str, tokens: List[int], n_vocab: int, model: str) -> None:
 HEADER_MAX = 1 << 16  # the header line's most bytes (one written is ~100): a file with no line end soon is not one
 
 
-def load(path: str, n_vocab: Optional[int], keep: Optional[int] = None) -> List[int]:
+def load(path: str, n_vocab: Optional[int], keep: Optional[int] = None, vocab: Optional[str] = None) -> List[int]:
     """The tokens of a saved memory; keep: at most the newest keep + 1 of them are read (an LLM keeps memory_tokens:
     a file saved with a larger bound costs no more to load; the one before them tells where an output began).
-    n_vocab None: the file's form only (before a model is loaded). OSError when it cannot be read; MemoryFileError for
+    n_vocab None: the file's form only (before a model is loaded); vocab: the model's vocab_hash (a file that names
+    another is refused; one written before 2026-12-08 names none). OSError when it cannot be read; MemoryFileError for
     what is not a memory this vocabulary takes (a FIFO or a device too: a FIFO hung the read). Reads only the magic,
     the header and the tokens it keeps: a model file given by mistake is refused after its first bytes."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
@@ -66,6 +68,10 @@ def load(path: str, n_vocab: Optional[int], keep: Optional[int] = None) -> List[
             raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has {saved_vocab} tokens "
                                   f"({header.get('model')}), this one has {n_vocab}: a memory only fits its model "
                                   "family; give this model a file of its own (or delete this one)")
+        if vocab is not None and header.get("vocab") not in (None, vocab):
+            raise MemoryFileError(f"{path} was saved by an LLM whose vocabulary has other tokens than this one's "
+                                  f"({header.get('model')}; the same size, {saved_vocab}): a memory only fits its "
+                                  "model family; give this model a file of its own (or delete this one)")
         start = f.tell()
         size = os.fstat(f.fileno()).st_size - start
         if n < 0 or size != 4 * n:
@@ -112,27 +118,27 @@ class MemoryFile:
         self._failing = False
         self.read(None, keep=0)  # a file that is not a drafting memory fails now, before the models load
 
-    def read(self, n_vocab: Optional[int], keep: Optional[int] = None) -> List[int]:
+    def read(self, n_vocab: Optional[int], keep: Optional[int] = None, vocab: Optional[str] = None) -> List[int]:
         """The saved memory (its newest keep + 1 tokens at most), or [] when the file does not exist yet."""
         if not os.path.exists(self.path):
             return []
         try:
-            return load(self.path, n_vocab, keep)
+            return load(self.path, n_vocab, keep, vocab)
         except OSError as e:
             raise MemoryFileError(f"memory_file {self.path} cannot be read: {e.strerror or e}") from None
         except MemoryFileError as e:
             raise MemoryFileError(f"memory_file: {e}") from None
 
-    def create(self, n_vocab: int, model: str) -> None:
+    def create(self, n_vocab: int, model: str, vocab: str) -> None:
         """Write an empty memory where there is no file yet: a place that cannot be written fails now, at load."""
         try:
-            save(self.path, [], n_vocab, model)
+            save(self.path, [], n_vocab, model, vocab)
         except OSError as e:
             raise MemoryFileError(f"memory_file {self.path} cannot be written: {e.strerror or e}") from None
 
-    def write(self, tokens: List[int], n_vocab: int, model: str) -> None:
+    def write(self, tokens: List[int], n_vocab: int, model: str, vocab: str) -> None:
         try:
-            save(self.path, tokens, n_vocab, model)
+            save(self.path, tokens, n_vocab, model, vocab)
         except OSError as e:
             if not self._failing:  # once until a write succeeds again, not after every reply
                 log.warning("the drafting memory could not be saved to %s: %s (the reply is not affected; tried "
@@ -159,7 +165,7 @@ class MemoryMethods:
         path = _path("path", os.fspath(path))
         with Call(self._gate):
             tokens = self._engine.memory()
-        save(path, tokens, self._engine.target.n_vocab, self.model_path)  # OSError names path
+        save(path, tokens, self._engine.target.n_vocab, self.model_path, self._vocab_hash())  # OSError names path
 
     def load_memory(self, path: Union[str, os.PathLike]) -> None:
         """Replace the drafting memory with one saved by save_memory (an LLM of the same model family); a memory
@@ -167,14 +173,21 @@ class MemoryMethods:
         over. Raises MemoryFileError for a file that is not one (a FIFO or a directory too), is damaged, or fits
         another vocabulary; OSError (FileNotFoundError...) for one that cannot be read."""
         path = _path("path", os.fspath(path))
-        tokens = load(path, self._engine.target.n_vocab, self._engine.memory_tokens)
+        tokens = load(path, self._engine.target.n_vocab, self._engine.memory_tokens, self._vocab_hash())
         with Call(self._gate):
             self._engine.set_memory(tokens)
             self._memory_changed()
 
     def _memory_changed(self) -> None:  # under the gate
         if self._memory_file is not None:
-            self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path)
+            self._memory_file.write(self._engine.memory(), self._engine.target.n_vocab, self.model_path,
+                                    self._vocab_hash())
+
+    def _vocab_hash(self) -> str:
+        """The target's vocab_hash, computed once (a pass over its tokens: ~10 ms for 152k)."""
+        if getattr(self, "_vocab_digest", None) is None:
+            self._vocab_digest = self._engine.target.vocab_hash
+        return self._vocab_digest
 
     @property
     def memory_size(self) -> int:

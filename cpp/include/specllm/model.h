@@ -35,6 +35,8 @@ class Model {
     std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     // text of one token; control tokens render as "" unless special (then their text, as llama-server's /tokenize)
     std::string piece(llama_token token, bool special = false) const;
+    // a 64-bit FNV-1a digest of every token's text (hex): what a drafting memory file is checked against
+    std::string vocab_hash() const;
     bool is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
     std::string chat_template() const; // the GGUF's tokenizer.chat_template, or "" if none
     std::string tool_use_template() const; // tokenizer.chat_template.tool_use (Hermes 2 Pro / 3), or "" if none
