@@ -514,3 +514,23 @@ def test_a_memory_emptied_or_replaced_starts_its_estimates_over(tiny, make_llm, 
     fresh._engine.set_verify_costs([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2])
     runs = [[one.generate(p, max_tokens=N).stats.k_histogram for p in (PROMPT, PROMPT)] for one in (llm, fresh)]
     assert runs[0] == runs[1]
+
+
+def test_a_memory_file_in_a_directory_that_cannot_be_written_is_said_before_any_load(tmp_path):
+    """`serve --memory-file` in such a place bound its port, loaded the models (a first run measured costs for a
+    minute) and only then failed; the argument check now says it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ro").mkdir()
+    os.chmod(tmp_path / "ro", 0o555)
+    code = ("import specllm, sys\ntry:\n    specllm.memory.MemoryFile(sys.argv[1])\n    print('TAKEN')\n"
+            "except specllm.MemoryFileError as e:\n    print(e)\n")
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all"] \
+        if os.geteuid() == 0 else []  # root writes anywhere: without the capabilities that let it
+    try:
+        r = subprocess.run([*prefix, sys.executable, "-c", code, str(tmp_path / "ro" / "m.bin")], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        os.chmod(tmp_path / "ro", 0o755)
+    assert r.returncode == 0 and "cannot be written: the directory" in r.stdout, (r.stdout, r.stderr)

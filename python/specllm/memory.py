@@ -115,6 +115,9 @@ class MemoryFile:
             raise MemoryFileError(f"memory_file {path} is a directory; give the path of a file")
         if os.path.exists(path) and not os.path.isfile(path):  # a FIFO hung the load, a device would be overwritten
             raise MemoryFileError(f"memory_file {path} is not a regular file; give the path of a file")
+        if not os.path.exists(path) and not os.access(parent, os.W_OK):  # said before a server binds, not after
+            # the models loaded (and a first run's minute of cost measurement); the load's write says it for root
+            raise MemoryFileError(f"memory_file {path} cannot be written: the directory {parent} is not writable")
         self._failing = False
         self.read(None, keep=0)  # a file that is not a drafting memory fails now, before the models load
 
