@@ -884,3 +884,18 @@ def test_a_free_check_moves_the_estimate_as_a_fifth_of_a_running_mean():
     for _ in range(2):
         p.observe_shadow(2, False, True)
     assert p.choose(8, False, True, 2) == (0, False)  # 0.66 after 3 of 6 right: no draft
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_a_profiled_draft_cost_is_held_so_the_choices_never_read_the_clock(learn):
+    """The draft model's cost per token was learned from its steps' timing: the same prompt drafted differently in
+    two processes with the same profile (a reviewer: 1 run in 6 differed, 3 in 8 under load). Held at the profile's
+    value it is the same whatever the draft took; with learn_batch_costs=True it follows the timing, as documented."""
+    runs = []
+    for draft_ms in (2.0, 30.0):  # the same steps, the draft model timed fast in one process and slow in the other
+        p = _core.AutoPolicy()
+        p.set_verify_costs(linear_costs(37, 22))
+        p.set_draft_token_cost(8.0)
+        p.set_learn_batch_costs(learn)
+        runs.append(feed(p, 0.8, 400, random.Random(11), verify=lambda n: 37.0 + 22.0 * (n - 1), draft_ms=draft_ms))
+    assert (runs[0] == runs[1]) is not learn

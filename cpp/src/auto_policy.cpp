@@ -109,6 +109,7 @@ void AutoPolicy::forget_draft_model() {
     model_explore_after_ = explore_first;
     c_model_ = 0.0;
     c_catchup_ = 0.0;
+    draft_cost_held_ = false;
 }
 
 void AutoPolicy::forget_memory() {
@@ -350,11 +351,14 @@ void AutoPolicy::update(const StepOutcome & o) {
         int & after = model_explore_after_; // only the draft model is explored
         after = o.n_accepted == o.n_drafted ? std::max(explore_first, after / 2) : std::min(2 * after, explore_last);
     }
-    // the draft model's costs are kept over the level, as T(n) is: a machine that runs slower now drafts slower too
-    if (s == 0 && o.draft_ms > 0.0 && o.n_catchup <= 1) { // a catch-up after plain steps is not the per-token cost
+    // the draft model's costs are kept over the level, as T(n) is: a machine that runs slower now drafts slower too.
+    // A profiled cost is held unless batch costs are learned: learned from the draft's timing, the same prompt
+    // drafted differently in two processes (a reviewer: 1 run in 6, 3 in 8 under load)
+    const bool learn_draft = s == 0 && o.draft_ms > 0.0 && (learn_shape_ || !draft_cost_held_);
+    if (learn_draft && o.n_catchup <= 1) { // a catch-up after plain steps is not the per-token cost
         const double per_token = o.draft_ms / o.n_drafted / level();
         c_model_ = c_model_ > 0.0 ? (1.0 - ema_cost) * c_model_ + ema_cost * per_token : per_token;
-    } else if (s == 0 && o.draft_ms > 0.0 && o.n_catchup > 2 && c_model_ > 0.0) {
+    } else if (learn_draft && o.n_catchup > 2 && c_model_ > 0.0) {
         const double per_token = std::max(0.0, o.draft_ms / level() - c_model_ * o.n_drafted) / o.n_catchup;
         c_catchup_ = c_catchup_ > 0.0 ? (1.0 - ema_cost) * c_catchup_ + ema_cost * per_token : per_token;
     }

@@ -138,6 +138,10 @@ double AutoPolicy::size_factor(int rows) const {
 
 void AutoPolicy::set_learn_batch_costs(bool on) {
     learn_shape_ = on;
+    if (!on && draft_cost_held_) { // what the timing taught goes: the profile's cost again
+        c_model_ = c_model_profiled_;
+        c_catchup_ = 0.0;
+    }
     own_ratio_.fill(0.0);
     n_own_.fill(0);
     batch_ratio_ = 1.0;

@@ -57,7 +57,12 @@ class AutoPolicy : public DraftPolicy {
     void set_learn_batch_costs(bool on);
     bool learn_batch_costs() const { return learn_shape_; }
     // ms per token drafted by the draft model, at the profile's moment (scaled by the level, as T(n) is)
-    void set_draft_token_cost(double ms) { c_model_ = ms; }
+    // the profile's cost of a draft-model token: held (not learned from the steps' timing, unless batch costs are
+    // learned), so that the choices never read the clock
+    void set_draft_token_cost(double ms) {
+        c_model_ = c_model_profiled_ = ms;
+        draft_cost_held_ = ms > 0.0;
+    }
     // ms that each verify row after the first adds per token of context beyond the profile's: a batch's rows
     // each attend to the whole context, so long batches grow with it faster than a plain step (measured on a
     // 2-core EPYC: T(16) = 5.16 T(1) at 32 tokens, 5.81 T(1) at 900), which the one online scale cannot follow
@@ -229,6 +234,8 @@ class AutoPolicy : public DraftPolicy {
     bool exploring_ = false;
     double c_model_ = 0.0;   // ms per draft-model token over the level (0 = unknown yet)
     double c_catchup_ = 0.0; // ms per token of a catch-up batch over the level (0 = unknown)
+    bool draft_cost_held_ = false; // c_model_ is the profile's: learned from timing only with learn_shape_
+    double c_model_profiled_ = 0.0;
     int k_limit_ = n_max;
     int verify_rows_ = 0;
     int last_source_ = 0;
