@@ -199,3 +199,18 @@ def test_a_bad_pattern_is_a_typed_error(tiny, make_llm):
     with pytest.raises(InvalidOptionError, match="NUL"):  # the core's own check, under the Python one
         llm._engine.target.check_grammar(GRAMMAR, [], ["(:T)\x00zzz"])
     assert llm.generate("Hello", max_tokens=4).text
+
+
+def test_a_failed_trigger_leaves_no_text_behind_for_a_later_one(tiny, make_llm):
+    """A reviewer's case: 'an' + 'ed' completes "ne", which the grammar cannot go on from ("d"); the text before
+    'ed' stayed in llama.cpp's trigger buffer without 'ed', so the next 'e' made a "ne" the output does not hold and
+    the grammar forced "!34" after "nede": a reply outside the grammar (6 of 292 triggers in a sweep)."""
+    llm = make_llm(tiny["target"])
+    triggered = 0
+    for seed in (23, 5, 11, 40):
+        out = llm.generate("the the in the an", max_tokens=150, temperature=1.0, seed=seed,
+                           grammar='root ::= "ne" "!" [0-9]{2}', grammar_triggers=["ne"])
+        if out.finish_reason == "stop":  # the grammar's text is whole: it holds from a "ne" the output holds
+            triggered += 1
+            assert re.search(r"ne![0-9]{2}$", out.text), (seed, out.text[-40:])
+    assert triggered

@@ -149,6 +149,9 @@ Grammar::Grammar(const llama_vocab * vocab, const std::string & gbnf, const std:
                               (why.empty() ? std::string() : ": " + why));
     }
     try {
+        if (awaiting_) {
+            fresh_ = std::shared_ptr<llama_sampler>(llama_sampler_clone(smpl_), llama_sampler_free);
+        }
         check_triggers(triggers);
     } catch (...) { // no destructor runs for an object whose constructor throws
         llama_sampler_free(smpl_);
@@ -195,7 +198,7 @@ void Grammar::check_triggers(const std::vector<std::string> & triggers) const {
 
 Grammar::Grammar(const Grammar & other)
     : vocab_(other.vocab_), smpl_(llama_sampler_clone(other.smpl_)), triggers_(other.triggers_),
-      patterns_(other.patterns_), awaiting_(other.awaiting_), text_(other.text_) {}
+      patterns_(other.patterns_), awaiting_(other.awaiting_), text_(other.text_), fresh_(other.fresh_) {}
 
 Grammar::~Grammar() {
     if (smpl_ != nullptr) {
@@ -255,15 +258,17 @@ void Grammar::accept(llama_token t) {
         }
         return;
     }
-    llama_sampler * before = llama_sampler_clone(smpl_);
     try {
         llama_sampler_accept(smpl_, t); // triggered: the text from the word on is read by the grammar
-    } catch (const std::exception &) {  // ... which cannot read it: still waiting, as before this token
+    } catch (const std::exception &) {  // ... which cannot read it: still waiting, the text so far left behind.
+        // Kept (as before this token in llama.cpp's buffer, without the token), a later token joined the text
+        // before it into a word the output does not hold ("n" + "e" around a failed "ed"), and the grammar held
+        // from there: the reply broke it
         llama_sampler_free(smpl_);
-        smpl_ = before;
+        smpl_ = llama_sampler_clone(fresh_.get());
+        text_.clear();
         return;
     }
-    llama_sampler_free(before);
     awaiting_ = false;
     text_.clear();
 }

@@ -70,6 +70,9 @@ class Grammar {
     std::shared_ptr<const std::vector<std::regex>> patterns_;
     bool awaiting_ = false;
     std::string text_;
+    // a lazy grammar as made, before any text: the wait starts over from it after a trigger the grammar could not
+    // read (shared by copies, only cloned)
+    std::shared_ptr<llama_sampler> fresh_;
 };
 
 // Reads one step's verify rows under the grammar (see above); after the verdict, advance() moves the grammar past
