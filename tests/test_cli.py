@@ -387,6 +387,14 @@ def test_errors_name_the_flags_not_the_librarys_arguments(tiny, env):
         assert cli_messages.in_flags(kept) == kept  # paths, names and quoted words are not flags
 
 
+def test_draft_length_takes_what_the_library_takes(tiny, env):
+    """--draft-length refused K > 16 where generate() and the server take up to 48 (the README's bound)."""
+    r = run(tiny, env, "generate", "hi", "--raw", "--max-tokens", "4", "--draft", "ngram", "--draft-length", "48")
+    assert r.returncode == 0, r.stderr
+    r = run(tiny, env, "generate", "hi", "--draft-length", "49")
+    assert r.returncode == 2 and "must be from 0 to 48, got 49" in r.stderr, r.stderr
+
+
 def test_seed_minus_1_is_a_fresh_seed_and_draft_takes_ngram_in_any_case(tiny, env):
     outs = set()
     for _ in range(3):

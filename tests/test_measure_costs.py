@@ -210,6 +210,16 @@ def test_remeasure_after_0_never_measures(tiny, tmp_path):
         assert s.metric("specllm_cost_profile_remeasured_total", outcome="measured") == 0
 
 
+def test_a_huge_remeasure_after_waits_instead_of_killing_the_worker(tiny, tmp_path):
+    """--remeasure-after 1e10 passed its check, then the stale profile's wait raised OverflowError (past
+    threading.TIMEOUT_MAX): the worker thread died, later requests hung and /health still said ok."""
+    with _slow_profile_server(tiny, tmp_path, "--remeasure-after", "1e10") as (s, path, real):
+        _judge(s)
+        time.sleep(1.0)
+        _judge(s)  # served: the worker waits (a day at a time) for a measurement a long way off
+        assert "Exception in thread" not in s.log() and "stale" in json.loads(path.read_text())
+
+
 @pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), "10", True])
 def test_a_bad_remeasure_after_is_refused(bad):
     from specllm.server.app import create_app

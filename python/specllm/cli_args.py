@@ -7,7 +7,7 @@ import json
 import math
 
 from .llm import DEFAULT
-from .options import CACHE_TYPES
+from .options import AUTO_K_LIMIT, CACHE_TYPES
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
@@ -67,9 +67,10 @@ def _draft_length(s: str):
     try:
         k = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto, heuristic or an int from 0 to 16, got {s!r}") from None
-    if not 0 <= k <= 16:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 16, got {k}")
+        raise argparse.ArgumentTypeError(f"expected auto, heuristic or an int from 0 to {AUTO_K_LIMIT}, got {s!r}") \
+            from None
+    if not 0 <= k <= AUTO_K_LIMIT:  # the library's bound (it said 16 where generate() and the server take 48)
+        raise argparse.ArgumentTypeError(f"must be from 0 to {AUTO_K_LIMIT}, got {k}")
     return k
 
 
@@ -176,7 +177,7 @@ def generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--max-tokens", type=positive_int, default=max_tokens, metavar="N",
                    help=f"longest reply (default: {max_tokens})")
     g.add_argument("--draft-length", type=_draft_length, default="auto", metavar="auto|heuristic|K",
-                   help="draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-16)")
+                   help=f"draft tokens per step: auto (cost model, default), heuristic, or a fixed K (0-{AUTO_K_LIMIT})")
     g.add_argument("--seed", type=_seed, default=None, metavar="N",
                    help="sampling seed, from 0 to 2^64-1 (default, or -1 as in llama.cpp: a fresh one)")
     g.add_argument("--repeat-penalty", type=_repeat_penalty, default=1.0, metavar="F",

@@ -26,6 +26,7 @@ from ..llm import LLM
 from .metrics import Metrics
 
 log = logging.getLogger("specllm.server")
+WAIT_MAX_S = 86400.0  # the longest wait for a due measurement: woken each day, it computes the wait again
 
 
 class QueueFull(Exception):
@@ -262,7 +263,8 @@ class Worker:
                     if due is not None and due <= 0:
                         self._measuring = threading.Event()
                         break
-                    self._cond.wait(due)
+                    self._cond.wait(None if due is None else min(due, WAIT_MAX_S))  # --remeasure-after 1e10:
+                    # past threading's TIMEOUT_MAX, the wait raised OverflowError and the worker thread died
                 if self._measuring is not None:
                     job = None
                 else:
