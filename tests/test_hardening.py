@@ -626,7 +626,31 @@ def test_the_profile_measures_a_rows_context_cost_and_an_older_profile_is_measur
     # the tiny LLM still loads with a context too small to measure at (the profile on file is this model's)
     small = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256, profile_costs=True)
     assert small.profile["context_row_ms"] >= 0.0
-    assert profile.context_row_cost(small._engine, profile.SIZES, small.profile["verify_ms"]) == 0.0
+    assert profile.context_row_cost(small._engine, profile.SIZES, small.profile["verify_ms"]) is None
+
+
+def test_a_context_term_a_small_context_could_not_measure_is_measured_by_a_larger_one(tiny, tmp_path, monkeypatch):
+    """A profile first measured at n_ctx 256 held context_row_ms 0.0 as if measured, and every later load at 4096
+    took it: long prompts' verify batches were costed as short ones'."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    small = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
+    assert small.profile[profile.UNMEASURED] and small.profile["context_row_ms"] == 0.0
+    files = sorted(tmp_path.glob("*.json"))
+    assert files and all(json.loads(f.read_text()).get(profile.UNMEASURED) for f in files)
+    calls = []
+    measure = _core.Engine.profile_verify
+    monkeypatch.setattr(_core.Engine, "profile_verify",
+                        lambda self, sizes, n_reps, n_prefix=32: calls.append((len(sizes), n_prefix)) or
+                        measure(self, sizes, n_reps, n_prefix))
+    large = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
+    assert calls and all(n == 2 for n, _ in calls) and max(p for _, p in calls) == profile.LONG_CONTEXT  # the term
+    assert profile.UNMEASURED not in large.profile and large.profile["verify_ms"] == small.profile["verify_ms"]
+    for f in files:  # on file: the next load takes it as it is
+        on_file = json.loads(f.read_text())
+        assert profile.UNMEASURED not in on_file and on_file["context_row_ms"] == large.profile["context_row_ms"]
+    calls.clear()
+    specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
+    assert calls == []
 
 
 class ContextMachine:

@@ -44,14 +44,40 @@ def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
     minus T(n) short scaled by T(1)'s rise (3 rounds), the term was not divided by the level the policy multiplies it
     by; it read 0.0103 in the profile the benchmarks used and 0 to 0.0068 in eight measurements minutes apart. This
     way 0 to 0.0121 in six: the VM's speed moves between the two halves, and the clip at 0 keeps the high readings.
-    Noisy, but no longer off by the level's factor."""
+    Noisy, but no longer off by the level's factor. None where the context is too small to measure it (n_ctx 256):
+    the profile marks it unmeasured, and a load with a larger context measures it (context_row_cost_later)."""
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
     if n < 2 or prefix < 8 * SHORT_CONTEXT:
-        return 0.0
+        return None
     short = engine.profile_verify([1, n], CONTEXT_REPS, SHORT_CONTEXT)
     long = engine.profile_verify([1, n], CONTEXT_REPS, prefix)
     return max(0.0, rows_term(verify_ms[0], short[0], short[n - 1], long[0], long[n - 1], n, prefix))
+
+
+UNMEASURED = "context_unmeasured"  # a profile's mark: measured with a context too small for context_row_ms
+
+
+def context_row_cost_fits(engine, sizes: list) -> bool:
+    return min(LONG_CONTEXT, engine.target.n_ctx - min(CONTEXT_ROWS, max(sizes)) - 1) >= 8 * SHORT_CONTEXT
+
+
+def context_row_cost_later(engine, prof: dict, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
+                           verify_rows: int) -> dict:
+    """prof with its context term measured now (a load with room for it), written to the files of this target that
+    hold prof's verify costs (its drafter's and the n-gram drafter's). A profile measured at n_ctx 256 held 0 for it,
+    and every later load at 4096 took that 0: long prompts' batches costed as short ones'."""
+    with profile_files.measuring(engine, target):
+        context_ms = context_row_cost(engine, prof["sizes"], prof["verify_ms"])
+    if context_ms is None:
+        return prof
+
+    def measured(on_file: dict) -> dict:
+        out = dict(on_file, context_row_ms=float(context_ms))
+        out.pop(UNMEASURED, None)
+        return out
+    _update(prof, target, [draft, ""], n_threads, n_gpu_layers, kernels, verify_rows, measured)
+    return measured(prof)
 
 
 def rows_term(t1: float, short_1: float, short_n: float, long_1: float, long_n: float, n: int, context: int) -> float:
@@ -283,6 +309,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                         profile_files.write(target_only, kept | {"draft_token_ms": 0.0})
     elif prof is None:
         prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows, known)
+    if prof.get(UNMEASURED) and not swapped and context_row_cost_fits(engine, sizes):
+        prof = context_row_cost_later(engine, prof, target, draft, n_threads, n_gpu_layers, kernels, verify_rows)
     engine.set_verify_costs(prof["verify_ms"])
     engine.set_context_row_cost(prof["context_row_ms"])
     if prof.get("draft_token_ms"):
@@ -303,6 +331,8 @@ def _measure(engine, path: Path, sizes: list, target: str, draft: str, n_threads
         carried["stale_for"] = "shape"  # the last mark was for the batches' shape: it is judged before the count
     if known is not None and known.get("sizes") == sizes:
         verify_ms, context_ms = known["verify_ms"], known.get("context_row_ms", 0.0)
+        if known.get(UNMEASURED):
+            context_ms = None
         before = noisy_loads(known) - 1  # not measured here: the pair's file carries known's count
         # ... and its marks: costs judged stale are measured again at the next load, with the others
         carried = {k: known[k] for k in STALE_MARKS + COUNT_KEYS if k in known}
@@ -325,7 +355,9 @@ def _measure(engine, path: Path, sizes: list, target: str, draft: str, n_threads
                         f"({path})")
         context_ms = context_row_cost(engine, sizes, verify_ms)
     prof = {"sizes": sizes, "verify_ms": verify_ms, "draft_token_ms": engine.profile_draft(3),
-            "context_row_ms": float(context_ms), **carried}
+            "context_row_ms": float(context_ms or 0.0), **carried}
+    if context_ms is None:
+        prof[UNMEASURED] = True
     if not plausible(verify_ms):
         prof["noisy"] = before + 1  # cached all the same: measured again at the next load, up to NOISY_LOADS
     try:
