@@ -151,10 +151,14 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
         learn_batch_costs: False (default): "auto" costs a verify batch as the cost profile's shape times one level
             learned from the steps, so its choices depend on the profile and the text only, never on the clock (the
             same prompt drafts alike, and in fast mode writes the same text, in every process). True: it also learns
-            from the verify batches' timing what a batch of each size costs now against a plain step, which follows
-            a machine whose batches and single steps slow unequally (a laptop on battery, a busy shared machine, a
-            profile measured at another moment) at the price of choices that move with the timing (README, "What a
-            batch costs now").
+            from the verify batches' (and a draft model's) timing what a batch of each size costs now against a plain
+            step, which follows a machine whose batches and single steps slow unequally (a laptop on battery, a busy
+            shared machine, a profile measured at another moment) at the price of choices that move with the timing
+            (README, "What a batch costs now").
+        profile_costs: True (default): measure this machine's verify costs at the first load (cached; see
+            measure_costs) for "auto" to decide with. False: no measurement, and "auto" decides on placeholder costs
+            in which a batch of n rows costs n plain steps, so it drafts nothing (for tests; give a fixed
+            draft_length to draft).
         embedding_model: a GGUF embedding model (nomic-embed-text, bge, ...) that embed() uses, loaded now with its
             own pooling; None (default): embed() pools the target's own hidden states (a second llama.cpp context
             over the same weights, made at the first embed(): no second copy of the weights).
