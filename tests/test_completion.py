@@ -92,10 +92,20 @@ def test_several_prompts_are_answered_in_order_as_a_list_as_llama_server(server,
 
 
 def test_sampling_follows_llama_servers_defaults_and_the_seed(server, local):
-    want = local.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    # llama.cpp's chain: top_k, top_p and min_p on the unscaled distribution, the temperature last (specllm's own
+    # order, temperature first, read min_p 0.05 as ~0.09 of the raw distribution: another text for the seed)
+    want = local.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7,
+                          temperature_last=True)
+    first = local.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    assert first.text != want.text  # the seed tells the orders apart
     status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=7)
     assert status == 200 and r["content"] == want.text
     assert r["generation_settings"]["temperature"] == 0.8 and r["generation_settings"]["top_k"] == 40
+    status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=7, samplers=["temperature", "top_k", "top_p",
+                                                                                 "min_p"])
+    assert status == 200 and r["content"] == first.text  # a samplers list with the temperature first: that order
+    status, r = post(server.url, prompt=PROMPT, n_predict=4, samplers=["top_k", "temperature", "min_p"])
+    assert status == 400 and r["error"]["param"] == "samplers"
     other = local.generate(PROMPT, max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
     status, r = post(server.url, prompt=PROMPT, n_predict=24, seed=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0)
     assert status == 200 and r["content"] == other.text and other.text != want.text

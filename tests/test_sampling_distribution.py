@@ -240,13 +240,15 @@ def test_a_wrong_verifier_fails(tiny, make_llm, plain_hello, plain_ngram, ngram_
 # --- temperature, top-p and min-p against an independent numpy reference of the first token's distribution
 
 def reference_distribution(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                           order=("top_k", "top_p", "min_p")):
+                           order=("top_k", "top_p", "min_p"), temperature_last=False):
     """{token: probability} of the warped distribution, from the definitions: softmax(logits / temperature); top-k
     keeps the k likeliest tokens; top-p keeps the smallest set of the likeliest remaining tokens whose renormalized
     mass reaches top_p; min-p keeps the remaining tokens at least min_p times as likely as the likeliest one; the
     kept tokens' probabilities renormalized. Also the smallest distance of a cut to its threshold (a cut closer than
-    float rounding would make the reference ambiguous). order: the filters' order (the documented one by default)."""
-    z = np.asarray(logits, dtype=np.float64) / temperature
+    float rounding would make the reference ambiguous). order: the filters' order (the documented one by default).
+    temperature_last: the filters read softmax(logits) and the kept tokens are scaled by the temperature at the end
+    (llama.cpp's chain)."""
+    z = np.asarray(logits, dtype=np.float64) / (1.0 if temperature_last else temperature)
     p = np.exp(z - z.max())
     p /= p.sum()
     kept = np.argsort(-p, kind="stable")  # stays sorted by descending probability
@@ -264,7 +266,12 @@ def reference_distribution(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.
             ratio = p[kept] / p[kept].max()
             margin = min(margin, float(np.min(np.abs(ratio - min_p))))
             kept = kept[ratio >= min_p]
-    q = p[kept] / p[kept].sum()
+    if temperature_last:
+        scaled = np.asarray(logits, dtype=np.float64)[kept] / temperature
+        q = np.exp(scaled - scaled.max())
+        q /= q.sum()
+    else:
+        q = p[kept] / p[kept].sum()
     return dict(zip(kept.tolist(), q.tolist())), margin
 
 
@@ -311,6 +318,8 @@ CASES = {
     # the filters' order matters here: top-p over all tokens (not the top-k's renormalized mass), min-p before
     # top-p, or the filters on T = 1 probabilities would each keep another set of tokens (checked below)
     "T1.5-top_k6-top_p0.8-min_p0.1": dict(temperature=1.5, top_k=6, top_p=0.8, min_p=0.1),
+    # llama-server's chain (its /completion and /infill): the filters on the unscaled distribution, temperature last
+    "last-T1.5-top_p0.8-min_p0.1": dict(temperature=1.5, top_p=0.8, min_p=0.1, temperature_last=True),
 }
 
 
@@ -340,6 +349,9 @@ def test_first_token_matches_the_numpy_reference(tiny, make_llm, first_token_log
     options = CASES[case]
     want, margin = reference_distribution(first_token_logits, **options)
     assert margin > 1e-3, f"a cut of the reference is within {margin:.2g} of its threshold: pick other options"
+    if options.get("temperature_last"):  # the case tells the two orders apart
+        first, _ = reference_distribution(first_token_logits, **dict(options, temperature_last=False))
+        assert 0.5 * sum(abs(want.get(x, 0.0) - first.get(x, 0.0)) for x in set(want) | set(first)) > 0.05
     if "top_k" in options:  # the combination can tell the documented order from the others
         for order in [("top_k", "min_p", "top_p"), ("top_p", "top_k", "min_p")]:
             other, _ = reference_distribution(first_token_logits, order=order, **options)

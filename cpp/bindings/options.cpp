@@ -36,6 +36,7 @@ void register_options(py::module_ & m) {
         .def_readwrite("top_k", &SamplingOptions::top_k)
         .def_readwrite("top_p", &SamplingOptions::top_p)
         .def_readwrite("min_p", &SamplingOptions::min_p)
+        .def_readwrite("temperature_last", &SamplingOptions::temperature_last)
         .def_readwrite("seed", &SamplingOptions::seed)
         .def_readwrite("repeat_penalty", &SamplingOptions::repeat_penalty)
         .def_readwrite("frequency_penalty", &SamplingOptions::frequency_penalty)

@@ -127,7 +127,8 @@ llama_token ConstrainedRows::keyed_draw(const float * logits, int64_t pos) {
             sorted = sort_more(order_, sorted, 64, by_logit);
         }
         const llama_token t = order_[j];
-        if (!dist_.ids.empty() && (double) (logits[t] - l_top) / o.temperature < v_floor) {
+        if (!dist_.ids.empty() && (double) (logits[t] - l_top) / (o.temperature_last ? 1.0 : o.temperature) <
+                                      v_floor) {
             break;
         }
         if (logits[t] > -INFINITY && work_.allows(t)) {

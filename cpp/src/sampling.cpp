@@ -46,11 +46,13 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     auto by_value = [this](llama_token a, llama_token b) { return vals_[a] > vals_[b]; };
 
     // temperature, on logits shifted so that the largest is 0: a tiny temperature sends the others to -inf
-    // (near-greedy) instead of making inf - inf = NaN
+    // (near-greedy) instead of making inf - inf = NaN. Temperature last: the filters read the unscaled values, and
+    // the kept ones are scaled at the end
     vals_.resize((size_t) n_vocab);
     const float l_max = *std::max_element(logits, logits + n_vocab);
+    const float t_filter = opts.temperature_last ? 1.0f : opts.temperature;
     for (int i = 0; i < n_vocab; ++i) {
-        vals_[i] = (logits[i] - l_max) / opts.temperature; // the largest is 0
+        vals_[i] = (logits[i] - l_max) / t_filter; // the largest is 0
     }
     ids_.clear();
     for (int i = 0; i < n_vocab; ++i) {
@@ -107,8 +109,9 @@ void Warper::warp(const float * logits, int n_vocab, const SamplingOptions & opt
     out.ids.assign(ids_.begin(), ids_.end());
     out.probs.resize(out.ids.size());
     double sum = 0.0;
+    const double rescale = (double) t_filter / opts.temperature; // 1 unless the temperature comes last
     for (size_t i = 0; i < out.ids.size(); ++i) {
-        out.probs[i] = (float) std::exp((double) vals_[out.ids[i]]);
+        out.probs[i] = (float) std::exp((double) vals_[out.ids[i]] * rescale);
         sum += out.probs[i];
     }
     for (float & p : out.probs) {

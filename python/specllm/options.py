@@ -109,6 +109,7 @@ def make_options(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    temperature_last: bool = False,
     repeat_penalty: float = 1.0,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
@@ -146,6 +147,7 @@ def make_options(
     s.min_p = _float("min_p", min_p)
     if not 0 <= s.min_p <= 1:
         raise InvalidOptionError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    s.temperature_last = flag("temperature_last", temperature_last)
     # llama.cpp's repetition penalties over the last penalty_last_n tokens of the context, prompt included
     s.repeat_penalty = _float("repeat_penalty", repeat_penalty)
     if not 0 < s.repeat_penalty < float("inf"):
@@ -213,7 +215,7 @@ def make_options(
 
 
 GENERATE_NAMES = (  # LLM.generate's options: make_options's and suffix (test_infill)
-    "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+    "max_tokens", "temperature", "top_k", "top_p", "min_p", "temperature_last", "repeat_penalty", "frequency_penalty",
     "presence_penalty", "penalty_last_n", "logit_bias", "seed", "stop", "draft_length", "draft_p_min",
     "ignore_eos", "acceptance", "logprobs", "prompt_logprobs", "grammar", "grammar_triggers",
     "grammar_trigger_patterns", "cache_reuse", "suffix")

@@ -41,6 +41,9 @@ struct SamplingOptions {
     int top_k = 0;             // keep the k most likely tokens; 0 = all
     float top_p = 1.0f;        // keep the smallest set with this much probability mass; 1 = all
     float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 = off
+    // false: temperature first, then top-k, top-p and min-p on the scaled distribution (HF's and vLLM's order);
+    // true: the filters on the unscaled one and temperature last (llama.cpp's default sampler chain, llama-server's)
+    bool temperature_last = false;
     uint64_t seed = 0;         // random seed (the caller draws one when the user gave none)
     // repetition penalties, as llama.cpp's penalties sampler (penalties.h), before the above; 1 / 0 / 0 = off
     float repeat_penalty = 1.0f;    // a logit of a token in the window divided by this (multiplied when <= 0)

@@ -106,25 +106,35 @@ def n_predict_of(req: NativeFields) -> int:
 
 
 def sampling(req: NativeFields) -> dict:
-    """temperature, top_k, top_p, min_p and the repetition penalties as llama-server would sample this request. The
-    samplers' order is not read: the penalties come first, then top_k, top_p, min_p (llama-server's default order)."""
+    """temperature, top_k, top_p, min_p and the repetition penalties as llama-server would sample this request: the
+    penalties first, then top_k, top_p, min_p on the unscaled distribution and the temperature last (llama.cpp's
+    default chain; specllm's own order scales first, which read min_p 0.05 as ~0.09 of the raw distribution at
+    temperature 0.8). A `samplers` list that puts the temperature before the filters is taken in that order."""
     opts = {k: DEFAULTS[k] if getattr(req, k) is None else getattr(req, k) for k in DEFAULTS}
     penalties = {name: off if getattr(req, k) is None else getattr(req, k) for k, (name, off) in PENALTIES.items()}
     if req.samplers is None:
-        return {**opts, **penalties}
+        return {**opts, **penalties, "temperature_last": True}
     names = list(req.samplers) if isinstance(req.samplers, str) else req.samplers
-    used = set()
+    used, order = set(), []
     for name in names:
         key = name.strip().lower()
         if key in SAMPLER_NAMES:
             used.add(SAMPLER_NAMES[key])
+            order.append(SAMPLER_NAMES[key])
         elif key not in IGNORED_SAMPLERS:
             raise APIError(400, f"samplers: unknown sampler {name!r}; specllm applies penalties, temperature, top_k, "
                                 "top_p and min_p (the others llama.cpp knows are no-ops here)", "invalid_request_error",
                            "samplers", "invalid_value")
     if "penalties" not in used:
         penalties = {name: off for name, off in PENALTIES.values()}
-    return {**{k: v if k in used else OFF[k] for k, v in opts.items()}, **penalties}
+    filters = [i for i, k in enumerate(order) if k in ("top_k", "top_p", "min_p")]
+    at = order.index("temperature") if "temperature" in order else len(order)
+    if filters and filters[0] < at < filters[-1]:
+        raise APIError(400, "samplers: the temperature between the filters (top_k, top_p, min_p) is an order "
+                            "specllm cannot sample in; put it first or last", "invalid_request_error", "samplers",
+                       "invalid_value")
+    last = not filters or at > filters[-1]
+    return {**{k: v if k in used else OFF[k] for k, v in opts.items()}, **penalties, "temperature_last": last}
 
 
 class Limits:
@@ -282,7 +292,8 @@ async def answer(request: Request, state, req: NativeFields, prompts: List[list]
         state.llm.check_options(**dict(opts, max_tokens=budgets[0]))
     except (InvalidOptionError, TypeError) as e:
         raise jobs.bad_option(e) from None
-    settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items()}
+    settings = {("repeat_last_n" if k == "penalty_last_n" else k): v for k, v in opts.items()
+                if k != "temperature_last"}  # llama-server's chain order: no field of its settings
     settings["logit_bias"] = [{"token": t, "bias": b if b > -math.inf else None}  # llama-server's form (-inf: null)
                               for t, b in (logit_bias or {}).items()]
     settings.update(n_predict=n_predict, n_indent=req.n_indent, t_max_predict_ms=req.t_max_predict_ms,
