@@ -390,3 +390,32 @@ def test_requests_are_prepared_one_at_a_time_in_order_and_a_stop_ends_the_waitin
         assert e.value.status == 503 and e.value.code == "server_shutting_down"
 
     asyncio.run(main())
+
+
+def test_null_is_not_given_and_numbers_are_not_booleans_or_strings(llm):
+    """openai's client sends stream=None as null (a 400: "stream: Input should be a valid boolean"); and pydantic's
+    lax mode took "max_tokens": true as 1, "top_k": true as greedy, "temperature": "0.5" as 0.5, where the Python
+    API raises TypeError and OpenAI's API refuses them."""
+    import openai
+
+    with TestClient(create_app(llm)) as c:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=c, max_retries=0)
+        want = llm.chat(MESSAGES, max_tokens=8).text
+        r = client.chat.completions.create(model="target", messages=MESSAGES, max_tokens=8, stream=None)
+        assert r.choices[0].message.content == want
+        for path, body in (("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 8, "stream": None,
+                                                     "stream_options": None, "temperature": None}),
+                           ("/completion", {"prompt": "hello", "n_predict": 4, "stream": None, "n_probs": None,
+                                            "n_indent": None, "temperature": 0})):
+            assert c.post(path, json=body).status_code == 200, (path, c.post(path, json=body).text)
+        for path, body, param in (
+                ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": True}, "max_tokens"),
+                ("/v1/chat/completions", {"messages": MESSAGES, "temperature": "0.5"}, "temperature"),
+                ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5.0}, "max_tokens"),
+                ("/v1/chat/completions", {"messages": MESSAGES, "stream": "yes"}, "stream"),
+                ("/v1/chat/completions", {"messages": MESSAGES, "draft_length": True}, "draft_length"),
+                ("/completion", {"prompt": "hello", "top_k": True}, "top_k"),
+                ("/completion", {"prompt": "hello", "n_predict": True}, "n_predict"),
+                ("/api/chat", {"model": "target", "messages": MESSAGES, "options": {"top_k": True}}, "top_k")):
+            r = c.post(path, json=body)
+            assert r.status_code == 400 and param in r.text, (path, body, r.text)

@@ -5,13 +5,31 @@ Unknown request fields are ignored (clients send many); fields specllm cannot ho
 """
 from __future__ import annotations
 
+import typing
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Every request body's fields: strict types (true is not the number 1, "0.5" not 0.5, 5.0 not the integer 5:
+    as OpenAI's API refuses them; pydantic's lax mode read "max_tokens": true as 1 and "top_k": true as greedy),
+    and null for a field that takes no null read as the field not given (openai's client sends stream=None as
+    null; llama-server's json_value takes null as the default)."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data):
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if v is not None or k not in fields or _takes_none(fields[k])}
+        return data
+
+
+def _takes_none(field) -> bool:
+    ann = field.annotation
+    return ann is Any or ann is type(None) or type(None) in typing.get_args(ann)
 
 
 class StreamOptions(_Request):
