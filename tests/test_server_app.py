@@ -419,3 +419,23 @@ def test_null_is_not_given_and_numbers_are_not_booleans_or_strings(llm):
                 ("/api/chat", {"model": "target", "messages": MESSAGES, "options": {"top_k": True}}, "top_k")):
             r = c.post(path, json=body)
             assert r.status_code == 400 and param in r.text, (path, body, r.text)
+
+
+def test_responses_and_messages_take_specllms_own_fields_as_chat_does(llm):
+    """grammar, the repetition penalties and logit_bias were dropped without a word on /v1/responses and
+    /v1/messages (the README: "specllm's own fields as on chat")."""
+    grammar = 'root ::= "yes" | "no"'
+    with TestClient(create_app(llm)) as c:
+        def texts(extra, n):
+            chat = c.post("/v1/chat/completions", json=dict(messages=MESSAGES, max_tokens=n, **extra)).json()
+            resp = c.post("/v1/responses", json=dict(input="hello", max_output_tokens=n, **extra)).json()
+            msgs = c.post("/v1/messages", json=dict(messages=MESSAGES, max_tokens=n, **extra)).json()
+            return [chat["choices"][0]["message"]["content"], resp["output"][0]["content"][0]["text"],
+                    msgs["content"][0]["text"]]
+        assert all(t in ("yes", "no") for t in texts({"grammar": grammar}, 4))
+        free = texts({}, 16)
+        want = llm.chat(MESSAGES, max_tokens=16, repeat_penalty=5.0, penalty_last_n=-1).text
+        assert want != free[0] and texts({"repeat_penalty": 5.0, "repeat_last_n": -1}, 16) == [want] * 3
+        first = llm.chat(MESSAGES, max_tokens=16).tokens[0]
+        banned = llm.chat(MESSAGES, max_tokens=16, logit_bias={first: float("-inf")}).text
+        assert texts({"logit_bias": {str(first): -100}}, 16) == [banned] * 3

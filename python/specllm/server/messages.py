@@ -27,7 +27,6 @@ from . import protocol as p
 from . import jobs, prepare
 from . import tools as tool_calls
 from .errors import APIError, SafeJSONResponse, json_text
-from .protocol import _Request
 
 router = APIRouter()
 log = logging.getLogger("specllm.server")
@@ -35,7 +34,7 @@ PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format", "
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-class MessagesRequest(_Request):
+class MessagesRequest(p.OwnFields):  # specllm's own fields, as on /v1/chat/completions
     model: Optional[str] = None
     messages: List[Dict[str, Any]]
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -43,7 +42,6 @@ class MessagesRequest(_Request):
     stop_sequences: Optional[List[str]] = None
     temperature: Optional[float] = Field(None, ge=0, le=1)  # Anthropic's range
     top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)
     stream: bool = False
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Optional[Dict[str, Any]] = None
@@ -52,12 +50,8 @@ class MessagesRequest(_Request):
     thinking: Optional[Dict[str, Any]] = None
     container: Optional[Any] = None
     mcp_servers: Optional[List[Any]] = None
-    # specllm's own, as on /v1/chat/completions
-    min_p: Optional[float] = Field(None, ge=0, le=1)
     seed: Optional[int] = None
-    draft_length: Union[int, str, None] = None
-    acceptance: Optional[str] = None
-    n_cache_reuse: Optional[int] = Field(None, ge=0)
+    chat_template_kwargs: Optional[Dict[str, Any]] = None  # llama-server's, as on /v1/chat/completions
 
 
 def _bad(message: str, param: Optional[str], code: str = "invalid_value") -> APIError:
@@ -176,8 +170,8 @@ def chat_request(req: MessagesRequest) -> p.ChatRequest:
     messages = [{"role": "system", "content": _text(req.system, "system")}] if req.system else []
     for i, m in enumerate(req.messages):
         messages += _message(m, i)
-    fields = {k: getattr(req, k) for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                                           "draft_length", "acceptance", "n_cache_reuse")}
+    fields = {k: getattr(req, k) for k in ("model", "max_tokens", "temperature", "top_p", "seed",
+                                           "chat_template_kwargs") + p.OWN_FIELDS}
     try:
         return p.ChatRequest(messages=messages, stop=req.stop_sequences, tools=_tools(req) or None,
                              tool_choice=_tool_choice(req.tool_choice), response_format=_format(req.output_config),

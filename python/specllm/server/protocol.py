@@ -50,7 +50,27 @@ class Message(_Request):
     reasoning_content: Optional[str] = None             # a thinking model's earlier thoughts (llama-server's field)
 
 
-class SamplingFields(_Request):
+class OwnFields(_Request):
+    """specllm's (and llama-server's) sampling fields beyond OpenAI's, which chat, completions, Responses and
+    Anthropic's messages all take (Responses and messages left out grammar, the penalties and logit_bias: ignored)."""
+    top_k: Optional[int] = Field(None, ge=0)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    draft_length: Union[int, str, None] = None  # "auto" | "heuristic" | k, checked by make_options
+    acceptance: Optional[str] = None  # "coupled" | "rejection", checked by make_options
+    grammar: Optional[str] = None  # GBNF the output follows (as llama-server's); response_format is OpenAI's way
+    n_cache_reuse: Optional[int] = Field(None, ge=0)  # llama-server's: the server's --cache-reuse for this request
+    # repetition penalties as llama-server applies them: over the last repeat_last_n (64) tokens of prompt and reply
+    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    repeat_penalty: Optional[float] = Field(None, gt=0)  # llama-server's own
+    repeat_last_n: Optional[int] = Field(None, ge=-1, le=2**31 - 1)  # llama-server's own: -1 = all, 0 = off
+    logit_bias: Optional[Dict[str, Any]] = None  # {"token id": bias}; bias.parse takes llama-server's forms too
+
+
+OWN_FIELDS = tuple(OwnFields.model_fields)
+
+
+class SamplingFields(OwnFields):
     """What chat and completions requests share."""
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -61,22 +81,9 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     n: Optional[int] = Field(None, ge=1)
-    # specllm's own
-    top_k: Optional[int] = Field(None, ge=0)
-    min_p: Optional[float] = Field(None, ge=0, le=1)
-    draft_length: Union[int, str, None] = None  # "auto" | "heuristic" | k, checked by make_options
-    acceptance: Optional[str] = None  # "coupled" | "rejection", checked by make_options
     logprobs: Optional[Union[bool, int]] = None  # chat: true/false; completions: how many top tokens (logprobs.py)
     top_logprobs: Optional[int] = None           # chat: how many top tokens
-    grammar: Optional[str] = None  # GBNF the output follows (as llama-server's); response_format is OpenAI's way
-    n_cache_reuse: Optional[int] = Field(None, ge=0)  # llama-server's: the server's --cache-reuse for this request
-    # repetition penalties as llama-server applies them: over the last repeat_last_n (64) tokens of prompt and reply
-    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    repeat_penalty: Optional[float] = Field(None, gt=0)  # llama-server's own
-    repeat_last_n: Optional[int] = Field(None, ge=-1, le=2**31 - 1)  # llama-server's own: -1 = all, 0 = off
     # accepted only where they change nothing
-    logit_bias: Optional[Dict[str, Any]] = None  # {"token id": bias}; bias.parse takes llama-server's forms too
     tools: Optional[List[Any]] = None
     tool_choice: Optional[Any] = None
     functions: Optional[List[Any]] = None

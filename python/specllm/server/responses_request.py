@@ -15,12 +15,11 @@ from pydantic import Field, ValidationError
 from . import protocol as p
 from .errors import APIError
 from .prepare import joined_parts
-from .protocol import _Request
 
 log = logging.getLogger("specllm.server")
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(p.OwnFields):  # specllm's own fields, as on /v1/chat/completions
     model: Optional[str] = None
     input: Union[str, List[Dict[str, Any]]]
     instructions: Optional[str] = None
@@ -42,14 +41,8 @@ class ResponsesRequest(_Request):
     prompt: Optional[Any] = None
     top_logprobs: Optional[int] = None
     include: Optional[List[str]] = None
-    # specllm's own, as on /v1/chat/completions
-    top_k: Optional[int] = Field(None, ge=0)
-    min_p: Optional[float] = Field(None, ge=0, le=1)
     seed: Optional[int] = None
     stop: Union[str, List[str], None] = None
-    draft_length: Union[int, str, None] = None
-    acceptance: Optional[str] = None
-    n_cache_reuse: Optional[int] = Field(None, ge=0)
     chat_template_kwargs: Optional[Dict[str, Any]] = None  # llama-server's, as on /v1/chat/completions
 
 
@@ -238,8 +231,8 @@ def chat_request(req: ResponsesRequest, conversation: List[dict]) -> p.ChatReque
     """The chat request a Responses request asks for (a 400 for what cannot be served): the instructions, then the
     conversation (_messages)."""
     _refuse(req)
-    fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                           "draft_length", "acceptance", "n_cache_reuse", "chat_template_kwargs")}
+    fields = {k: getattr(req, k) for k in ("model", "temperature", "top_p", "seed", "stop", "chat_template_kwargs")
+              + p.OWN_FIELDS}
     try:
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         return p.ChatRequest(messages=system + conversation, max_tokens=req.max_output_tokens,
