@@ -109,6 +109,12 @@ def test_a_mistyped_draft_is_said_before_the_target_is_downloaded(make_llm, tmp_
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
+def test_specllm_generate_names_a_misspelt_option_with_its_name_here(tiny):
+    for name, hint in (("num_predict", "max_tokens"), ("n_ctxx", "n_ctx"), ("temprature", "temperature")):
+        with pytest.raises(TypeError, match=f"unknown option '{name}'; did you mean '{hint}'"):
+            specllm.generate("hi", model=tiny["target"], draft=None, profile_costs=False, **{name: 5})
+
+
 def test_the_clis_drafter_words_are_not_model_names(tiny, make_llm):
     """draft="none" (the CLI's --draft none) was "unknown model 'none' ... Known models: ..." without a word of
     draft=None; "ngram " (a stray space) and "NGRAM" the same."""

@@ -80,10 +80,13 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
     options that make it lazy (tool_grammar.call_grammar)."""
     n_ctx = state.llm.n_ctx
     if n_prompt + (1 if max_tokens is None else max_tokens) > n_ctx:  # 0: the prompt scored alone may fill it
-        wanted = f" + max_tokens {max_tokens}" if max_tokens else ""
+        chat = isinstance(req, p.ChatRequest)
+        limit = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
+        wanted = f" + {limit} {max_tokens}" if max_tokens else ""
         raise APIError(400, f"this request needs {n_prompt} prompt tokens{wanted}, more than the model's context "
-                            f"of {n_ctx} tokens; shorten the messages or lower max_tokens", "invalid_request_error",
-                       "messages" if isinstance(req, p.ChatRequest) else "prompt", "context_length_exceeded")
+                            f"of {n_ctx} tokens; shorten the {'messages' if chat else 'prompt'}"
+                            f"{f' or lower {limit}' if max_tokens else ''}", "invalid_request_error",
+                       "messages" if chat else "prompt", "context_length_exceeded")
     opts = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
     if "seed" in opts:
         opts["seed"] %= 2**64
