@@ -141,8 +141,9 @@ def _find(pattern: str, text: str, what: str) -> re.Match:
 
 
 def parse_completion(stdout: str, stderr: str) -> dict:
-    """llama-completion: text from stdout; times from common_perf_print on stderr. Generation speed is llama.cpp's
-    own "eval time" figure (single-token decodes after the prompt); the first token comes from the prompt."""
+    """llama-completion: text from stdout; times from common_perf_print on stderr. Generation speed: its decodes
+    after the prompt ("eval time" / runs) with its "sampling time" added, as specllm's steps are timed with their
+    sampling (left out before 2026-12-08: ~3% in llama.cpp's favour); the first token comes from the prompt."""
     eos = " [end of text]\n"
     text = stdout[:-2] if stdout.endswith("\n\n") else stdout
     ended = text.endswith(eos)
@@ -151,8 +152,9 @@ def parse_completion(stdout: str, stderr: str) -> dict:
     prompt = _find(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", stderr, "prompt eval time")
     ev = _find(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", stderr, "eval time")
     sampled = _find(r"samplers time =\s*[\d.]+ ms /\s*(\d+) tokens", stderr, "samplers time")
+    sampling = re.search(r"\bsampling time =\s*([\d.]+) ms", stderr)
     n_prompt = int(prompt.group(2))
-    eval_ms, n_eval = float(ev.group(1)), int(ev.group(2))
+    eval_ms, n_eval = float(ev.group(1)) + (float(sampling.group(1)) if sampling else 0.0), int(ev.group(2))
     # the sampler counts prompt tokens and every sampled token, the end-of-generation token included
     n_gen = int(sampled.group(1)) - n_prompt - int(ended)
     return {"text": text, "n_gen": n_gen, "gen_tps": n_eval / eval_ms * 1e3 if eval_ms > 0 else 0.0,

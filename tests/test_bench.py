@@ -79,7 +79,7 @@ def test_parse_completion_eos():
     p = anchors.parse_completion(COMPLETION_EOS_STDOUT, COMPLETION_EOS_STDERR)
     assert p["text"] == ANSWER and p["eos"]
     assert p["n_gen"] == 63 - 39 - 1  # sampled tokens minus prompt minus the end-of-generation token
-    assert p["gen_tps"] == pytest.approx(23 / 13.86384)
+    assert p["gen_tps"] == pytest.approx(23 / (13.86384 + 0.01242))  # its sampling time too, as specllm's steps
     assert p["prompt_ms"] == pytest.approx(3172.71) and p["n_prompt"] == 39
     assert p["load_ms"] == pytest.approx(4306.81)
 
@@ -89,6 +89,17 @@ def test_parse_completion_limit():
     assert p["text"] == "Anna was played by actress Anna Paquin" and not p["eos"]
     assert p["n_gen"] == 8
     assert p["gen_tps"] == pytest.approx(7 / 7.59154)
+
+
+def test_an_answer_that_ends_on_its_own_counts_its_last_step_as_the_llama_cpp_tools_do():
+    """specllm's first step decodes the prompt's last token: an answer of n tokens ended by the model takes n + 1
+    steps, which llama-completion counts as n decodes and llama-speculative-simple as n + 1 tokens (n_predict)."""
+    from types import SimpleNamespace
+
+    from bench.systems import counted_rate
+    ended = SimpleNamespace(n_generated=8, generate_ms=351.0, tokens_per_second=8 / 0.351)
+    assert counted_rate(ended, "stop") == pytest.approx(9 / 0.351)
+    assert counted_rate(ended, "length") == pytest.approx(8 / 0.351)
 
 
 def test_parse_speculative_limit():
