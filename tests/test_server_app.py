@@ -439,3 +439,13 @@ def test_responses_and_messages_take_specllms_own_fields_as_chat_does(llm):
         first = llm.chat(MESSAGES, max_tokens=16).tokens[0]
         banned = llm.chat(MESSAGES, max_tokens=16, logit_bias={first: float("-inf")}).text
         assert texts({"logit_bias": {str(first): -100}}, 16) == [banned] * 3
+
+
+def test_seed_minus_1_is_a_fresh_seed_as_on_llama_servers_endpoints(llm):
+    """-1 was the fixed seed 2^64 - 1 on /v1/* (a fresh one on /completion, Ollama and the CLI, as llama-server)."""
+    with TestClient(create_app(llm)) as c:
+        def text(seed):
+            body = {"messages": MESSAGES, "max_tokens": 16, "temperature": 1.5, "seed": seed}
+            return c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        assert text(2**64 - 1) == text(2**64 - 1)
+        assert len({text(-1) for _ in range(3)}) > 1

@@ -88,7 +88,9 @@ def request_options(state, req: p.SamplingFields, n_prompt: int, max_tokens: Opt
                             f"{f' or lower {limit}' if max_tokens else ''}", "invalid_request_error",
                        "messages" if chat else "prompt", "context_length_exceeded")
     opts = {k: getattr(req, k) for k in GENERATE_FIELDS if getattr(req, k) is not None}
-    if "seed" in opts:
+    if opts.get("seed") == -1:  # llama-server's, the CLI's and Ollama's "a fresh seed" (it was the seed 2^64 - 1)
+        del opts["seed"]
+    elif "seed" in opts:
         opts["seed"] %= 2**64
     if req.repeat_last_n is not None:
         opts["penalty_last_n"] = req.repeat_last_n
