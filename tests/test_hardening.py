@@ -633,6 +633,7 @@ def test_a_context_term_a_small_context_could_not_measure_is_measured_by_a_large
     """A profile first measured at n_ctx 256 held context_row_ms 0.0 as if measured, and every later load at 4096
     took it: long prompts' verify batches were costed as short ones'."""
     monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    monkeypatch.setattr(profile, "plausible", lambda verify_ms: True)  # busy-looking costs are measured again
     small = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=256)
     assert small.profile[profile.UNMEASURED] and small.profile["context_row_ms"] == 0.0
     files = sorted(tmp_path.glob("*.json"))
@@ -651,6 +652,18 @@ def test_a_context_term_a_small_context_could_not_measure_is_measured_by_a_large
     calls.clear()
     specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
     assert calls == []
+
+
+def test_the_n_gram_profile_a_draft_models_load_writes_keeps_the_unmeasured_mark(tiny, tmp_path, monkeypatch):
+    """A draft model's first load also writes the target's costs for the n-gram drafter: without the mark, that
+    file's 0 was taken by every later n-gram load, at any context (a reviewer of the diff)."""
+    monkeypatch.setenv("SPECLLM_PROFILES", str(tmp_path))
+    monkeypatch.setattr(profile, "plausible", lambda verify_ms: True)  # a tiny model's costs may look busy
+    specllm.LLM(tiny["target"], tiny["draft"], n_threads=1, n_ctx=256, ngram=False)
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2 and all(json.loads(f.read_text()).get(profile.UNMEASURED) for f in files)
+    large = specllm.LLM(tiny["target"], "ngram", n_threads=1, n_ctx=2048)
+    assert profile.UNMEASURED not in large.profile
 
 
 class ContextMachine:

@@ -214,3 +214,11 @@ def test_a_failed_trigger_leaves_no_text_behind_for_a_later_one(tiny, make_llm):
             triggered += 1
             assert re.search(r"ne![0-9]{2}$", out.text), (seed, out.text[-40:])
     assert triggered
+    # a grammar with an anchored trigger pattern: after a failed trigger the wait could not restart without losing
+    # where the output starts ("^\s*(e)" then fired mid-reply): such a grammar leaves the output free
+    for seed in (23, 124):
+        out = llm.generate("the the in the an", max_tokens=150, temperature=1.0, seed=seed,
+                           grammar='root ::= ("ne" | "e") "!" [0-9]{2}', grammar_triggers=["ne"],
+                           grammar_trigger_patterns=[r"^\s*(e)"])
+        if out.finish_reason == "stop":
+            assert re.search(r"(^\s*e|ne)![0-9]{2}$", out.text), (seed, out.text[-40:])

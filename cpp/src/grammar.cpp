@@ -198,7 +198,8 @@ void Grammar::check_triggers(const std::vector<std::string> & triggers) const {
 
 Grammar::Grammar(const Grammar & other)
     : vocab_(other.vocab_), smpl_(llama_sampler_clone(other.smpl_)), triggers_(other.triggers_),
-      patterns_(other.patterns_), awaiting_(other.awaiting_), text_(other.text_), fresh_(other.fresh_) {}
+      patterns_(other.patterns_), awaiting_(other.awaiting_), text_(other.text_), fresh_(other.fresh_),
+      gave_up_(other.gave_up_) {}
 
 Grammar::~Grammar() {
     if (smpl_ != nullptr) {
@@ -210,6 +211,7 @@ void Grammar::swap_state(Grammar & other) {
     std::swap(smpl_, other.smpl_);
     std::swap(awaiting_, other.awaiting_);
     std::swap(text_, other.text_);
+    std::swap(gave_up_, other.gave_up_);
 }
 
 bool Grammar::allows(llama_token t) {
@@ -245,6 +247,9 @@ void Grammar::accept(llama_token t) {
         llama_sampler_accept(smpl_, t);
         return;
     }
+    if (gave_up_) {
+        return;
+    }
     const std::string piece = piece_of(vocab_, t);
     if (!may_trigger(piece)) {
         llama_sampler_accept(smpl_, t); // llama.cpp keeps the text and searches it for the words
@@ -267,6 +272,7 @@ void Grammar::accept(llama_token t) {
         llama_sampler_free(smpl_);
         smpl_ = llama_sampler_clone(fresh_.get());
         text_.clear();
+        gave_up_ = patterns_ && !patterns_->empty();
         return;
     }
     awaiting_ = false;

@@ -371,7 +371,7 @@ def _other_splits(path: str, info: Optional[GGUFInfo]) -> List[str]:
 def _check_file(path: str) -> Optional[GGUFInfo]:
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the loader says "not found"
         return None
     except OSError as e:  # a folder on the way that cannot be searched: it was "not found"
         raise ModelLoadError(f"cannot read the model file '{path}': {e.strerror or e}; check its permissions") from None

@@ -305,7 +305,8 @@ def load_or_measure(engine, target: str, draft: str, n_threads: int, n_gpu_layer
                     # the target's verify costs for the n-gram drafter (and, through it, for any other): a load of
                     # another drafter takes them instead of measuring a minute again
                     with contextlib.suppress(OSError):
-                        kept = {k: prof[k] for k in ("sizes", "verify_ms", "context_row_ms")}
+                        kept = {k: prof[k] for k in ("sizes", "verify_ms", "context_row_ms", UNMEASURED)
+                                if k in prof}  # the mark too: unmarked, that file's 0 was taken for good
                         profile_files.write(target_only, kept | {"draft_token_ms": 0.0})
     elif prof is None:
         prof = _measure(engine, path, sizes, target, draft, n_threads, n_gpu_layers, kernels, verify_rows, known)

@@ -73,6 +73,9 @@ class Grammar {
     // a lazy grammar as made, before any text: the wait starts over from it after a trigger the grammar could not
     // read (shared by copies, only cloned)
     std::shared_ptr<llama_sampler> fresh_;
+    // a failed trigger in a grammar with trigger patterns: the output stays free (a pattern is searched in the whole
+    // output, whose start a fresh wait would lose: "^\s*(e)" then fired mid-reply)
+    bool gave_up_ = false;
 };
 
 // Reads one step's verify rows under the grammar (see above); after the verdict, advance() moves the grammar past
