@@ -201,3 +201,19 @@ def test_piped_messages_with_a_terminal_for_output_get_no_readline_markers(tiny,
     child.close()
     assert child.exitstatus == 0 and child.before.count("tok/s") == 2, child.before[-500:]
     assert "\x01" not in child.before and "\x02" not in child.before and "\x1b[1m" in child.before
+
+
+def test_escape_sequences_in_a_reply_are_shown_not_obeyed_on_a_terminal(tiny, env, tmp_path):
+    """A reply is written to the terminal as it comes: an ESC sequence in it (a prompt can ask a model for one)
+    set colours, the window title or the clipboard (OSC 52). On a terminal it is shown as cat -v shows it; piped,
+    stdout is exactly the reply."""
+    (tmp_path / "esc.gbnf").write_text('root ::= "\\x1b[31mred\\x1b]52;c;eA==\\x07"\n')
+    args = ["generate", "hi", "--raw", "--grammar", str(tmp_path / "esc.gbnf"), "--max-tokens", "40"]
+    piped = subprocess.run([sys.executable, *cli_args(tiny, *args)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0 and piped.stdout == "\x1b[31mred\x1b]52;c;eA==\x07", piped
+    child = pexpect.spawn(sys.executable, cli_args(tiny, *args), env=dict(env, TERM="xterm"), encoding="utf-8",
+                          timeout=120)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "^[[31mred^[]52;c;eA==^G" in child.before and "\x1b]52" not in child.before

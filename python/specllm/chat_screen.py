@@ -10,7 +10,7 @@ import threading
 import time
 
 from .chat_session import ChatSession
-from .cli_messages import MEASURING_THREAD, in_flags
+from .cli_messages import MEASURING_THREAD, for_terminal, in_flags
 from .errors import ContextOverflowError, SpecLLMError
 from .llm import DEFAULT, default_draft
 
@@ -170,11 +170,12 @@ def _reply(session: ChatSession, text: str, style: Style) -> None:
     stop = []
     replying = [False]
     ends_line = [True]
+    on_terminal = sys.stdout.isatty()
 
     def on_text(piece: str) -> None:
         replying[0] = True  # the prompt is processed: from now on Ctrl-C stops after the current step
         if piece:
-            sys.stdout.write(piece)
+            sys.stdout.write(for_terminal(piece) if on_terminal else piece)
             sys.stdout.flush()
             ends_line[0] = piece.endswith("\n")
 

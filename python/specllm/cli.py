@@ -24,7 +24,7 @@ import sys
 
 from . import cli_args, grammar, registry
 from .chat_screen import HELP, Style, ended_by_signals, run_chat  # noqa: F401  (cli.Style)
-from .cli_messages import NOTE_LOGGERS, PROG, show_notes, stderr_handler, valid_text
+from .cli_messages import NOTE_LOGGERS, PROG, for_terminal, show_notes, stderr_handler, valid_text
 from .cli_messages import error as _error
 from .errors import InvalidOptionError, SpecLLMError
 from .llm import DEFAULT, LLM, default_draft
@@ -181,10 +181,10 @@ def _generate(args) -> int:
         raise SpecLLMError("this model has no chat template to put --system in; without --system, generate "
                            "completes the prompt as given")
     # else: --raw, or a model without a chat template: plain completion of the text as given
-    last, ends_line, text = None, True, []
+    last, ends_line, text, on_terminal = None, True, [], sys.stdout.isatty()
     for chunk in llm.stream(prompt, **_gen_options(args), **({"grammar": rules} if rules else {})):
         text.append(chunk.text)
-        sys.stdout.write(chunk.text)
+        sys.stdout.write(for_terminal(chunk.text) if on_terminal else chunk.text)  # piped: exactly the text
         sys.stdout.flush()
         ends_line = chunk.text.endswith("\n") if chunk.text else ends_line
         last = chunk

@@ -12,6 +12,18 @@ PROG = "specllm-cli"
 MEASURING_THREAD = "specllm-measure"  # chat's measurement while the user types: its notes stay off the prompt
 
 
+# control characters a reply may hold, shown as cat -v shows them on a terminal: an escape sequence in a model's
+# reply (a prompt can ask for one) would otherwise reach the terminal — colours, the title, the clipboard (OSC 52)
+_SHOWN = {c: "^" + chr(c + 64) for c in range(32) if c not in (9, 10, 13)}
+_SHOWN.update({0x7F: "^?", **{c: f"\\x{c:02x}" for c in range(0x80, 0xA0)}})
+
+
+def for_terminal(text: str) -> str:
+    """text as a terminal shows it without acting on it: line breaks, carriage returns and tabs kept, other control
+    characters (ESC, BEL, C1 controls) written visibly."""
+    return text.translate(_SHOWN)
+
+
 def valid_text(s: str) -> str:
     """An argument with bytes that are not UTF-8 (Python holds them as lone surrogates) with U+FFFD in their place."""
     return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
