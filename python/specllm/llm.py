@@ -13,12 +13,12 @@ import functools
 import os
 import signal
 import threading
-import time
 import traceback
 import weakref
 from typing import Optional, Union
 
 from . import _core, costs, embed, infill, logs, memory, tokens
+from .exit_hooks import at_exit
 from . import chat_template as chat_templates
 from .errors import InvalidOptionError, SpecLLMError
 from .load_options import DEFAULT, checked, check_ngram_sizes, default_draft, draft_arg  # noqa: F401 (default_draft)
@@ -30,35 +30,6 @@ from .gate import Call, Gate
 from .stream import Stream
 
 from .tokens import Prompt
-
-
-def _at_exit(ref, flush: bool) -> None:
-    """At interpreter exit: a generation a daemon thread still runs is cancelled and waited for (10 s at most), so
-    that Python does not finalize while that thread is inside llama.cpp (Gate.shut); then (flush: a prompt_cache_dir)
-    the prompt states still being written reach the disk (close() waits for them too)."""
-    costs.exiting()  # a measurement another thread runs (measure_costs, holding the gate) ends at once
-    _core.set_exiting(threading.main_thread().ident)  # other threads' later calls into llama.cpp are refused
-    llm = ref()
-    if llm is not None and not llm.closed:
-        llm._gate.shut(timeout=10.0)  # an embedding ends within a batch, a stream within a step
-        if flush:
-            llm._engine.flush_prompt_store()
-    if flush:  # the writer's note of a failed write (a full disk): generate's only state is written at the end, and
-        logs.drain()  # an LLM dropped without close() (freed by a GC pass before now) wrote it as it was freed
-
-
-def _wait_for_native_calls(timeout: float = 10.0) -> None:
-    """At interpreter exit, after each LLM's _at_exit: wait (10 s at most) until no thread is inside a call into
-    llama.cpp made without the GIL. The gate covers a generation, not the calls outside it (tokenizing a prompt
-    before the next generate(), memory_size, close() or dropping an LLM): a daemon thread that came back from one
-    while Python finalized aborted the process ("terminate called without an active exception")."""
-    _core.set_exiting(threading.main_thread().ident)  # no new ones from other threads (a loop's next call)
-    end = time.monotonic() + timeout
-    while _core.native_calls_inside() > 0 and time.monotonic() < end:
-        time.sleep(0.005)
-
-
-atexit.register(_wait_for_native_calls)  # at import: atexit runs it after the hooks of LLMs loaded since
 
 
 @contextlib.contextmanager
@@ -229,7 +200,7 @@ class LLM(tokens.TokenMethods, memory.MemoryMethods, embed.EmbedMethods, chat_te
                                                       _core.prompt_store_identity(self.model_path, numerics))
                     finally:
                         logs.drain()
-                self._exit_hook = functools.partial(_at_exit, weakref.ref(self), prompt_cache_dir is not None)
+                self._exit_hook = functools.partial(at_exit, weakref.ref(self), prompt_cache_dir is not None)
                 atexit.register(self._exit_hook)  # removed by close(): 1000 LLMs made and closed kept 1000
                 if self._engine.draft_kind == _core.DraftKind.none:  # a recurrent target drafts nothing (logged)
                     opts.draft_kind, draft = _core.DraftKind.none, None
