@@ -351,7 +351,7 @@ def _measure(engine, path: Path, sizes: list, target: str, draft: str, n_threads
                      else "keeping them (delete the file to measure again)")
             log.warning("the measured verify costs do not grow with the batch size, or grow faster than one "
                         "plain step per row (%s ms): the machine was busy; %s",
-                        ", ".join(f"{v:.0f}" for v in verify_ms if v > 0),
+                        ", ".join(f"{v:.0f}" if v >= 10 else f"{v:.2g}" for v in verify_ms if v > 0),
                         "measuring again" if attempt + 1 < attempts else f"using them for now, {later} "
                         f"({path})")
         context_ms = context_row_cost(engine, sizes, verify_ms)
