@@ -101,3 +101,30 @@ def test_a_recurrent_model_decodes_again_instead(tiny, make_llm):
     assert got.stats.n_shifted == 0
     with make_llm(tiny["recurrent"]) as fresh:
         assert fresh.generate(second, max_tokens=4).tokens == got.tokens
+
+
+RUN_TWO = """
+import sys, specllm
+llm = specllm.LLM(sys.argv[1], None, n_threads=1, n_ctx=512, profile_costs=False, cache_type_k=sys.argv[2])
+a = " chunk one is here and there" * 3
+b = " chunk two sits at the end of the ring" * 3
+c = " and a third one comes in last" * 3
+llm.generate("the start." + a + b + " tail one", max_tokens=4, cache_reuse=8)
+r = llm.generate("the start." + b + c + " tail two", max_tokens=4, cache_reuse=8)  # b's run would move back
+print("MOVED", r.stats.n_shifted)
+"""
+
+
+@pytest.mark.parametrize("cache_type_k, moves", [("f16", True), ("bf16", False), ("q8_0", False), ("q4_0", False)])
+def test_a_k_cache_llama_cpp_cannot_shift_keeps_the_prefix_instead_of_crashing(tiny_head32, cache_type_k, moves):
+    """A reviewer's finding: moving a run with a bf16 K cache aborted the process in llama.cpp's rope, and with a
+    quantized one whose head holds an odd number of blocks (32, 96 or 160 values) it segfaulted; a server died on one
+    request's n_cache_reuse. Such a cache keeps the common prefix only (head 64 or 128: q8_0 moves runs)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", RUN_TWO, tiny_head32["target"], cache_type_k], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-1500:])
+    moved = int(r.stdout.split("MOVED")[1])
+    assert (moved > 0) == moves, r.stdout

@@ -35,6 +35,12 @@ Model::Model(const ModelOptions & opts) : opts_(opts), model_(load_model(opts, "
     cparams.type_v = cache_type(opts.cache_type_v, "cache_type_v");
     cparams.flash_attn_type = (llama_flash_attn_type) opts.flash_attn;
     check_head_blocks(cparams.type_k, "cache_type_k");
+    {
+        const int64_t block = ggml_blck_size(cparams.type_k);
+        const int64_t head = head_size();
+        k_shifts_ = cparams.type_k == GGML_TYPE_F16 || cparams.type_k == GGML_TYPE_F32 ||
+                    (block > 1 && head > 0 && head % (2 * block) == 0);
+    }
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
         std::string why = log_take_errors();
@@ -59,16 +65,7 @@ void Model::check_head_blocks(ggml_type type, const char * what) const {
     if (block <= 1) {
         return;
     }
-    char arch[64] = {0};
-    char key_length[32] = {0};
-    int64_t head = 0;
-    if (llama_model_meta_val_str(model_.get(), "general.architecture", arch, sizeof(arch)) > 0 &&
-        llama_model_meta_val_str(model_.get(), (std::string(arch) + ".attention.key_length").c_str(), key_length,
-                                 sizeof(key_length)) > 0) {
-        head = std::atoll(key_length);
-    } else if (llama_model_n_head(model_.get()) > 0) {
-        head = llama_model_n_embd(model_.get()) / llama_model_n_head(model_.get());
-    }
+    const int64_t head = head_size();
     if (head > 0 && head % block != 0) {
         throw ModelLoadError(std::string(what) + "=" + (std::string(what) == "cache_type_k" ? opts_.cache_type_k
                                                                                            : opts_.cache_type_v) +
@@ -76,6 +73,18 @@ void Model::check_head_blocks(ggml_type type, const char * what) const {
                              "attention head size (" + std::to_string(head) + ") of '" + opts_.path +
                              "'; use f16 (the default), bf16 or f32");
     }
+}
+
+int64_t Model::head_size() const {
+    char arch[64] = {0};
+    char key_length[32] = {0};
+    if (llama_model_meta_val_str(model_.get(), "general.architecture", arch, sizeof(arch)) > 0 &&
+        llama_model_meta_val_str(model_.get(), (std::string(arch) + ".attention.key_length").c_str(), key_length,
+                                 sizeof(key_length)) > 0) {
+        return std::atoll(key_length);
+    }
+    return llama_model_n_head(model_.get()) > 0 ? llama_model_n_embd(model_.get()) / llama_model_n_head(model_.get())
+                                                : 0;
 }
 
 Model::~Model() {
@@ -192,6 +201,15 @@ int Model::keep_shifted(const std::vector<llama_token> & seq, int min_run, int *
         ++head_p;
     }
     if (min_run <= 0 || !can_rollback_ || !llama_memory_can_shift(mem)) {
+        return keep_common_prefix(seq);
+    }
+    if (!k_shifts_) {
+        if (!k_shift_noted_) {
+            k_shift_noted_ = true;
+            log_note(3, "specllm: cache_reuse moves no cached runs with a K cache of " + opts_.cache_type_k +
+                            " at this model's head size (" + std::to_string(head_size()) + "): llama.cpp's shift "
+                            "crashes there; only the common prefix is kept (f16 moves them)");
+        }
         return keep_common_prefix(seq);
     }
     // as llama-server's slot update: scan the cache past the prefix for runs that seq continues with

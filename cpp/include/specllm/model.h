@@ -83,6 +83,7 @@ class Model {
 
   private:
     void check_head_blocks(ggml_type type, const char * what) const; // a ModelLoadError if a block breaks a head
+    int64_t head_size() const; // the attention head's size (0 if the model does not say)
     ModelOptions opts_;
     llama_model_ptr model_;   // declared before the context so that it is freed after it
     llama_context_ptr ctx_;
@@ -91,6 +92,11 @@ class Model {
     int n_ctx_ = 0;
     int n_vocab_ = 0;
     bool can_rollback_ = true;
+    // llama.cpp can move cached runs (cache_reuse) without crashing: a K cache of f16 or f32, or a quantized one
+    // whose head rows hold an even number of blocks (q8_0 at head 32, 96 or 160 segfaulted in the shift's rope;
+    // bf16's rope aborts at any head size)
+    bool k_shifts_ = true;
+    bool k_shift_noted_ = false;
     std::vector<llama_token> cached_;
     int cut_memory(int n); // remove positions >= n from llama.cpp's memory; returns how many positions remain
 };
