@@ -57,8 +57,8 @@ def test_a_broken_or_unsafe_template_is_a_typed_error(llm, tmpl, match):
 
 
 def test_an_unknown_built_in_name_is_a_typed_error(llm):
-    with pytest.raises(specllm.InvalidOptionError, match="llama.cpp does not know"):
-        llm.apply_chat_template(HI, chat_template="no-such-format")
+    with pytest.raises(specllm.InvalidOptionError, match="neither a Jinja template nor one of llama.cpp's built-in"):
+        llm.apply_chat_template(HI, chat_template="no-such-format")  # the caller's name, not the model's template
 
 
 # --- LLM(chat_template=..., chat_template_kwargs=...), chat_template_kwargs per call (llama-server's options)

@@ -449,3 +449,16 @@ def test_seed_minus_1_is_a_fresh_seed_as_on_llama_servers_endpoints(llm):
             return c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
         assert text(2**64 - 1) == text(2**64 - 1)
         assert len({text(-1) for _ in range(3)}) > 1
+
+
+def test_specllm_server_is_there_after_import_specllm_and_a_call_names_an_unknown_template(llm):
+    """README: `specllm.server.create_app(llm)` after `import specllm` was an AttributeError (the subpackage was
+    imported only by serve()); apply_chat_template(chat_template="nosuchformat") blamed the model's own template."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import specllm, sys; assert 'fastapi' not in sys.modules; "
+                        "print(specllm.server.create_app.__name__)"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "create_app", r.stderr[-800:]
+    with pytest.raises(specllm.InvalidOptionError, match="neither a Jinja template nor one of llama.cpp's built-in"):
+        llm.apply_chat_template(MESSAGES, chat_template="nosuchformat")

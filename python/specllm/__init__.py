@@ -31,6 +31,14 @@ def serve(llm, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
     _serve(llm, host=host, port=port, **options)
 
 
+def __getattr__(name: str):
+    """specllm.server (create_app, serve) on first use: `import specllm` stays free of FastAPI and uvicorn."""
+    if name == "server":
+        import importlib
+        return importlib.import_module(".server", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 __all__ = [
     "LLM", "generate", "serve", "Stream", "Completion", "Chunk", "Stats", "TokenLogprob",

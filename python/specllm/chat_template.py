@@ -164,6 +164,8 @@ def prompt_text(target, messages, add_generation_prompt: bool, chat_template: st
     tools = check_tools(tools)
     template = "" if chat_template == LLAMA_CPP else chat_template or model_template(target, tools)
     if not is_jinja(template):  # llama.cpp's formatting of the model's template, a built-in name, or none (chatml)
+        if chat_template and chat_template != LLAMA_CPP and not _core.chat_template_known(chat_template):
+            raise unknown_template(chat_template)  # llama.cpp's word blamed "this model's chat template"
         if tools or any("tool_calls" in m for m in msgs):
             raise InvalidOptionError("tools and tool calls need a Jinja chat template (the model's own, or "
                                      "chat_template=); llama.cpp's built-in formats have none")

@@ -145,6 +145,17 @@ KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/
                "/v1/embeddings", "/embeddings", "/api/embed", "/api/embeddings"}
 
 
+def _streams_end_by_the_worker() -> None:
+    """sse-starlette (3.x) cancels every open stream itself when uvicorn is told to exit, racing the shutdown that
+    stops the worker, which ends each stream with its 503 event and [DONE]: cut off first, streams lost both (a
+    reviewer: a running and a queued stream, both cut in 3 of 4 SIGTERMs). Its own drain is turned off."""
+    from sse_starlette.sse import AppStatus
+
+    off = getattr(AppStatus, "disable_automatic_graceful_drain", None)  # sse-starlette 2.x has no such watcher
+    if off is not None:
+        off()
+
+
 def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = None, api_key: Optional[str] = None,
                cors_origins: Sequence[str] = (), max_queue: int = 16, max_body: int = DEFAULT_MAX_BODY,
                cache_reuse: int = 0, remeasure_after: float = 10.0) -> FastAPI:
@@ -168,6 +179,7 @@ def create_app(llm: Union[LLM, Callable[[], LLM]], *, model_id: Optional[str] = 
     if isinstance(cors_origins, str) or not all(isinstance(o, str) and o.strip() for o in origins):
         raise ValueError(f"cors_origins must be a list of origins such as ['http://localhost:3000'], got "
                          f"{cors_origins!r}")
+    _streams_end_by_the_worker()
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics, remeasure_after=float(remeasure_after))
     state = State(worker, metrics, model_id, max_queue)
