@@ -284,3 +284,27 @@ def test_ctrl_c_as_the_gate_changes_hands_leaves_it_free(llm, where):
         t.start()
         t.join(30)
         assert done == ["length"]
+
+
+def test_a_thread_calling_in_a_loop_does_not_starve_another(tiny, make_llm):
+    """The gate went to whoever grabbed it first: a thread embedding documents one by one took it back before the
+    waiting thread woke, and a chat() waited 30+ s behind 11,674 embeddings (a reviewer's indexer). Waiters are
+    admitted in arrival order."""
+    llm = make_llm(tiny["target"], "ngram")
+    stop, done = threading.Event(), []
+
+    def indexer():
+        while not stop.is_set():
+            llm.embed("lorem ipsum dolor sit amet " * 12)
+
+    t = threading.Thread(target=indexer, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    try:
+        waiter = threading.Thread(target=lambda: done.append(llm.generate("hello", max_tokens=8).text), daemon=True)
+        waiter.start()
+        waiter.join(10)
+        assert done, "generate() waited more than 10 s behind a thread embedding in a loop"
+    finally:
+        stop.set()
+        t.join(10)

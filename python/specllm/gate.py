@@ -8,6 +8,7 @@ and a leave cut off by one is done again.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -76,6 +77,7 @@ class Gate:
         self._pid = os.getpid()  # of the process that loaded the LLM
         self._cond = threading.Condition()
         self._holder = None  # a stream's _Ticket, or a Call
+        self._queue = collections.deque()  # waiters in arrival order: the gate goes to the first
         self._shut = False   # the interpreter is exiting (shut())
         self._here = self._pid  # the process _cond and _holder are of
 
@@ -85,6 +87,7 @@ class Gate:
         child's close() waited for ever, its exit 10 s): the gate starts free."""
         if os.getpid() != self._here:
             self._cond, self._holder, self._here = threading.Condition(), None, os.getpid()
+            self._queue = collections.deque()
 
     def enter(self, holder, abandon: Optional[Callable[[], bool]] = None) -> None:
         """Wait until holder may run (preempting a stream left idle for idle_timeout); _Abandoned once abandon()
@@ -98,22 +101,30 @@ class Gate:
             self._check_shut()
             if self._holder is holder:  # taken by an earlier enter that Ctrl-C cut off before its caller knew
                 return
-            while self._holder is not None:
-                if abandon is not None and abandon():
-                    raise _Abandoned
-                h = self._holder
-                idle = h._idle_since
-                if idle is None:
-                    self._cond.wait()
-                    continue
-                left = idle + self.idle_timeout - time.monotonic()
-                if left > 0:
-                    self._cond.wait(min(left, 86400.0))  # an infinite idle_timeout never preempts
-                    continue
-                h._preempt()  # idle: nobody is inside its next(), so the engine is free to touch
-                self._holder = None
-            self._check_shut()  # shut while this waited
-            self._holder = holder
+            # in arrival order: a thread that embeds or generates in a loop took the gate back before the thread
+            # waiting for it woke (a chat waited 30+ s behind an indexer's 11,674 embeddings)
+            self._queue.append(holder)
+            try:
+                while self._holder is not None or self._queue[0] is not holder:
+                    if abandon is not None and abandon():
+                        raise _Abandoned
+                    h = self._holder
+                    idle = None if h is None else h._idle_since
+                    if idle is None:  # held and busy, or free for a waiter ahead of this one
+                        self._cond.wait()
+                        continue
+                    left = idle + self.idle_timeout - time.monotonic()
+                    if left > 0:
+                        self._cond.wait(min(left, 86400.0))  # an infinite idle_timeout never preempts
+                        continue
+                    h._preempt()  # idle: nobody is inside its next(), so the engine is free to touch
+                    self._holder = None
+                    self._cond.notify_all()  # the first waiter takes it
+                self._check_shut()  # shut while this waited
+                self._holder = holder
+            finally:
+                self._queue.remove(holder)
+                self._cond.notify_all()  # the next waiter is first now
 
     def wake(self) -> None:
         """Have waiters look again (a queued stream was cancelled: it gives up at once)."""
