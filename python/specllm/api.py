@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import threading
 from typing import Optional
 
@@ -29,7 +30,8 @@ def generate(prompt, model: str, draft=DEFAULT, **options) -> Completion:
             unknown, GENERATE_NAMES + tuple(sorted(_LOAD_KEYS)), n=1)), None)
         raise TypeError(f"unknown option {unknown!r}" + (f"; did you mean {hint!r}?" if hint else "") +
                         " (specllm.generate takes LLM(...)'s options and LLM.generate's)")
-    key = (str(model), str(draft), tuple(sorted(load_opts.items())))
+    # the process too: a forked worker (multiprocessing's 'fork') reused the parent's LLM, which refuses it
+    key = (os.getpid(), str(model), str(draft), tuple(sorted(load_opts.items())))
     with _cache_lock:
         if _cached is None or _cached[0] != key:
             _cached = None  # free the old pair before loading the new one
