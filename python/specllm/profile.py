@@ -37,7 +37,7 @@ def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
     the machine's speed), and adds this times that level for each row after the first (each attends to the whole
     context). So it is T(1) x the rise of T(n) / T(1) from SHORT_CONTEXT to LONG_CONTEXT (each the median of its
     pairs, measured back to back) per row per token: a batch of n rows at the long context then costs what was
-    measured there. 0 if the context is too small to measure.
+    measured there.
 
     On a 2-core EPYC, T(n) at 32 to 3,072 tokens rose almost as T(1) did (this term -0.006 to +0.004 ms over n = 2-16
     in two grids, medians 0.000 and 0.002; `python -m bench.context_costs`). Measured before 2026-11-29 as T(n) long
@@ -46,10 +46,10 @@ def context_row_cost(engine, sizes: list, verify_ms: list) -> float:
     way 0 to 0.0121 in six: the VM's speed moves between the two halves, and the clip at 0 keeps the high readings.
     Noisy, but no longer off by the level's factor. None where the context is too small to measure it (n_ctx 256):
     the profile marks it unmeasured, and a load with a larger context measures it (context_row_cost_later)."""
+    if not context_row_cost_fits(engine, sizes):
+        return None
     n = min(CONTEXT_ROWS, max(sizes))
     prefix = min(LONG_CONTEXT, engine.target.n_ctx - n - 1)
-    if n < 2 or prefix < 8 * SHORT_CONTEXT:
-        return None
     short = engine.profile_verify([1, n], CONTEXT_REPS, SHORT_CONTEXT)
     long = engine.profile_verify([1, n], CONTEXT_REPS, prefix)
     return max(0.0, rows_term(verify_ms[0], short[0], short[n - 1], long[0], long[n - 1], n, prefix))
@@ -59,7 +59,9 @@ UNMEASURED = "context_unmeasured"  # a profile's mark: measured with a context t
 
 
 def context_row_cost_fits(engine, sizes: list) -> bool:
-    return min(LONG_CONTEXT, engine.target.n_ctx - min(CONTEXT_ROWS, max(sizes)) - 1) >= 8 * SHORT_CONTEXT
+    """Whether this engine's context has room to measure context_row_cost (a batch of 2+ rows after 256 tokens)."""
+    n = min(CONTEXT_ROWS, max(sizes))
+    return n >= 2 and min(LONG_CONTEXT, engine.target.n_ctx - n - 1) >= 8 * SHORT_CONTEXT
 
 
 def context_row_cost_later(engine, prof: dict, target: str, draft: str, n_threads: int, n_gpu_layers: int, kernels,
