@@ -204,15 +204,9 @@ class ChatMethods:
     chat_template_kwargs=...) or the model's own), apply_chat_template and chat."""
 
     def _set_chat_template(self, checked: tuple) -> None:
-        """After the load: the LLM's template and variables (check_load_args's); a built-in name must be one
-        llama.cpp knows."""
-        template, self._chat_template_kwargs = checked
-        if template and not is_jinja(template) and template != LLAMA_CPP:
-            try:
-                self._engine.target.apply_chat_template([("user", "hi")], True, template)
-            except InvalidOptionError:  # llama.cpp's message blames "this model's chat template": it is the caller's
-                raise unknown_template(template) from None
-        self._chat_template = template
+        """After the load: the LLM's template and variables, as check_load_args checked them (a built-in name is
+        one llama.cpp knows)."""
+        self._chat_template, self._chat_template_kwargs = checked
 
     @property
     def chat_template(self) -> str:
